@@ -1,0 +1,91 @@
+"""The cause catalogue: stable ids used in JSON output. An id, once released, keeps its meaning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cause:
+    id: str
+    title: str
+    because: str
+    needs_gpu: bool
+
+
+CAUSES: dict[str, Cause] = {
+    c.id: c
+    for c in (
+        Cause(
+            "dataloader_bound",
+            "Input pipeline stalls the step",
+            "the accelerator waits on the CPU input pipeline (tokenizing on the fly, too few workers, no prefetch)",
+            needs_gpu=False,
+        ),
+        Cause(
+            "small_batch",
+            "Batch too small to fill the GPU",
+            "the batch is too small to fill the GPU; per-step overhead dominates",
+            needs_gpu=True,
+        ),
+        Cause(
+            "padding_waste",
+            "Compute spent on padding",
+            "variable-length examples are padded; compute is spent on pad tokens",
+            needs_gpu=False,
+        ),
+        Cause(
+            "slow_attention",
+            "Eager (unfused) attention",
+            "attention runs the eager (unfused) path instead of FlashAttention / SDPA",
+            needs_gpu=False,
+        ),
+        Cause(
+            "offload_bound",
+            "Offload makes each step wait on PCIe",
+            "optimizer or parameter offload to CPU/NVMe makes each step wait on PCIe",
+            needs_gpu=True,
+        ),
+        Cause(
+            "no_mixed_precision",
+            "Full fp32 matrix math",
+            "matrix math runs in full fp32 without bf16/fp16 or TF32 on a GPU that has tensor cores",
+            needs_gpu=True,
+        ),
+        Cause(
+            "host_sync",
+            "Host blocks on the GPU every step",
+            "the host blocks on the GPU every step (.item(), prints, sync copies), so the queue drains",
+            needs_gpu=True,
+        ),
+        Cause(
+            "pageable_copies",
+            "Host-to-device copies from pageable memory",
+            "host-to-device copies come from pageable memory (pin_memory=False)",
+            needs_gpu=True,
+        ),
+        Cause(
+            "communication_bound",
+            "Communication not hidden behind compute",
+            "multi-GPU: gradient all-reduce / ZeRO gathers are not hidden behind compute",
+            needs_gpu=True,
+        ),
+        Cause(
+            "straggler",
+            "One rank holds the others back",
+            "multi-GPU: one rank is slower and everyone waits for it",
+            needs_gpu=False,
+        ),
+        Cause(
+            "low_mfu_unexplained",
+            "Busy GPU, low FLOPs utilization",
+            "utilization is high but model-FLOPs utilization stays far below what the GPU can do",
+            needs_gpu=True,
+        ),
+    )
+}
+
+
+def cause(cause_id: str) -> Cause:
+    """Look a cause up by id; an unknown id is a programming error."""
+    return CAUSES[cause_id]

@@ -1,0 +1,122 @@
+"""The ``pitstop`` command line. Thin: parse arguments, call the pipeline, render."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    name="pitstop",
+    help="Find out why a fine-tuning run is slower than it should be, and what to change.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class UserError(Exception):
+    """Bad input or an outcome to report in one line, with an exit code."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    typer.secho(f"pitstop: {message}", err=True, fg="red")
+    return typer.Exit(code)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def doctor(
+    command: Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps to measure after the warm-up.")] = 50,
+    warmup: Annotated[int, typer.Option(min=0, help="Optimizer steps to run before measuring.")] = 10,
+    full: Annotated[
+        bool, typer.Option("--full", help="Let the run finish; measure every step after warm-up.")
+    ] = False,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the diagnosis as JSON (pitstop.run/1).")
+    ] = None,
+    demo: Annotated[
+        bool, typer.Option("--demo", help="Diagnose the built-in, deliberately slow example.")
+    ] = False,
+    fixed: Annotated[
+        bool, typer.Option("--fixed", help="With --demo: also run it with the fixes and compare.")
+    ] = False,
+    quiet: Annotated[
+        bool | None, typer.Option("--quiet/--verbose", help="Hide / show the command's output.")
+    ] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop the command after this many seconds.")] = None,
+) -> None:
+    """Run a training command, measure a short window of steps, and diagnose it.
+
+    pitstop doctor -- python train.py --my-args
+    """
+    from pitstop.cli.doctor import run_demo, run_doctor
+
+    try:
+        if demo:
+            code = run_demo(
+                steps=steps, warmup=warmup, fixed=fixed, json_out=json_out, quiet=quiet is not False
+            )
+        else:
+            if fixed:
+                raise UserError("--fixed goes with --demo")
+            if not command:
+                raise UserError("no command given: pitstop doctor -- python train.py [args]")
+            code = run_doctor(
+                command,
+                steps=steps,
+                warmup=warmup,
+                full=full,
+                json_out=json_out,
+                quiet=bool(quiet),
+                timeout=timeout,
+            )
+    except UserError as exc:
+        raise fail(str(exc), exc.code) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def causes() -> None:
+    """List the causes pitstop knows, with their stable ids."""
+    from pitstop.catalogue import CAUSES
+
+    for c in CAUSES.values():
+        gpu = " (GPU)" if c.needs_gpu else ""
+        typer.echo(f"{c.id:22} {c.because}{gpu}")
+
+
+@app.command()
+def version() -> None:
+    """Print pitstop's version."""
+    from pitstop import __version__
+
+    typer.echo(__version__)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.secho("pitstop: interrupted", err=True, fg="red")
+        sys.exit(130)
+    except Exception as exc:  # a bug in pitstop: one line, unless asked for the traceback
+        if os.environ.get("PITSTOP_DEBUG"):
+            raise
+        typer.secho(
+            f"pitstop: internal error: {type(exc).__name__}: {exc} (PITSTOP_DEBUG=1 shows more)",
+            err=True,
+            fg="red",
+        )
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

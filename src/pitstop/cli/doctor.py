@@ -1,0 +1,150 @@
+"""``pitstop doctor``: run under the probe, collect, diagnose, render."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pitstop.cli.app import UserError
+from pitstop.diagnose import Diagnosis, diagnose
+from pitstop.probe.config import ProbeConfig
+from pitstop.report.terminal import render
+from pitstop.runner.collect import collect
+from pitstop.runner.launch import run_observed
+
+
+def _check_json_target(json_out: Path | None) -> None:
+    if json_out is not None and not json_out.parent.exists():
+        raise UserError(f"cannot write {json_out}: folder {json_out.parent} does not exist")
+
+
+def _write_json(diagnosis: Diagnosis, json_out: Path | None, extra: dict | None = None) -> None:
+    if json_out is None:
+        return
+    doc = diagnosis.to_dict()
+    if extra:
+        doc.update(extra)
+    try:
+        tmp = json_out.with_name(json_out.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        tmp.replace(json_out)
+    except OSError as exc:
+        raise UserError(f"cannot write {json_out}: {exc.strerror or exc}", 1) from None
+
+
+def measure(
+    command: list[str], steps: int | None, warmup: int, quiet: bool, label: str, timeout: float | None = None
+) -> Diagnosis:
+    """Run one command under the probe and diagnose it; a run with nothing to diagnose is a UserError."""
+    console = Console(stderr=True)
+    config = ProbeConfig(warmup=warmup, steps=steps, stop_when_done=steps is not None, announce=not quiet)
+    total = warmup + (steps or 0)
+    if quiet:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} steps"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task(label, total=total or None)
+
+            def tick(out: Path) -> None:
+                try:
+                    state = json.loads((out / "progress.json").read_text())
+                    progress.update(task, completed=min(state["step"], total) if total else state["step"])
+                except (OSError, ValueError, KeyError):
+                    pass
+
+            launch = run_observed(command, config, quiet=True, on_tick=tick, timeout_s=timeout)
+    else:
+        launch = run_observed(command, config, quiet=False, timeout_s=timeout)
+    try:
+        outcome = collect(launch, steps, warmup)
+        if outcome.profile is None:
+            hint = ""
+            if launch.log_path is not None and launch.log_path.exists():
+                tail = launch.log_path.read_text(errors="replace").strip().splitlines()[-15:]
+                if tail:
+                    hint = "\n" + "\n".join("  | " + line for line in tail)
+            raise UserError((outcome.message or "nothing measured") + hint, outcome.exit_code)
+        if outcome.message:
+            console.print(f"[yellow]pitstop: {outcome.message}[/yellow]")
+        diagnosis = diagnose(outcome.profile)
+        diagnosis.profile.exit_code = outcome.exit_code
+        return diagnosis
+    finally:
+        shutil.rmtree(launch.out_dir, ignore_errors=True)
+
+
+def run_doctor(
+    command: list[str],
+    steps: int,
+    warmup: int,
+    full: bool,
+    json_out: Path | None,
+    quiet: bool,
+    timeout: float | None,
+) -> int:
+    _check_json_target(json_out)
+    diagnosis = measure(command, None if full else steps, warmup, quiet, "measuring", timeout)
+    render(diagnosis)
+    _write_json(diagnosis, json_out)
+    return diagnosis.profile.exit_code or 0
+
+
+def demo_command(fixed: bool) -> list[str]:
+    return [sys.executable, "-m", "pitstop.demo.train"] + (["--fixed"] if fixed else [])
+
+
+def run_demo(steps: int, warmup: int, fixed: bool, json_out: Path | None, quiet: bool) -> int:
+    from pitstop.demo.prepare import ensure_demo_assets
+
+    _check_json_target(json_out)
+    console = Console(stderr=True)
+    with console.status("preparing the demo (tokenizer trained once, then cached)"):
+        ensure_demo_assets()
+    slow = measure(demo_command(False), steps, warmup, quiet, "demo: naive fine-tune")
+    if not fixed:
+        render(slow)
+        _write_json(slow, json_out)
+        return 0
+    fast = measure(demo_command(True), steps, warmup, quiet, "demo: with the fixes")
+    render(fast)
+    comparison = compare(slow, fast)
+    Console().print(comparison_table(comparison))
+    _write_json(fast, json_out, {"demo_comparison": comparison})
+    return 0
+
+
+def compare(slow: Diagnosis, fast: Diagnosis) -> dict[str, float | None]:
+    a, b = slow.metrics.real_tokens_per_s, fast.metrics.real_tokens_per_s
+    return {
+        "naive_real_tokens_per_s": a,
+        "fixed_real_tokens_per_s": b,
+        "speedup": None if not a or not b else b / a,
+        "naive_step_time_s": slow.metrics.step_time_s,
+        "fixed_step_time_s": fast.metrics.step_time_s,
+    }
+
+
+def comparison_table(c: dict[str, float | None]) -> Table:
+    table = Table(title="Demo: naive vs fixed", title_justify="left")
+    table.add_column("run")
+    table.add_column("real tokens/s", justify="right")
+    table.add_column("s/step", justify="right")
+
+    def num(v: float | None, fmt: str) -> str:
+        return "unknown" if v is None else format(v, fmt)
+
+    table.add_row("naive", num(c["naive_real_tokens_per_s"], ",.0f"), num(c["naive_step_time_s"], ".3f"))
+    table.add_row("fixed", num(c["fixed_real_tokens_per_s"], ",.0f"), num(c["fixed_step_time_s"], ".3f"))
+    table.add_row("[bold]ratio[/bold]", f"[bold]×{num(c['speedup'], '.2f')}[/bold]", "")
+    return table

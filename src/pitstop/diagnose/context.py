@@ -1,0 +1,62 @@
+"""What every rule reads: the profile, its derived metrics, and a few conveniences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pitstop.diagnose.metrics import Metrics, compute_metrics
+from pitstop.findings import Finding
+from pitstop.hardware import GpuSpec, lookup_gpu
+from pitstop.profile import Environment, RunProfile
+
+
+@dataclass
+class RuleContext:
+    profile: RunProfile
+    metrics: Metrics
+    earlier: list[Finding] = field(default_factory=list)  # findings of the rules that ran before
+
+    @classmethod
+    def of(cls, profile: RunProfile) -> RuleContext:
+        return cls(profile=profile, metrics=compute_metrics(profile))
+
+    @property
+    def env(self) -> Environment:
+        return self.profile.environment
+
+    @property
+    def framework(self) -> str:
+        return self.env.framework or "pytorch"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.env.on_gpu
+
+    @property
+    def gpu(self) -> GpuSpec | None:
+        return lookup_gpu(self.env.gpu_name) if self.on_gpu else None
+
+    @property
+    def compute_frac(self) -> float:
+        """Share of the step spent in forward + backward + optimizer (1 − data wait when unknown)."""
+        m = self.metrics
+        parts = (m.forward_frac, m.backward_frac, m.optimizer_frac)
+        if all(p is not None for p in parts):
+            return min(1.0, sum(p for p in parts if p is not None))
+        return max(0.0, 1.0 - (m.data_wait_frac or 0.0))
+
+
+def severity_for(value: float, high: float, medium: float) -> str:
+    """'high' at or above ``high``, 'medium' at or above ``medium``, else 'low'."""
+    if value >= high:
+        return "high"
+    if value >= medium:
+        return "medium"
+    return "low"
+
+
+def amdahl(fraction: float, factor: float) -> float:
+    """Overall speed-up when ``fraction`` of the time gets ``factor``× faster (factor=inf removes it)."""
+    fraction = min(max(fraction, 0.0), 1.0)
+    remaining = (1.0 - fraction) + (0.0 if factor == float("inf") else fraction / factor)
+    return 1.0 / max(remaining, 1e-9)

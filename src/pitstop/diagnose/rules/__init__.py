@@ -1,0 +1,33 @@
+"""Every rule: a pure function RuleContext -> Finding | None. Order matters only for rules that read
+earlier findings (``low_mfu_unexplained`` runs last and stays quiet when a named cause explains the gap)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pitstop.diagnose.context import RuleContext
+from pitstop.diagnose.rules.compute import (
+    host_sync,
+    low_mfu_unexplained,
+    no_mixed_precision,
+    slow_attention,
+    small_batch,
+)
+from pitstop.diagnose.rules.inputs import dataloader_bound, padding_waste, pageable_copies
+from pitstop.diagnose.rules.scale import offload_bound, straggler
+from pitstop.findings import Finding
+
+Rule = Callable[[RuleContext], Finding | None]
+
+RULES: tuple[Rule, ...] = (
+    dataloader_bound,
+    padding_waste,
+    slow_attention,
+    no_mixed_precision,
+    offload_bound,
+    small_batch,
+    host_sync,
+    pageable_copies,
+    straggler,
+    low_mfu_unexplained,
+)

@@ -1,0 +1,118 @@
+"""Rules about memory placement and many ranks: offload, stragglers."""
+
+from __future__ import annotations
+
+import statistics
+
+from pitstop.diagnose import fixes
+from pitstop.diagnose.context import RuleContext, amdahl, severity_for
+from pitstop.diagnose.metrics import rank_metrics
+from pitstop.findings import Finding
+
+BYTES_PER_PARAM_MIXED_ADAMW = 16  # bf16 weights + bf16 grads + fp32 master weights + two fp32 Adam moments
+GPU_MEMORY_USABLE = 0.6  # leave the rest for activations, workspace and fragmentation
+
+
+def offload_bound(ctx: RuleContext) -> Finding | None:
+    offload = ctx.env.offload
+    if not ctx.on_gpu or not offload:
+        return None
+    m = ctx.metrics
+    model = ctx.env.model
+    n = model.params_total
+    trainable = model.params_trainable if model.params_trainable is not None else n
+    gpus = ctx.profile.world_size
+    gpu_mem = ctx.env.gpu_memory_bytes or (ctx.gpu.memory_gib * 2**30 if ctx.gpu else None)
+    evidence: dict[str, object] = {"offload": offload, "zero_stage": ctx.env.zero_stage, "world_size": gpus}
+    fits = False
+    if n and gpu_mem:
+        states = 2 * n + (BYTES_PER_PARAM_MIXED_ADAMW - 2) * (trainable or 0)
+        shard = gpus if (ctx.env.zero_stage or 0) >= 3 else 1
+        need = states / shard
+        fits = need <= GPU_MEMORY_USABLE * gpu_mem
+        evidence["model_states_gib_per_gpu"] = round(need / 2**30, 2)
+        evidence["gpu_memory_gib"] = round(gpu_mem / 2**30, 1)
+    est = None
+    basis = "offload time not estimable without the parameter count"
+    if n and m.step_time_s:
+        link = (ctx.gpu.pcie_gbps if ctx.gpu else 31.5) * 1e9 * 0.8
+        per_rank = (trainable or n) / max(gpus, 1)
+        moved = 0.0
+        if "optimizer" in offload:
+            moved += 4 * per_rank  # bf16 gradients down, bf16 updated weights up
+        if "param" in offload:
+            moved += 2 * n * 2 / max(gpus, 1)  # weights fetched for forward and again for backward
+        pcie_s = moved / link
+        evidence["pcie_gb_per_step_est"] = round(moved / 1e9, 3)
+        evidence["pcie_s_per_step_est"] = round(pcie_s, 4)
+        if m.pcie_rx_gbps is not None:
+            evidence["pcie_rx_gbps_measured"] = round(m.pcie_rx_gbps, 2)
+            evidence["pcie_tx_gbps_measured"] = round(m.pcie_tx_gbps or 0.0, 2)
+        lost = max(pcie_s, (m.optimizer_frac or 0.0) * m.step_time_s)
+        frac = min(lost / m.step_time_s, 0.95)
+        est = amdahl(frac, float("inf")) if fits else None
+        basis = (
+            f"{moved / 1e9:.2f} GB over PCIe per step at 80% of the link, or the measured optimizer time on the "
+            "host, whichever is larger"
+            + ("" if fits else "; no estimate while the states do not fit the GPU")
+        )
+    where = " and ".join(f"{k}→{v}" for k, v in sorted(offload.items()))
+    summary = f"Offload ({where}) makes every step move weights or gradients over PCIe"
+    summary += (
+        ", yet the model states fit in GPU memory without it."
+        if fits
+        else "; it may be needed to fit, but sharding or LoRA usually costs less."
+    )
+    return Finding(
+        cause="offload_bound",
+        severity="high" if fits else "medium",
+        confidence=0.8 if n else 0.5,
+        summary=summary,
+        evidence=evidence,
+        est_speedup=est,
+        speedup_basis=basis,
+        fix=fixes.offload(ctx.framework, fits, offload, gpus),
+    )
+
+
+def straggler(ctx: RuleContext) -> Finding | None:
+    ranks = [r for r in ctx.profile.ranks if r.steps]
+    if len(ranks) < 2:
+        return None
+    step = ctx.metrics.step_time_s
+    if not step:
+        return None
+    # own work of a rank: what it does before it must wait for the others (data + forward)
+    own: dict[int, float] = {}
+    for r in ranks:
+        fwd = r.total("forward_s") or 0.0
+        own[r.rank] = (r.total("data_wait_s") or 0.0) / len(r.steps) + fwd / len(r.steps)
+    median = statistics.median(own.values())
+    slow_rank = max(own, key=lambda k: own[k])
+    gap = (own[slow_rank] - median) / step
+    if gap < 0.05:
+        return None
+    rows = {r.rank: rank_metrics(r) for r in ranks}
+    slow = rows[slow_rank]
+    waits = {k: v.data_wait_frac or 0.0 for k, v in rows.items()}
+    reason = (
+        f"it waits on data {waits[slow_rank]:.0%} of the step vs {statistics.median(waits.values()):.0%} for the median rank"
+        if waits[slow_rank] - statistics.median(waits.values()) > gap / 2
+        else "its own compute takes longer"
+    )
+    return Finding(
+        cause="straggler",
+        severity=severity_for(gap, 0.25, 0.10),  # type: ignore[arg-type]
+        confidence=0.75,
+        summary=f"Rank {slow_rank} is {gap:.0%} of a step behind the median rank, and every rank waits for it: {reason}.",
+        evidence={
+            "slow_rank": slow_rank,
+            "gap_frac_of_step": round(gap, 3),
+            "own_work_ms_per_rank": {str(k): round(v * 1000, 2) for k, v in sorted(own.items())},
+            "data_wait_frac_per_rank": {str(k): round(v, 3) for k, v in sorted(waits.items())},
+            "slow_rank_step_s": None if slow.step_time_s is None else round(slow.step_time_s, 4),
+        },
+        est_speedup=amdahl(gap, float("inf")),
+        speedup_basis="per-rank data wait + forward time (measured); the gap to the median rank is lost by everyone",
+        fix=fixes.straggler(ctx.framework, slow_rank, reason),
+    )

@@ -1,0 +1,84 @@
+"""Findings: the product. A cause, its evidence, how sure we are, what fixing it is worth, and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pitstop.catalogue import cause
+
+Severity = Literal["high", "medium", "low"]
+SEVERITY_ORDER: dict[str, int] = {"high": 0, "medium": 1, "low": 2}
+
+
+@dataclass
+class Fix:
+    """A sentence saying what to change, plus code for each framework it applies to.
+
+    ``snippets`` maps a framework id ("hf_trainer", "trl", "pytorch", "lightning", "accelerate",
+    "deepspeed") to a snippet; ``framework`` names the one detected for this run, shown first.
+    """
+
+    text: str
+    snippets: dict[str, str] = field(default_factory=dict)
+    framework: str | None = None
+
+    @property
+    def snippet(self) -> str | None:
+        """The snippet for the detected framework, else plain PyTorch, else the first one."""
+        if self.framework and self.framework in self.snippets:
+            return self.snippets[self.framework]
+        if "pytorch" in self.snippets:
+            return self.snippets["pytorch"]
+        return next(iter(self.snippets.values()), None)
+
+
+@dataclass
+class Finding:
+    cause: str
+    severity: Severity
+    confidence: float  # 0..1: how sure we are that this cause is present
+    summary: str
+    evidence: dict[str, Any]
+    est_speedup: float | None  # step-time ratio before/after if fixed (>= 1), None when not estimable
+    speedup_basis: str
+    fix: Fix
+
+    def __post_init__(self) -> None:
+        cause(self.cause)  # unknown ids fail loudly
+        if self.severity not in SEVERITY_ORDER:
+            raise ValueError(f"bad severity {self.severity!r}")
+        if self.est_speedup is not None and self.est_speedup < 1.0:
+            self.est_speedup = 1.0
+
+    @property
+    def title(self) -> str:
+        return cause(self.cause).title
+
+    @property
+    def time_saved_frac(self) -> float:
+        """Share of step time this fix would save: 1 - 1/speed-up (0 when unknown)."""
+        if not self.est_speedup:
+            return 0.0
+        return 1.0 - 1.0 / self.est_speedup
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause,
+            "title": self.title,
+            "severity": self.severity,
+            "confidence": round(self.confidence, 2),
+            "est_speedup": None if self.est_speedup is None else round(self.est_speedup, 3),
+            "speedup_basis": self.speedup_basis,
+            "evidence": self.evidence,
+            "summary": self.summary,
+            "fix": {"text": self.fix.text, "framework": self.fix.framework, "snippets": self.fix.snippets},
+        }
+
+
+def rank_findings(findings: list[Finding]) -> list[Finding]:
+    """Order by estimated time saved, then severity, then confidence."""
+    return sorted(
+        findings,
+        key=lambda f: (-f.time_saved_frac, SEVERITY_ORDER[f.severity], -f.confidence),
+    )

@@ -1,0 +1,301 @@
+"""Accelerator table: dense peak FLOP/s, memory and links, with the document each number comes from.
+
+Peaks are *dense* (no 2:4 sparsity) tensor-core figures from the vendors' datasheets. Where a datasheet
+gives only a sparse figure, the dense one is half of it, as the datasheet's footnote states. GeForce cards
+are listed at their fp32-accumulate tensor rate (what training uses), which is half of the fp16-accumulate
+headline number. An accelerator that is not in this table is "unknown": pitstop never guesses its peak.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PCIE_GBPS_PER_DIRECTION_X16: dict[int, float] = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
+"""Theoretical x16 bandwidth per direction, GB/s (PCI-SIG: 8, 16, 32, 64 GT/s with 128b/130b / FLIT)."""
+
+DTYPES = ("bf16", "fp16", "tf32", "fp32")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    key: str
+    vendor: str
+    memory_gib: float
+    peak_tflops: dict[str, float | None]  # dense peaks by compute dtype; None = not supported
+    mem_bw_tbs: float
+    pcie_gen: int
+    patterns: tuple[str, ...]  # regexes matched against a normalized device name
+    source: str
+
+    def peak_flops(self, dtype: str) -> float | None:
+        """Dense peak in FLOP/s for a compute dtype, or None when the GPU has no such path."""
+        tflops = self.peak_tflops.get(dtype)
+        return None if tflops is None else tflops * 1e12
+
+    @property
+    def pcie_gbps(self) -> float:
+        return PCIE_GBPS_PER_DIRECTION_X16[self.pcie_gen]
+
+    @property
+    def has_fast_low_precision(self) -> bool:
+        """True when bf16/fp16 or TF32 tensor math is much faster than plain fp32."""
+        fp32 = self.peak_tflops.get("fp32") or 0.0
+        best = max((v or 0.0) for k, v in self.peak_tflops.items() if k != "fp32")
+        return best >= 2 * fp32
+
+
+def _spec(
+    key: str,
+    vendor: str,
+    memory_gib: float,
+    bf16: float | None,
+    fp16: float | None,
+    tf32: float | None,
+    fp32: float,
+    bw: float,
+    pcie: int,
+    patterns: tuple[str, ...],
+    source: str,
+) -> GpuSpec:
+    peaks = {"bf16": bf16, "fp16": fp16, "tf32": tf32, "fp32": fp32}
+    return GpuSpec(key, vendor, memory_gib, peaks, bw, pcie, patterns, source)
+
+
+_NV_A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF BF16/FP16, 156 TF TF32, 19.5 TF FP32"
+_NV_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023); dense = half of the sparse figures"
+
+GPUS: tuple[GpuSpec, ...] = (
+    _spec(
+        "A100-40GB",
+        "nvidia",
+        40,
+        312,
+        312,
+        156,
+        19.5,
+        1.555,
+        4,
+        (r"a100.*40\s*gb", r"a100.*pcie.*40", r"a100(?!.*80)"),
+        _NV_A100 + "; 1,555 GB/s HBM2",
+    ),
+    _spec(
+        "A100-80GB",
+        "nvidia",
+        80,
+        312,
+        312,
+        156,
+        19.5,
+        2.039,
+        4,
+        (r"a100.*80\s*gb",),
+        _NV_A100 + "; 2,039 GB/s HBM2e (SXM; PCIe 1,935 GB/s)",
+    ),
+    _spec(
+        "H100-SXM",
+        "nvidia",
+        80,
+        989.4,
+        989.4,
+        494.7,
+        66.9,
+        3.35,
+        5,
+        (r"h100.*sxm", r"h100.*hbm3", r"h100(?!.*(pcie|nvl))"),
+        _NV_H100 + ", SXM5: 3.35 TB/s",
+    ),
+    _spec(
+        "H100-PCIe",
+        "nvidia",
+        80,
+        756.5,
+        756.5,
+        378,
+        51.2,
+        2.0,
+        5,
+        (r"h100.*pcie",),
+        _NV_H100 + ", PCIe: 2.0 TB/s",
+    ),
+    _spec(
+        "H200",
+        "nvidia",
+        141,
+        989.4,
+        989.4,
+        494.7,
+        66.9,
+        4.8,
+        5,
+        (r"h200",),
+        "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM: same tensor peaks as H100 SXM; 4.8 TB/s",
+    ),
+    _spec(
+        "B200",
+        "nvidia",
+        180,
+        2250,
+        2250,
+        1100,
+        75,
+        8.0,
+        5,
+        (r"b200",),
+        "NVIDIA DGX/HGX B200 datasheet (2024): 4.5 PF sparse FP16/BF16 → 2.25 PF dense; 8 TB/s",
+    ),
+    _spec(
+        "L4",
+        "nvidia",
+        24,
+        121,
+        121,
+        60,
+        30.3,
+        0.3,
+        4,
+        (r"\bl4\b",),
+        "NVIDIA L4 datasheet (2023): 242 TF sparse BF16, 120 TF sparse TF32; 300 GB/s",
+    ),
+    _spec(
+        "L40S",
+        "nvidia",
+        48,
+        362.05,
+        362.05,
+        183,
+        91.6,
+        0.864,
+        4,
+        (r"l40s",),
+        "NVIDIA L40S datasheet (2023): 733 TF sparse BF16, 366 TF sparse TF32; 864 GB/s",
+    ),
+    _spec(
+        "A10G",
+        "nvidia",
+        24,
+        70,
+        70,
+        35,
+        31.2,
+        0.6,
+        4,
+        (r"a10g",),
+        "AWS EC2 G5 documentation / NVIDIA A10G (GA102, 80 SMs at 1.71 GHz boost): 70 TF dense "
+        "BF16/FP16; 600 GB/s",
+    ),
+    _spec(
+        "RTX-3090",
+        "nvidia",
+        24,
+        71,
+        71,
+        35.6,
+        35.6,
+        0.936,
+        4,
+        (r"3090",),
+        "NVIDIA Ampere GA102 whitepaper: RTX 3090 142 TF FP16 w/ FP16 acc, 71 TF w/ FP32 acc; 936 GB/s",
+    ),
+    _spec(
+        "RTX-4090",
+        "nvidia",
+        24,
+        165.2,
+        165.2,
+        82.6,
+        82.6,
+        1.008,
+        4,
+        (r"4090",),
+        "NVIDIA Ada Lovelace whitepaper: RTX 4090 330 TF FP16 w/ FP16 acc, 165 TF w/ FP32 acc; 1,008 GB/s",
+    ),
+    _spec(
+        "V100",
+        "nvidia",
+        32,
+        None,
+        125,
+        None,
+        15.7,
+        0.9,
+        3,
+        (r"v100",),
+        "NVIDIA V100 datasheet (SXM2): 125 TF tensor FP16, 15.7 TF FP32, no BF16/TF32; 900 GB/s",
+    ),
+    _spec(
+        "T4",
+        "nvidia",
+        16,
+        None,
+        65,
+        None,
+        8.1,
+        0.32,
+        3,
+        (r"\bt4\b",),
+        "NVIDIA T4 datasheet: 65 TF FP16 mixed precision, 8.1 TF FP32, no BF16/TF32; 320 GB/s",
+    ),
+    _spec(
+        "MI250X",
+        "amd",
+        128,
+        383,
+        383,
+        None,
+        95.7,
+        3.2,
+        4,
+        (r"mi250x?",),
+        "AMD Instinct MI250X datasheet: 383 TF BF16/FP16, 95.7 TF FP32 matrix; 3.2 TB/s",
+    ),
+    _spec(
+        "MI300X",
+        "amd",
+        192,
+        1307.4,
+        1307.4,
+        653.7,
+        163.4,
+        5.3,
+        5,
+        (r"mi300x",),
+        "AMD Instinct MI300X datasheet: 1,307.4 TF dense BF16/FP16, 653.7 TF TF32, 163.4 TF FP32 "
+        "matrix; 5.3 TB/s",
+    ),
+)
+
+EXPECTED_MFU = (0.40, 0.50)
+"""The MFU a well-tuned dense fine-tune reaches on one modern GPU; the range users are told to expect."""
+
+
+def _normalize(name: str) -> str:
+    name = name.lower().replace("_", " ")
+    name = re.sub(r"\b(nvidia|tesla|geforce|amd|instinct|radeon)\b", " ", name)
+    return re.sub(r"\s+", " ", name.replace("-", " ")).strip()
+
+
+def lookup_gpu(name: str | None) -> GpuSpec | None:
+    """Find a GPU by a device name (``torch.cuda.get_device_name``, NVML) or a table key; None if unknown."""
+    if not name:
+        return None
+    for spec in GPUS:
+        if name.strip().lower() == spec.key.lower():
+            return spec
+    normalized = _normalize(name)
+    for spec in GPUS:
+        if any(re.search(p, normalized) for p in spec.patterns):
+            return spec
+    return None
+
+
+def compute_dtype(param_dtype: str | None, autocast_dtype: str | None, tf32: bool | None) -> str | None:
+    """The dtype matrix math runs in: autocast wins, then the parameters' dtype, then TF32 for fp32."""
+    for dtype in (autocast_dtype, param_dtype):
+        if dtype in ("bf16", "bfloat16"):
+            return "bf16"
+        if dtype in ("fp16", "float16", "half"):
+            return "fp16"
+    if param_dtype in ("fp32", "float32") or autocast_dtype in ("fp32", "float32"):
+        return "tf32" if tf32 else "fp32"
+    return None

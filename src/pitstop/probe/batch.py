@@ -1,0 +1,119 @@
+"""Counting what a batch carries: rows, tokens, real (non-padding) tokens, loss tokens, examples.
+
+Real tokens come from the attention mask when there is one; otherwise from the pad token id when the
+model's config names one (distinct from its end-of-sequence token); otherwise from packed
+``position_ids`` (flattened rows of examples that each restart at 0 carry no padding). Without any of
+these, real tokens are unknown (None), not assumed.
+Counting runs on the tensors as the DataLoader hands them over (on the host, as a rule); a batch that is
+already on the GPU is counted there and read once at the end of the window, never with a sync per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pitstop.probe.timeline import BatchCounts
+
+IGNORE_INDEX = -100
+
+
+def _is_tensor(x: Any) -> bool:
+    return hasattr(x, "dtype") and hasattr(x, "shape") and hasattr(x, "numel")
+
+
+def _is_int_tensor(x: Any) -> bool:
+    return _is_tensor(x) and not x.dtype.is_floating_point and not x.dtype.is_complex
+
+
+def _count(x: Any) -> Any:
+    """Sum of a boolean/0-1 tensor: an int on the host, a 0-dim tensor left on the device."""
+    total = x.sum()
+    return int(total) if total.device.type == "cpu" else total
+
+
+def _fields(batch: Any) -> dict[str, Any]:
+    if isinstance(batch, Mapping) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")):
+        try:
+            return {str(k): batch[k] for k in batch.keys()}  # noqa: SIM118 - BatchEncoding is not a Mapping
+        except Exception:
+            return {}
+    if isinstance(batch, list | tuple):
+        ints = [x for x in batch if _is_int_tensor(x) and x.dim() == 2]
+        found: dict[str, Any] = {}
+        if ints:
+            found["input_ids"] = ints[0]
+            same = [x for x in ints[1:] if x.shape == ints[0].shape]
+            if same:
+                found["labels"] = same[0]
+        return found
+    if _is_int_tensor(batch) and batch.dim() == 2:
+        return {"input_ids": batch}
+    return {}
+
+
+def _nbytes(batch: Any) -> int:
+    if _is_tensor(batch):
+        return int(batch.numel() * batch.element_size())
+    if isinstance(batch, Mapping) or hasattr(batch, "values"):
+        try:
+            return sum(_nbytes(v) for v in batch.values())
+        except Exception:
+            return 0
+    if isinstance(batch, list | tuple):
+        return sum(_nbytes(v) for v in batch)
+    return 0
+
+
+def count_batch(batch: Any, pad_token_id: int | None = None) -> BatchCounts:
+    """Count one micro-batch. Unknown quantities stay None."""
+    fields = _fields(batch)
+    counts = BatchCounts(nbytes=_nbytes(batch))
+    ids = fields.get("input_ids")
+    if ids is None or not _is_int_tensor(ids):
+        first = next((v for v in fields.values() if _is_tensor(v)), None)
+        if first is None and _is_tensor(batch):
+            first = batch
+        if first is not None and first.dim() >= 1:
+            counts.samples = int(first.shape[0])
+        return counts
+
+    rows = int(ids.shape[0]) if ids.dim() >= 2 else 1
+    counts.samples = rows
+    counts.tokens = int(ids.numel())
+    counts.seq_len = int(ids.shape[-1])
+
+    mask: Any = fields.get("attention_mask")
+    positions: Any = fields.get("position_ids")
+    labels: Any = fields.get("labels")
+    if _is_tensor(mask) and mask.dim() == 2 and mask.shape == ids.shape:
+        counts.real_tokens = _count(mask != 0)
+    elif pad_token_id is not None:
+        counts.real_tokens = _count(ids != pad_token_id)
+    elif _is_int_tensor(positions) and positions.shape[-1] == ids.shape[-1]:
+        counts.real_tokens = counts.tokens  # flattened / packed rows without a pad token carry no padding
+    if _is_int_tensor(positions) and positions.shape == ids.shape:
+        starts = positions == 0  # each example restarts its positions at 0 (a padded tail may too)
+        counts.examples = _count(starts if pad_token_id is None else starts & (ids != pad_token_id))
+    elif counts.real_tokens is not None:
+        counts.examples = rows
+    if _is_int_tensor(labels) and labels.shape == ids.shape:
+        counts.loss_tokens = _count(labels != IGNORE_INDEX)
+    return counts
+
+
+def looks_like_text(samples: Any) -> bool:
+    """Whether raw examples (what a collate function receives) are still text, to be tokenized per batch."""
+    if not isinstance(samples, list | tuple) or not samples:
+        return False
+    first = samples[0]
+    if isinstance(first, str | bytes):
+        return True
+    if isinstance(first, Mapping):
+        values = list(first.values())
+        has_text = any(isinstance(v, str) and len(v) > 0 for v in values)
+        has_ids = any(_is_tensor(v) or (isinstance(v, list) and v and isinstance(v[0], int)) for v in values)
+        return has_text and not has_ids
+    if isinstance(first, list | tuple):
+        return any(isinstance(v, str) for v in first)
+    return False

@@ -1,0 +1,416 @@
+"""The per-process probe: listens at the hooks, keeps the step records, writes one RankProfile.
+
+Lifecycle: installed (zero-code bootstrap, a callback or ``pitstop.watch``) → first optimizer step:
+read the environment, start samplers → ``warmup`` steps → ``steps`` measured steps → finish: resolve
+device timings, stop samplers, hand the RankProfile over (file and/or callback) → optionally end the
+process (the zero-code runner's benchmark window). Any internal error disables the probe with one
+warning; the training run goes on untouched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pitstop.probe import environment as envmod
+from pitstop.probe.batch import count_batch, looks_like_text
+from pitstop.probe.config import ProbeConfig
+from pitstop.probe.hooks import Hooks
+from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
+from pitstop.probe.timeline import BWD_END, BWD_START, DATA, OPT_START, BatchCounts, HostClock, StepBuilder
+from pitstop.profile import AttentionInfo, Environment, MemoryStats, RankProfile, StepRecord, to_jsonable
+
+PROGRESS_EVERY_S = 0.5
+
+
+class CudaEventClock:
+    """Marks are CUDA events on the current stream; read only once the device has passed them."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._event = torch.cuda.Event
+
+    def mark(self) -> Any:
+        event = self._event(enable_timing=True)
+        event.record()
+        return event
+
+    def ready(self, handle: Any) -> bool:
+        return bool(handle.query())
+
+    def wait(self, handle: Any) -> None:
+        handle.synchronize()
+
+    def seconds_between(self, a: Any, b: Any) -> float:
+        return float(a.elapsed_time(b)) / 1000.0
+
+
+class Probe:
+    def __init__(
+        self,
+        config: ProbeConfig,
+        on_done: Callable[[RankProfile], None] | None = None,
+        trainer: Any = None,
+    ) -> None:
+        self.config = config
+        self.on_done = on_done
+        self.trainer_hint = trainer
+        self.origin = time.perf_counter()
+        self._pid = os.getpid()  # forked DataLoader workers inherit the probe; only this process reports
+        self.hooks = Hooks(self)
+        self.builder = StepBuilder(HostClock())
+        self.records: list[StepRecord] = []
+        self.environment: Environment | None = None
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.errors: list[str] = []
+        self.disabled = False
+        self.finished = False
+        self.window_start_t: float | None = None
+        self.window_end_t: float | None = None
+        self._primary: int | None = None
+        self._train_thread: int | None = None
+        self._bwd_depth = 0
+        self._pending: list[tuple[int, BatchCounts]] = []
+        self._train_iter: int | None = None
+        self._loaders: dict[int, Any] = {}
+        self._pad_token_id: int | None = None
+        self._sdpa = [0, 0]  # calls, calls with an explicit mask
+        self._autocast: tuple[str, Any] | None = None
+        self._checkpoint_calls = 0
+        self._collate = [0, 0.0]  # batches, seconds
+        self._examples_are_text: bool | None = None
+        self._nvml: NvmlSampler | None = None
+        self._host: HostSampler | None = None
+        self._last_progress = 0.0
+        self._lock = threading.Lock()
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def install(self) -> Probe:
+        self.hooks.install()
+        if self.config.out_dir is not None:
+            atexit.register(self._at_exit)
+        return self
+
+    def guard(self, fn: Callable[..., None], *args: Any) -> None:
+        if self.disabled:
+            return
+        try:
+            fn(*args)
+        except Exception as exc:
+            self.disable(exc)
+
+    def disable(self, exc: BaseException) -> None:
+        if self.disabled:
+            return
+        self.disabled = True
+        self.errors.append(f"{type(exc).__name__}: {exc}")
+        self.hooks.remove()
+        self._stop_samplers()
+        print(
+            f"pitstop: probe disabled after an internal error ({type(exc).__name__}: {exc}); "
+            "your run continues unobserved",
+            file=sys.stderr,
+        )
+
+    # -- listener callbacks ---------------------------------------------------------------------------
+    def _on_train_thread(self) -> bool:
+        ident = threading.get_ident()
+        if self._train_thread is None:
+            self._train_thread = ident
+        return ident == self._train_thread
+
+    def on_iterator(self, iterator: Any, loader: Any) -> None:
+        self._loaders[id(iterator)] = weakref.ref(loader)
+
+    def on_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
+        if not self._on_train_thread():
+            return
+        self.builder.data_wait(wait_s)
+        self.builder.mark(DATA)
+        self._pending.append((id(iterator), count_batch(batch, self._pad_token_id)))
+
+    def on_collate(self, samples: Any, seconds: float) -> None:
+        self._collate[0] += 1
+        self._collate[1] += seconds
+        if self._examples_are_text is None:
+            self._examples_are_text = looks_like_text(samples)
+
+    def on_backward(self, starting: bool) -> None:
+        if not self._on_train_thread():
+            return  # reentrant checkpointing runs nested backward calls on autograd's threads
+        if starting:
+            self._bwd_depth += 1
+            if self._bwd_depth == 1:
+                self._commit_batch()
+                self.builder.mark(BWD_START)
+        else:
+            self._bwd_depth = max(0, self._bwd_depth - 1)
+            if self._bwd_depth == 0:
+                self.builder.mark(BWD_END)
+
+    def _commit_batch(self) -> None:
+        """The oldest batch not yet trained on is the one this backward belongs to (FIFO, so loaders that
+        prefetch a batch ahead still line up); batches of other iterators (evaluation) are dropped."""
+        if not self._pending:
+            return
+        it_id, counts = self._pending.pop(0)
+        self._train_iter = it_id
+        self._pending = [(i, c) for i, c in self._pending if i == it_id]
+        self.builder.batch(counts)
+
+    def on_optimizer(self, optimizer: Any, starting: bool) -> None:
+        if self._primary is None:
+            self._primary = id(optimizer)
+        if id(optimizer) != self._primary or not self._on_train_thread():
+            return
+        if starting:
+            self.builder.mark(OPT_START)
+            return
+        record = self.builder.end_step()
+        self.records.append(record)
+        self._after_step(record, optimizer)
+
+    def on_sdpa(self, has_mask: bool) -> None:
+        self._sdpa[0] += 1
+        self._sdpa[1] += int(has_mask)
+
+    def on_autocast(self, device_type: str, dtype: Any, enabled: bool) -> None:
+        if enabled:
+            self._autocast = (device_type, dtype)
+
+    def on_checkpoint(self) -> None:
+        self._checkpoint_calls += 1
+
+    def on_sync(self, seconds: float) -> None:
+        if self._on_train_thread():
+            self.builder.sync(seconds)
+
+    # -- step bookkeeping -----------------------------------------------------------------------------
+    def _after_step(self, record: StepRecord, optimizer: Any) -> None:
+        index = record.index
+        if index == 1:
+            self._capture(optimizer)
+        if index == self.config.warmup or (
+            self.config.warmup == 0 and index == 1 and self.window_start_t is None
+        ):
+            self._start_window()
+        measured = self.measured_steps()
+        self._progress(index)
+        if self.config.steps is not None and len(measured) >= self.config.steps:
+            self.finish()
+
+    def measured_steps(self) -> list[StepRecord]:
+        return [r for r in self.records if r.index > self.config.warmup]
+
+    def _start_window(self) -> None:
+        self.window_start_t = time.perf_counter() - self.origin
+        self._sdpa = [0, 0]
+        self._checkpoint_calls = 0
+        self._collate = [0, 0.0]
+
+    def _capture(self, optimizer: Any) -> None:
+        with warnings.catch_warnings():  # reading deprecated attributes must not print in the user's run
+            warnings.simplefilter("ignore")
+            self._capture_quietly(optimizer)
+
+    def _capture_quietly(self, optimizer: Any) -> None:
+        env = envmod.base_environment()
+        framework, trainer = envmod.trainer_on_stack()
+        trainer = trainer if trainer is not None else self.trainer_hint
+        if self.trainer_hint is not None and framework == "pytorch":
+            framework = "trl" if type(self.trainer_hint).__module__.startswith("trl") else "hf_trainer"
+        env.framework = framework
+        model = envmod.find_model(optimizer, trainer)
+        params = envmod.optimizer_params(optimizer)
+        envmod.device_facts(params, env)
+        env.model = envmod.model_info(model, optimizer)
+        env.param_dtype = envmod.majority_dtype([p for p in params if p.requires_grad])
+        env.attention = AttentionInfo(implementation=envmod.attention_implementation(model))
+        env.gradient_checkpointing = envmod.gradient_checkpointing(model, trainer)
+        env.dataloader = envmod.dataloader_info(self._train_loader())
+        envmod.trainer_settings(trainer, env)
+        if env.micro_batch_size is None:
+            env.micro_batch_size = env.dataloader.batch_size
+        envmod.offload_and_zero(trainer, optimizer, env)
+        self.rank, self.local_rank = envmod.world(env)
+        config = getattr(envmod._unwrap(model), "config", None)
+        pad = getattr(config, "pad_token_id", None)
+        eos = getattr(config, "eos_token_id", None)
+        eos_ids = eos if isinstance(eos, list) else [eos]
+        self._pad_token_id = pad if isinstance(pad, int) and pad not in eos_ids else None
+        self.environment = env
+        if env.device == "cuda":
+            self.builder.clock = CudaEventClock()
+            self.builder._last_end_mark = None  # the next step starts on the new clock
+            self.hooks.install_sync_watch()
+        self._start_samplers(env, params)
+        if self.config.announce and self.rank == 0:
+            window = "until the run ends" if self.config.steps is None else f"{self.config.steps} steps"
+            print(
+                f"pitstop: observing a {framework} run on {env.gpu_name or env.device}: "
+                f"{self.config.warmup} warm-up steps, then measuring {window}",
+                file=sys.stderr,
+            )
+
+    def _train_loader(self) -> Any:
+        ref = self._loaders.get(self._train_iter) if self._train_iter is not None else None
+        return ref() if ref is not None else None
+
+    def _start_samplers(self, env: Environment, params: list[Any]) -> None:
+        try:
+            self._host = HostSampler(self.origin)
+            self._host.start()
+        except Exception as exc:  # psutil missing or refused: host samples are optional
+            self.errors.append(f"host sampler: {exc}")
+        nvml: Any = None
+        handle: Any = None
+        if self.config.nvml_replay is not None:
+            nvml = RecordedNvml.load(self.config.nvml_replay)
+        elif env.device == "cuda":
+            try:
+                import torch
+
+                device = next(p.device for p in params if p.device.type == "cuda")
+                index = device.index if device.index is not None else torch.cuda.current_device()
+                props = torch.cuda.get_device_properties(index)
+                bus = _pci_bus_id(props)
+                nvml, handle = open_nvml(index, bus)
+            except ImportError:
+                self.errors.append("GPU utilization not sampled: install pitstop[nvml] (nvidia-ml-py)")
+            except Exception as exc:
+                self.errors.append(f"NVML unavailable: {exc}")
+        if nvml is not None:
+            self._nvml = NvmlSampler(nvml, handle, self.origin)
+            self._nvml.start()
+
+    def _stop_samplers(self) -> None:
+        for sampler in (self._nvml, self._host):
+            if sampler is not None:
+                sampler.stop()
+                if sampler.error:
+                    self.errors.append(sampler.error)
+
+    def _progress(self, index: int) -> None:
+        if self.config.out_dir is None or self.rank != 0:
+            return
+        now = time.perf_counter()
+        if now - self._last_progress < PROGRESS_EVERY_S:
+            return
+        self._last_progress = now
+        payload = {"step": index, "warmup": self.config.warmup, "steps": self.config.steps}
+        _atomic_write(self.config.out_dir / "progress.json", json.dumps(payload))
+
+    # -- finishing ------------------------------------------------------------------------------------
+    def finish(self, reason: str = "window") -> RankProfile:
+        """Close the window, hand the profile over, and (zero-code runner) end the process."""
+        with self._lock:
+            if self.finished:
+                return self.rank_profile()
+            self.finished = True
+        self.window_end_t = time.perf_counter() - self.origin
+        self.hooks.active = False
+        try:
+            self.builder.drain()
+        except Exception as exc:
+            self.errors.append(f"reading device timings: {exc}")
+        self._stop_samplers()
+        profile = self.rank_profile()
+        profile.stopped_by_probe = reason == "window" and self.config.stop_when_done
+        if self.config.out_dir is not None:
+            self._write(profile)
+        self.hooks.remove()
+        if self.on_done is not None:
+            self.on_done(profile)
+        if profile.stopped_by_probe:
+            if self.config.announce and self.rank == 0:
+                print(f"pitstop: measured {len(profile.steps)} steps; stopping the run", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        return profile
+
+    def rank_profile(self) -> RankProfile:
+        env = self.environment or envmod.base_environment()
+        calls, masked = self._sdpa
+        env.attention.sdpa_calls = calls
+        env.attention.sdpa_calls_with_mask = masked
+        if self._autocast is not None:
+            env.autocast_dtype = envmod.dtype_name(self._autocast[1])
+        if env.gradient_checkpointing is None and self._checkpoint_calls:
+            env.gradient_checkpointing = True
+        batches, seconds = self._collate
+        env.dataloader.examples_are_text = self._examples_are_text
+        env.dataloader.collate_s_per_batch = seconds / batches if batches else None
+        steps = self.measured_steps()
+        warmup = self.config.warmup
+        if not steps and len(self.records) > 1:  # the run ended inside the warm-up: keep what there is
+            steps, warmup = self.records[1:], 1
+        return RankProfile(
+            rank=self.rank,
+            local_rank=self.local_rank,
+            pid=os.getpid(),
+            hostname=env.hostname,
+            warmup_steps=warmup,
+            steps=steps,
+            gpu_samples=list(self._nvml.samples) if self._nvml else [],
+            host_samples=list(self._host.samples) if self._host else [],
+            window_start_t=self.window_start_t,
+            window_end_t=self.window_end_t,
+            memory=self._memory_stats(env),
+            environment=env,
+            probe_errors=list(self.errors),
+        )
+
+    def _memory_stats(self, env: Environment) -> MemoryStats:
+        if env.device != "cuda":
+            return MemoryStats()
+        try:
+            import torch
+
+            stats = torch.cuda.memory_stats()
+            return MemoryStats(
+                peak_allocated=int(torch.cuda.max_memory_allocated()),
+                peak_reserved=int(torch.cuda.max_memory_reserved()),
+                alloc_retries=int(stats.get("num_alloc_retries", 0)),
+                ooms=int(stats.get("num_ooms", 0)),
+            )
+        except Exception:
+            return MemoryStats()
+
+    def _write(self, profile: RankProfile) -> None:
+        assert self.config.out_dir is not None
+        name = f"rank-{profile.rank:05d}-{os.getpid()}.json"
+        _atomic_write(self.config.out_dir / name, json.dumps(to_jsonable(profile)))
+
+    def _at_exit(self) -> None:
+        """The run ended (or was interrupted) before the window closed: keep what was measured."""
+        if self.finished or os.getpid() != self._pid:
+            return
+        if self.records or self.errors:
+            self.config.stop_when_done = False
+            self.finish(reason="exit")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _pci_bus_id(props: Any) -> str | None:
+    """NVML's bus id ("00000000:18:00.0") of a CUDA device, when torch exposes the PCI location."""
+    bus, device = getattr(props, "pci_bus_id", None), getattr(props, "pci_device_id", None)
+    if bus is None or device is None:
+        return None
+    return f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{device:02x}.0"

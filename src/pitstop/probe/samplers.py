@@ -1,0 +1,188 @@
+"""Background samplers: the GPU through NVML (~10 Hz) and the trainer's CPU use through psutil (~2 Hz).
+
+Each sampler is a daemon thread that reads a *source* and appends samples; the source for NVML is any
+object with pynvml's functions, so recorded readings (``RecordedNvml``) go through exactly the code a
+live GPU does. A sampler that fails stops itself quietly; it never raises into the training process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pitstop.profile import GpuSample, HostSample
+
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_CLOCK_SM = 1
+
+
+class _Sampler:
+    def __init__(self, interval_s: float, origin: float) -> None:
+        self.interval_s = interval_s
+        self.origin = origin
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"pitstop-{type(self).__name__}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.sample_once()
+                self._stop.wait(self.interval_s)
+        except Exception as exc:  # a sampler failure loses samples, never the run
+            self.error = f"{type(self).__name__}: {exc}"
+
+    def sample_once(self) -> None:
+        raise NotImplementedError
+
+
+class NvmlSampler(_Sampler):
+    """Reads utilization, memory, PCIe, SM clock and power of one GPU."""
+
+    def __init__(self, nvml: Any, handle: Any, origin: float, interval_s: float = 0.1) -> None:
+        super().__init__(interval_s, origin)
+        self.nvml = nvml
+        self.handle = handle
+        self.samples: list[GpuSample] = []
+
+    def _try(self, fn: str, *args: Any) -> Any:
+        try:
+            return getattr(self.nvml, fn)(self.handle, *args)
+        except Exception:
+            return None
+
+    def sample_once(self) -> None:
+        util = self._try("nvmlDeviceGetUtilizationRates")
+        mem = self._try("nvmlDeviceGetMemoryInfo")
+        rx = self._try("nvmlDeviceGetPcieThroughput", NVML_PCIE_UTIL_RX_BYTES)
+        tx = self._try("nvmlDeviceGetPcieThroughput", NVML_PCIE_UTIL_TX_BYTES)
+        clock = self._try("nvmlDeviceGetClockInfo", NVML_CLOCK_SM)
+        power = self._try("nvmlDeviceGetPowerUsage")
+        self.samples.append(
+            GpuSample(
+                t=time.perf_counter() - self.origin,
+                util=None if util is None else float(util.gpu),
+                mem_used=None if mem is None else int(mem.used),
+                mem_total=None if mem is None else int(mem.total),
+                pcie_rx=None if rx is None else float(rx) * 1024.0,  # NVML reports KB/s
+                pcie_tx=None if tx is None else float(tx) * 1024.0,
+                sm_clock=None if clock is None else float(clock),
+                power_w=None if power is None else float(power) / 1000.0,  # mW
+            )
+        )
+
+
+class HostSampler(_Sampler):
+    """CPU use of the trainer process and of its children (DataLoader workers), in % of one core."""
+
+    def __init__(self, origin: float, interval_s: float = 0.5) -> None:
+        super().__init__(interval_s, origin)
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process(os.getpid())
+        self._me.cpu_percent(None)
+        self._children: dict[int, Any] = {}
+        self.samples: list[HostSample] = []
+
+    def sample_once(self) -> None:
+        main = self._me.cpu_percent(None)
+        workers_pct = 0.0
+        alive = 0
+        for child in self._me.children(recursive=True):
+            proc = self._children.get(child.pid)
+            if proc is None:
+                self._children[child.pid] = child
+                child.cpu_percent(None)  # prime; the first reading is meaningless
+                continue
+            try:
+                workers_pct += proc.cpu_percent(None)
+                alive += 1
+            except self._psutil.Error:
+                self._children.pop(child.pid, None)
+        self.samples.append(HostSample(time.perf_counter() - self.origin, main, workers_pct, alive))
+
+
+class RecordedNvml:
+    """pynvml's reading functions, answered from a recording (JSON list of readings) in order.
+
+    A reading is ``{"util": %, "mem_used": bytes, "mem_total": bytes, "pcie_rx_kbs": .., "pcie_tx_kbs": ..,
+    "sm_clock": MHz, "power_mw": ..}``; missing keys make the matching call fail, as on GPUs that lack
+    the counter. After the last reading the recording repeats its last value.
+    """
+
+    class _Util:
+        def __init__(self, gpu: float) -> None:
+            self.gpu = gpu
+
+    class _Mem:
+        def __init__(self, used: int, total: int) -> None:
+            self.used, self.total = used, total
+
+    def __init__(self, readings: list[dict[str, Any]]) -> None:
+        if not readings:
+            raise ValueError("a recording needs at least one reading")
+        self.readings = readings
+        self._i = 0
+        self._current = readings[0]
+
+    @classmethod
+    def load(cls, path: Path) -> RecordedNvml:
+        return cls(json.loads(Path(path).read_text()))
+
+    def _field(self, key: str) -> Any:
+        if key not in self._current:
+            raise RuntimeError(f"NVML: {key} not supported")
+        return self._current[key]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        # a new reading starts with utilization, the first call of every sample
+        self._current = self.readings[min(self._i, len(self.readings) - 1)]
+        self._i += 1
+        return self._Util(self._field("util"))
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
+        return self._Mem(self._field("mem_used"), self._field("mem_total"))
+
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> Any:
+        return self._field("pcie_rx_kbs" if counter == NVML_PCIE_UTIL_RX_BYTES else "pcie_tx_kbs")
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> Any:
+        return self._field("sm_clock")
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> Any:
+        return self._field("power_mw")
+
+
+def open_nvml(cuda_index: int, pci_bus_id: str | None) -> tuple[Any, Any]:
+    """(pynvml module, handle) for the CUDA device this process trains on."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    if pci_bus_id:
+        try:
+            return pynvml, pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id.encode())
+        except Exception:
+            pass
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    ordinals = [v.strip() for v in visible.split(",") if v.strip()]
+    index = (
+        int(ordinals[cuda_index])
+        if cuda_index < len(ordinals) and ordinals[cuda_index].isdigit()
+        else cuda_index
+    )
+    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)

@@ -1,0 +1,230 @@
+"""Turning hook calls into StepRecords.
+
+The probe sees a stream of events: a batch arrived after waiting w seconds, backward started / ended,
+the optimizer started / ended. Those events are *marks* on a clock. On a CPU the clock is the host's
+``perf_counter``; on a GPU it is a CUDA event recorded on the current stream, read a step late so the
+host never waits for the device. The same code turns marks into forward / backward / optimizer spans
+either way, which is what lets the GPU logic be tested on a CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pitstop.profile import StepRecord
+
+_COUNT_FIELDS = ("samples", "tokens", "real_tokens", "loss_tokens", "examples")
+START, DATA, BWD_START, BWD_END, OPT_START, OPT_END = (
+    "start",
+    "data",
+    "bwd_start",
+    "bwd_end",
+    "opt_start",
+    "opt_end",
+)
+
+
+class Clock(Protocol):
+    def mark(self) -> Any:
+        """A handle for 'now' on the timeline that executes the work."""
+
+    def ready(self, handle: Any) -> bool:
+        """Whether the handle's time can be read without blocking."""
+
+    def wait(self, handle: Any) -> None:
+        """Block until the handle's time can be read (only at the end of a window)."""
+
+    def seconds_between(self, a: Any, b: Any) -> float: ...
+
+
+class HostClock:
+    """Host wall clock; everything is ready at once."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def ready(self, handle: Any) -> bool:
+        return True
+
+    def wait(self, handle: Any) -> None:
+        return None
+
+    def seconds_between(self, a: Any, b: Any) -> float:
+        return float(b - a)
+
+
+def phase_spans(kinds: list[str], seconds: list[float]) -> tuple[float, float, float]:
+    """Forward, backward and optimizer time from ordered marks (seconds relative to any origin).
+
+    Forward is everything from the latest of {step start, batch ready, previous backward end} up to a
+    backward start; with gradient accumulation the micro-batches add up.
+    """
+    forward = backward = optimizer = 0.0
+    anchor: float | None = None
+    bwd_start: float | None = None
+    opt_start: float | None = None
+    for kind, t in zip(kinds, seconds, strict=True):
+        if kind in (START, DATA):
+            if bwd_start is None:
+                anchor = t
+        elif kind == BWD_START:
+            if bwd_start is None:
+                if anchor is not None:
+                    forward += max(0.0, t - anchor)
+                bwd_start = t
+        elif kind == BWD_END:
+            if bwd_start is not None:
+                backward += max(0.0, t - bwd_start)
+                bwd_start = None
+                anchor = t
+        elif kind == OPT_START:
+            opt_start = t
+        elif kind == OPT_END and opt_start is not None:
+            optimizer += max(0.0, t - opt_start)
+            opt_start = None
+            anchor = t
+    return forward, backward, optimizer
+
+
+@dataclass
+class BatchCounts:
+    """What one micro-batch carried. Values are ints, or 0-dim device tensors resolved at the end."""
+
+    samples: Any = None
+    tokens: Any = None
+    real_tokens: Any = None
+    loss_tokens: Any = None
+    examples: Any = None
+    seq_len: int | None = None
+    nbytes: int = 0
+
+
+@dataclass
+class _OpenStep:
+    marks: list[tuple[str, Any]] = field(default_factory=list)
+    data_wait_s: float = 0.0
+    micro_batches: int = 0
+    batches: list[BatchCounts] = field(default_factory=list)
+    syncs: int = 0
+    sync_s: float = 0.0
+
+
+def _add(values: list[Any]) -> Any:
+    """Sum ints and device tensors without forcing a device sync (None if any value is unknown)."""
+    if not values or any(v is None for v in values):
+        return None
+    total: Any = 0
+    for v in values:
+        total = total + v
+    return total
+
+
+class StepBuilder:
+    """Accumulates one optimizer step at a time and hands back finished StepRecords.
+
+    Device-timeline spans are filled in when the clock says their marks are ready, so on a GPU a step's
+    forward/backward/optimizer figures arrive one step later than its wall time.
+    """
+
+    def __init__(self, clock: Clock, now: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.now = now
+        self.index = 0
+        self._first_start = now()  # the first step is timed from when the probe was installed
+        self._last_end_host: float | None = None
+        self._last_end_mark: Any = None
+        self._open = _OpenStep()
+        self._unresolved: list[tuple[StepRecord, list[tuple[str, Any]]]] = []
+        self._lazy: list[StepRecord] = []
+
+    # -- events -----------------------------------------------------------------------------------
+    def mark(self, kind: str) -> None:
+        self._open.marks.append((kind, self.clock.mark()))
+        if kind == BWD_START:
+            self._open.micro_batches += 1
+
+    def data_wait(self, seconds: float) -> None:
+        self._open.data_wait_s += seconds
+
+    def batch(self, counts: BatchCounts) -> None:
+        self._open.batches.append(counts)
+
+    def sync(self, seconds: float) -> None:
+        self._open.syncs += 1
+        self._open.sync_s += seconds
+
+    def end_step(self) -> StepRecord:
+        """Close the step at an optimizer-step end and return its record (device spans may follow)."""
+        self.mark(OPT_END)
+        now = self.now()
+        step, self._open = self._open, _OpenStep()
+        self.index += 1
+        start_host = self._last_end_host
+        start_mark = self._last_end_mark
+        self._last_end_host = now
+        self._last_end_mark = step.marks[-1][1]
+        if start_host is None:
+            start_host = self._first_start
+        record = StepRecord(
+            index=self.index,
+            wall_s=now - start_host,
+            data_wait_s=step.data_wait_s,
+            micro_batches=step.micro_batches,
+            syncs=step.syncs,
+            sync_s=step.sync_s,
+        )
+        self._fill_counts(record, step.batches)
+        marks = ([(START, start_mark)] if start_mark is not None else []) + step.marks
+        self._unresolved.append((record, marks))
+        self.poll()
+        return record
+
+    # -- resolution -------------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Fill device spans of every step whose last mark the device has reached."""
+        still: list[tuple[StepRecord, list[tuple[str, Any]]]] = []
+        for record, marks in self._unresolved:
+            if marks and not self.clock.ready(marks[-1][1]):
+                still.append((record, marks))
+                continue
+            self._resolve(record, marks)
+        self._unresolved = still
+
+    def drain(self) -> None:
+        """Resolve everything, waiting for the device if needed (end of the window only)."""
+        for _, marks in self._unresolved:
+            if marks:
+                self.clock.wait(marks[-1][1])
+        self.poll()
+        self._resolve_lazy_counts()
+
+    def _resolve(self, record: StepRecord, marks: list[tuple[str, Any]]) -> None:
+        if not marks:
+            return
+        origin = marks[0][1]
+        kinds = [k for k, _ in marks]
+        seconds = [self.clock.seconds_between(origin, h) for _, h in marks]
+        record.forward_s, record.backward_s, record.optimizer_s = phase_spans(kinds, seconds)
+
+    def _fill_counts(self, record: StepRecord, batches: list[BatchCounts]) -> None:
+        record.samples = _add([b.samples for b in batches])
+        record.tokens = _add([b.tokens for b in batches])
+        record.real_tokens = _add([b.real_tokens for b in batches])
+        record.loss_tokens = _add([b.loss_tokens for b in batches])
+        record.h2d_bytes = sum(b.nbytes for b in batches) if batches else None
+        lens = [b.seq_len for b in batches if b.seq_len is not None]
+        record.seq_len = max(lens) if lens else None
+        record.examples = _add([b.examples for b in batches])
+        if any(not isinstance(getattr(record, n), int | None) for n in _COUNT_FIELDS):
+            self._lazy.append(record)
+
+    def _resolve_lazy_counts(self) -> None:
+        for record in self._lazy:
+            for name in _COUNT_FIELDS:
+                value = getattr(record, name)
+                if value is not None and not isinstance(value, int):
+                    setattr(record, name, int(value.item()))
+        self._lazy.clear()

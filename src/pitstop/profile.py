@@ -1,0 +1,271 @@
+"""The RunProfile: what was measured about one training run, whatever the source.
+
+A live probe, a callback and (later) an offline trace all fill these records. A field that a source
+cannot know stays ``None``; nothing is guessed and written as if measured. Pure data: no torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+SCHEMA_PROFILE = "pitstop.profile/1"
+
+T = TypeVar("T")
+
+
+@dataclass
+class StepRecord:
+    """One optimizer step as seen by one process. Times in seconds."""
+
+    index: int
+    wall_s: float
+    data_wait_s: float = 0.0
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    micro_batches: int = 0
+    samples: int | None = None
+    tokens: int | None = None
+    real_tokens: int | None = None
+    loss_tokens: int | None = None
+    examples: int | None = None  # examples in the step (several per row when packed)
+    seq_len: int | None = None
+    syncs: int | None = None
+    sync_s: float | None = None
+    h2d_bytes: int | None = None
+
+    @property
+    def other_s(self) -> float | None:
+        """Wall time not accounted for by data wait, forward, backward and optimizer."""
+        parts = (self.forward_s, self.backward_s, self.optimizer_s)
+        if any(p is None for p in parts):
+            return None
+        return max(0.0, self.wall_s - self.data_wait_s - sum(p for p in parts if p is not None))
+
+
+@dataclass
+class GpuSample:
+    """One NVML reading. Units: %, bytes, bytes/s, MHz, watts; t in seconds since the probe started."""
+
+    t: float
+    util: float | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    pcie_rx: float | None = None
+    pcie_tx: float | None = None
+    sm_clock: float | None = None
+    power_w: float | None = None
+
+
+@dataclass
+class HostSample:
+    """One psutil reading of the trainer process and its children (DataLoader workers)."""
+
+    t: float
+    main_cpu_pct: float
+    workers_cpu_pct: float
+    workers: int
+
+
+@dataclass
+class DataLoaderInfo:
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    batch_size: int | None = None
+    collate_fn: str | None = None
+    dataset: str | None = None
+    examples_are_text: bool | None = None
+    collate_s_per_batch: float | None = None
+
+
+@dataclass
+class ModelInfo:
+    """Shape facts needed for the FLOPs model (from the model's config when there is one)."""
+
+    model_type: str | None = None
+    n_layers: int | None = None
+    hidden_size: int | None = None
+    n_heads: int | None = None
+    head_dim: int | None = None
+    vocab_size: int | None = None
+    tied_embeddings: bool | None = None
+    params_total: int | None = None
+    params_trainable: int | None = None
+    params_embedding: int | None = None
+
+
+@dataclass
+class AttentionInfo:
+    """Which attention path the run asked for and which ran (counted during warm-up)."""
+
+    implementation: str | None = None
+    sdpa_calls: int | None = None
+    sdpa_calls_with_mask: int | None = None
+    flash_attn_calls: int | None = None
+    eager_calls: int | None = None
+
+
+@dataclass
+class Environment:
+    device: str | None = None  # "cpu", "cuda", "mps", ...
+    gpu_name: str | None = None
+    gpu_count: int | None = None
+    gpu_memory_bytes: int | None = None
+    cpu_count: int | None = None
+    hostname: str | None = None
+    framework: str | None = None  # "pytorch", "hf_trainer", "trl", "accelerate", "lightning", "deepspeed"
+    attention: AttentionInfo = field(default_factory=AttentionInfo)
+    param_dtype: str | None = None
+    autocast_dtype: str | None = None
+    tf32: bool | None = None
+    gradient_checkpointing: bool | None = None
+    model: ModelInfo = field(default_factory=ModelInfo)
+    dataloader: DataLoaderInfo = field(default_factory=DataLoaderInfo)
+    micro_batch_size: int | None = None
+    grad_accum_steps: int | None = None
+    zero_stage: int | None = None
+    offload: dict[str, str] | None = None  # {"optimizer": "cpu", "param": "nvme"}; {} when known to be off
+    world_size: int | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device in ("cuda", "rocm")
+
+    @property
+    def attn_implementation(self) -> str | None:
+        return self.attention.implementation
+
+
+@dataclass
+class MemoryStats:
+    """torch.cuda memory statistics at the end of the window."""
+
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    alloc_retries: int | None = None
+    ooms: int | None = None
+
+
+@dataclass
+class RankProfile:
+    """Everything one process measured."""
+
+    rank: int = 0
+    local_rank: int = 0
+    pid: int | None = None
+    hostname: str | None = None
+    warmup_steps: int = 0
+    steps: list[StepRecord] = field(default_factory=list)
+    gpu_samples: list[GpuSample] = field(default_factory=list)
+    host_samples: list[HostSample] = field(default_factory=list)
+    window_start_t: float | None = None
+    window_end_t: float | None = None
+    memory: MemoryStats = field(default_factory=MemoryStats)
+    environment: Environment = field(default_factory=Environment)
+    stopped_by_probe: bool = False
+    probe_errors: list[str] = field(default_factory=list)
+
+    def total(self, name: str) -> float | None:
+        """Sum of one StepRecord field over the measured steps (None if any step lacks it)."""
+        values = [getattr(s, name) for s in self.steps]
+        if not values or any(v is None for v in values):
+            return None
+        return float(sum(values))
+
+    @property
+    def wall_s(self) -> float:
+        return sum(s.wall_s for s in self.steps)
+
+    @property
+    def median_step_s(self) -> float | None:
+        return statistics.median(s.wall_s for s in self.steps) if self.steps else None
+
+
+@dataclass
+class RunProfile:
+    """One training run: per-rank measurements plus what is known about how it was launched."""
+
+    source: str  # "doctor", "callback", "watch", "trace", ...
+    ranks: list[RankProfile] = field(default_factory=list)
+    command: list[str] | None = None
+    started_at: str | None = None
+    requested_steps: int | None = None
+    exit_code: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def environment(self) -> Environment:
+        """The environment of the lowest rank (ranks of one job share their configuration)."""
+        return self.ranks[0].environment if self.ranks else Environment()
+
+    @property
+    def world_size(self) -> int:
+        env_ws = self.environment.world_size
+        return max(len(self.ranks), env_ws or 0, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_PROFILE, **to_jsonable(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunProfile:
+        payload = {k: v for k, v in data.items() if k != "schema"}
+        return from_jsonable(cls, payload)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> RunProfile:
+        return cls.from_dict(json.loads(path.read_text()))
+
+
+def to_jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def from_jsonable(cls: type[T], data: Any) -> T:
+    """Rebuild a dataclass tree; unknown keys are ignored so older readers accept newer files."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key, value in data.items():
+        if key not in names:
+            continue
+        kwargs[key] = _convert(hints[key], value)
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    import types
+    import typing
+
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            if arg is type(None):
+                continue
+            return _convert(arg, value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return from_jsonable(hint, value)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return [_convert(item, v) for v in value]
+    return value

@@ -1,0 +1,166 @@
+"""Start the user's command unchanged, with the probe injected into every Python process it starts.
+
+Injection: a scratch folder holding pitstop's ``sitecustomize.py`` and a link to the pitstop package is
+put first on PYTHONPATH, so the command's interpreters (torchrun's and accelerate's children included,
+even from another virtual environment) arm the probe at start-up. The command runs in its own process
+group; Ctrl-C is forwarded to the group, and whatever is left of the group when the command ends is
+cleaned up, so no training process outlives pitstop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pitstop
+from pitstop.probe.config import ProbeConfig
+
+INJECT_SOURCE = Path(pitstop.__file__).parent / "probe" / "_inject" / "sitecustomize.py"
+GRACE_S = 10.0
+
+
+@dataclass
+class Launch:
+    command: list[str]
+    out_dir: Path
+    exit_code: int | None = None
+    interrupted: bool = False
+    start_error: str | None = None
+    log_path: Path | None = None
+    seconds: float = 0.0
+
+
+class CommandError(Exception):
+    """The command could not be started at all."""
+
+
+def prepare_injection(out_dir: Path) -> Path:
+    """Make the folder that goes first on PYTHONPATH: sitecustomize.py plus a link to this pitstop."""
+    inject = out_dir / "inject"
+    inject.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(INJECT_SOURCE, inject / "sitecustomize.py")
+    link = inject / "pitstop"
+    if not link.exists():
+        link.symlink_to(Path(pitstop.__file__).parent, target_is_directory=True)
+    return inject
+
+
+def child_environment(
+    config: ProbeConfig, inject: Path, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    existing = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(inject) + (os.pathsep + existing if existing else "")
+    env.update(config.to_env())
+    return env
+
+
+def resolve(command: list[str]) -> str:
+    if not command:
+        raise CommandError("no command given: put it after `--`, e.g. pitstop doctor -- python train.py")
+    exe = command[0]
+    if os.sep in exe:
+        if not os.path.exists(exe):
+            raise CommandError(f"cannot start `{exe}`: no such file")
+        if not os.access(exe, os.X_OK):
+            raise CommandError(f"cannot start `{exe}`: not executable (try `python {exe}`)")
+        return exe
+    found = shutil.which(exe)
+    if found is None:
+        raise CommandError(f"cannot start `{exe}`: command not found")
+    return found
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _end_group(pgid: int, first: int = signal.SIGTERM, grace_s: float = 3.0) -> None:
+    """Ask the rest of the group to go, then make it."""
+    if not _group_alive(pgid):
+        return
+    _signal_group(pgid, first)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _group_alive(pgid):
+        time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def run_observed(
+    command: list[str],
+    config: ProbeConfig,
+    quiet: bool = False,
+    on_tick: Callable[[Path], None] | None = None,
+    out_dir: Path | None = None,
+    timeout_s: float | None = None,
+) -> Launch:
+    """Run ``command`` under the probe and wait for it. Never raises for the command's own failures."""
+    out = out_dir or Path(tempfile.mkdtemp(prefix="pitstop-"))
+    out.mkdir(parents=True, exist_ok=True)
+    config.out_dir = out
+    launch = Launch(command=list(command), out_dir=out)
+    try:
+        resolve(command)
+    except CommandError as exc:
+        launch.start_error = str(exc)
+        return launch
+    env = child_environment(config, prepare_injection(out))
+    log = None
+    if quiet:
+        launch.log_path = out / "command.log"
+        log = launch.log_path.open("wb")
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            command, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT if log else None
+        )
+    except OSError as exc:
+        launch.start_error = f"cannot start `{command[0]}`: {exc.strerror or exc}"
+        if log:
+            log.close()
+        return launch
+    pgid = proc.pid
+    try:
+        while True:
+            try:
+                launch.exit_code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if on_tick is not None:
+                    on_tick(out)
+                if timeout_s is not None and time.monotonic() - started > timeout_s:
+                    launch.interrupted = True
+                    _end_group(pgid, signal.SIGINT, GRACE_S)
+                    launch.exit_code = proc.wait()
+                    break
+    except KeyboardInterrupt:
+        launch.interrupted = True
+        _signal_group(pgid, signal.SIGINT)
+        try:
+            launch.exit_code = proc.wait(timeout=GRACE_S)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            _end_group(pgid, signal.SIGTERM)
+            launch.exit_code = proc.wait()
+    finally:
+        _end_group(pgid)  # DataLoader workers, torchrun children: nothing outlives pitstop
+        if log:
+            log.close()
+        launch.seconds = time.monotonic() - started
+    return launch
