@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from pitstop.cli.errors import UserError
+
 app = typer.Typer(
     name="pitstop",
     help="Find out why a fine-tuning run is slower than it should be, and what to change.",
@@ -16,14 +18,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-class UserError(Exception):
-    """Bad input or an outcome to report in one line, with an exit code."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pitstop.cli.app import UserError
+from pitstop.cli.errors import UserError
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
 from pitstop.report.terminal import render
@@ -76,7 +76,7 @@ def measure(
                     hint = "\n" + "\n".join("  | " + line for line in tail)
             raise UserError((outcome.message or "nothing measured") + hint, outcome.exit_code)
         if outcome.message:
-            console.print(f"[yellow]pitstop: {outcome.message}[/yellow]")
+            console.print(f"[yellow]pitstop: {outcome.message}[/yellow]", soft_wrap=True)
         diagnosis = diagnose(outcome.profile)
         diagnosis.profile.exit_code = outcome.exit_code
         return diagnosis
@@ -95,8 +95,8 @@ def run_doctor(
 ) -> int:
     _check_json_target(json_out)
     diagnosis = measure(command, None if full else steps, warmup, quiet, "measuring", timeout)
+    _write_json(diagnosis, json_out)  # first: a closed terminal must not lose the result
     render(diagnosis)
-    _write_json(diagnosis, json_out)
     return diagnosis.profile.exit_code or 0
 
 
@@ -113,14 +113,17 @@ def run_demo(steps: int, warmup: int, fixed: bool, json_out: Path | None, quiet:
         ensure_demo_assets()
     slow = measure(demo_command(False), steps, warmup, quiet, "demo: naive fine-tune")
     if not fixed:
-        render(slow)
         _write_json(slow, json_out)
+        render(slow)
         return 0
     fast = measure(demo_command(True), steps, warmup, quiet, "demo: with the fixes")
-    render(fast)
     comparison = compare(slow, fast)
-    Console().print(comparison_table(comparison))
-    _write_json(fast, json_out, {"demo_comparison": comparison})
+    _write_json(slow, json_out, {"demo_comparison": comparison, "fixed": fast.to_dict()})
+    render(slow)
+    out = Console()
+    left = ", ".join(f"{f.cause} ({f.severity})" for f in fast.findings) or "no finding"
+    out.print(f"[bold]With the fixes[/bold] (pre-tokenized, packed, SDPA, a DataLoader worker): {left}.")
+    out.print(comparison_table(comparison))
     return 0
 
 

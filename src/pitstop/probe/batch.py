@@ -52,6 +52,15 @@ def _fields(batch: Any) -> dict[str, Any]:
     return {}
 
 
+def _first_tensor(batch: Any) -> Any:
+    if _is_tensor(batch):
+        return batch
+    values: Any = (
+        batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else ()
+    )
+    return next((v for v in values if _is_tensor(v)), None)
+
+
 def _nbytes(batch: Any) -> int:
     if _is_tensor(batch):
         return int(batch.numel() * batch.element_size())
@@ -71,9 +80,7 @@ def count_batch(batch: Any, pad_token_id: int | None = None) -> BatchCounts:
     counts = BatchCounts(nbytes=_nbytes(batch))
     ids = fields.get("input_ids")
     if ids is None or not _is_int_tensor(ids):
-        first = next((v for v in fields.values() if _is_tensor(v)), None)
-        if first is None and _is_tensor(batch):
-            first = batch
+        first = _first_tensor(batch)
         if first is not None and first.dim() >= 1:
             counts.samples = int(first.shape[0])
         return counts

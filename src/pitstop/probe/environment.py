@@ -80,6 +80,17 @@ def trainer_on_stack() -> tuple[str, Any]:
     return "pytorch", None
 
 
+def framework_of(trainer: Any) -> str | None:
+    """The framework id of a trainer object handed to the probe by a callback."""
+    top = type(trainer).__module__.split(".", 1)[0]
+    return {
+        "trl": "trl",
+        "transformers": "hf_trainer",
+        "lightning": "lightning",
+        "pytorch_lightning": "lightning",
+    }.get(top)
+
+
 def _lightning_trainer(obj: Any) -> Any:
     for candidate in (obj, getattr(obj, "trainer", None)):
         if candidate is not None and type(candidate).__name__ == "Trainer" and hasattr(candidate, "strategy"):

@@ -227,9 +227,9 @@ class Probe:
     def _capture_quietly(self, optimizer: Any) -> None:
         env = envmod.base_environment()
         framework, trainer = envmod.trainer_on_stack()
-        trainer = trainer if trainer is not None else self.trainer_hint
-        if self.trainer_hint is not None and framework == "pytorch":
-            framework = "trl" if type(self.trainer_hint).__module__.startswith("trl") else "hf_trainer"
+        if trainer is None and self.trainer_hint is not None:
+            trainer = self.trainer_hint
+            framework = envmod.framework_of(trainer) or framework
         env.framework = framework
         model = envmod.find_model(optimizer, trainer)
         params = envmod.optimizer_params(optimizer)

@@ -15,8 +15,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,28 @@ class Launch:
 
 class CommandError(Exception):
     """The command could not be started at all."""
+
+
+class _Terminated(KeyboardInterrupt):
+    """pitstop itself got SIGTERM / SIGHUP: stop the command's group the way Ctrl-C does."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+@contextlib.contextmanager
+def _terminate_like_interrupt() -> Iterator[None]:
+    """While the command runs, SIGTERM and SIGHUP to pitstop end the command's process group too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def prepare_injection(out_dir: Path) -> Path:
@@ -138,6 +161,26 @@ def run_observed(
         return launch
     pgid = proc.pid
     try:
+        with _terminate_like_interrupt():
+            _wait(proc, pgid, launch, started, on_tick, out, timeout_s)
+    finally:
+        _end_group(pgid)  # DataLoader workers, torchrun children: nothing outlives pitstop
+        if log:
+            log.close()
+        launch.seconds = time.monotonic() - started
+    return launch
+
+
+def _wait(
+    proc: subprocess.Popen[bytes],
+    pgid: int,
+    launch: Launch,
+    started: float,
+    on_tick: Callable[[Path], None] | None,
+    out: Path,
+    timeout_s: float | None,
+) -> None:
+    try:
         while True:
             try:
                 launch.exit_code = proc.wait(timeout=0.2)
@@ -158,9 +201,3 @@ def run_observed(
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
             _end_group(pgid, signal.SIGTERM)
             launch.exit_code = proc.wait()
-    finally:
-        _end_group(pgid)  # DataLoader workers, torchrun children: nothing outlives pitstop
-        if log:
-            log.close()
-        launch.seconds = time.monotonic() - started
-    return launch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pitstop.diagnose import fixes
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
+from pitstop.diagnose.metrics import rank_metrics
 from pitstop.findings import Finding
 
 DATA_WAIT_MIN = 0.05
@@ -14,9 +15,16 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 2)
 
 
+def _slowest_rank_wait(ctx: RuleContext) -> float | None:
+    """Data wait of the rank that waits most: every rank waits for it, so its wait paces the job."""
+    waits = [rank_metrics(r).data_wait_frac for r in ctx.profile.ranks if r.steps]
+    known = [w for w in waits if w is not None]
+    return max(known) if known else None
+
+
 def dataloader_bound(ctx: RuleContext) -> Finding | None:
     m = ctx.metrics
-    f = m.data_wait_frac
+    f = _slowest_rank_wait(ctx)
     if f is None or f < DATA_WAIT_MIN:
         return None
     dl = ctx.env.dataloader
@@ -34,12 +42,17 @@ def dataloader_bound(ctx: RuleContext) -> Finding | None:
         "collate_ms_per_batch": _ms(dl.collate_s_per_batch),
         "main_process_cpu_pct": None if m.main_cpu_pct is None else round(m.main_cpu_pct, 1),
     }
+    if len(ctx.profile.ranks) > 1:
+        evidence["data_wait_frac_mean_over_ranks"] = (
+            None if m.data_wait_frac is None else round(m.data_wait_frac, 3)
+        )
     causes = []
     if text_in_loop:
         causes.append("examples are tokenized inside the collate function on every step")
     if dl.num_workers == 0:
         causes.append("the DataLoader has no worker processes (num_workers=0), so loading blocks the step")
-    summary = f"The step waits on the input pipeline {f:.0%} of the time"
+    who = " on the rank that waits most" if len(ctx.profile.ranks) > 1 else ""
+    summary = f"The step waits on the input pipeline {f:.0%} of the time{who}"
     summary += (": " + "; ".join(causes) + ".") if causes else "."
     if not ctx.on_gpu:
         summary += " (On a CPU run, workers share cores with compute; pre-tokenizing helps regardless.)"
@@ -50,7 +63,8 @@ def dataloader_bound(ctx: RuleContext) -> Finding | None:
         summary=summary,
         evidence=evidence,
         est_speedup=amdahl(f, float("inf")),
-        speedup_basis=f"data wait is {f:.1%} of step time (measured); hiding it fully gives at most 1/(1−f)",
+        speedup_basis=f"data wait is {f:.1%} of step time (measured{', slowest rank' if who else ''}); hiding it fully "
+        "gives at most 1/(1−f)",
         fix=fixes.dataloader(ctx.framework, workers, text_in_loop),
     )
 

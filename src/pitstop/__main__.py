@@ -1,0 +1,5 @@
+"""`python -m pitstop` is the `pitstop` command."""
+
+from pitstop.cli.app import main
+
+main()

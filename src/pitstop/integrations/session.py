@@ -1,0 +1,71 @@
+"""One observation session inside a training process: the shared core of ``watch`` and the callbacks.
+
+The probe is the same one the zero-code runner injects; a session only installs it, and when the window
+closes (or training ends) diagnoses this process's profile and renders / writes it. Under several ranks
+every rank measures itself; rank 0 prints, and a ``{rank}`` in ``json_path`` gives each rank its file.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pitstop.probe.config import ProbeConfig
+from pitstop.probe.probe import Probe
+from pitstop.profile import RankProfile, RunProfile
+
+
+class Session:
+    def __init__(
+        self,
+        steps: int | None = 50,
+        warmup: int = 10,
+        json_path: str | Path | None = None,
+        report: bool = True,
+        source: str = "watch",
+    ) -> None:
+        if steps is not None and steps < 1:
+            raise ValueError("steps must be at least 1 (or None for every step)")
+        if warmup < 0:
+            raise ValueError("warmup must be >= 0")
+        self.config = ProbeConfig(warmup=warmup, steps=steps, announce=False)
+        self.json_path = json_path
+        self.report = report
+        self.source = source
+        self.probe: Probe | None = None
+        self.diagnosis: Any = None  # pitstop.diagnose.Diagnosis once the window closed
+
+    def start(self, trainer: Any = None) -> Session:
+        if self.probe is None:
+            self.probe = Probe(self.config, on_done=self._done, trainer=trainer).install()
+        return self
+
+    def stop(self) -> None:
+        """Close the window now if it is still open (training ended first)."""
+        if self.probe is not None and not self.probe.finished:
+            if self.probe.records:
+                self.probe.finish(reason="end")
+            else:
+                self.probe.hooks.remove()
+
+    def _done(self, rank: RankProfile) -> None:
+        from pitstop.diagnose import diagnose
+
+        profile = RunProfile(
+            source=self.source,
+            ranks=[rank],
+            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            requested_steps=self.config.steps,
+        )
+        if not rank.steps:
+            return
+        self.diagnosis = diagnose(profile)
+        if self.json_path is not None:
+            path = Path(str(self.json_path).replace("{rank}", str(rank.rank)))
+            path.write_text(json.dumps(self.diagnosis.to_dict(), indent=1, default=str))
+        if self.report and rank.rank == 0:
+            from pitstop.report.terminal import render
+
+            render(self.diagnosis)

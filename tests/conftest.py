@@ -1,0 +1,76 @@
+"""Shared test helpers: paths, running the pitstop CLI in a subprocess, and hand-made RunProfiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "scripts"
+SHARED = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip("../shared/data is not beside this checkout")
+    return SHARED
+
+
+def run_pitstop(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a fresh interpreter, as a user would."""
+    full_env = {
+        **os.environ,
+        "PITSTOP_CACHE": str(ROOT / ".pytest_cache" / "pitstop-cache"),
+        "COLUMNS": "120",
+    }
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "pitstop", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=cwd or ROOT,
+    )
+
+
+def doctor_json(
+    tmp_path: Path,
+    script: str,
+    *script_args: str,
+    warmup: int = 3,
+    steps: int = 12,
+    extra: tuple[str, ...] = (),
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """``pitstop doctor --json`` on one of the test scripts; returns the JSON document and the process."""
+    out = tmp_path / "run.json"
+    proc = run_pitstop(
+        "doctor",
+        "--quiet",
+        "--warmup",
+        str(warmup),
+        "--steps",
+        str(steps),
+        "--json",
+        str(out),
+        *extra,
+        "--",
+        sys.executable,
+        str(SCRIPTS / script),
+        *script_args,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text()), proc
+
+
+def causes(doc: dict[str, Any]) -> list[str]:
+    return [f["cause"] for f in doc["findings"]]

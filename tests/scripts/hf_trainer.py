@@ -1,0 +1,90 @@
+"""A Hugging Face Trainer fine-tune with switchable planted causes (for pitstop's integration tests)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import (
+    TokenDataset,
+    examples,
+    packed_collate,
+    packed_rows,
+    pad_collate,
+    tiny_llama,
+    tiny_tokenizer,
+)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--attn", default="sdpa")
+    p.add_argument("--pad-to", type=int, default=None)
+    p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--packed", action="store_true")
+    p.add_argument("--callback", type=Path, default=None, help="use PitstopCallback, writing its JSON here")
+    p.add_argument("--trl", action="store_true", help="train with TRL's SFTTrainer instead")
+    args = p.parse_args()
+
+    from transformers import Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    data = examples(512, 0)
+    if args.packed:
+        dataset = TokenDataset(packed_rows(data, 256), args.slow_ms)  # type: ignore[arg-type]
+        collate = packed_collate
+    else:
+        dataset = TokenDataset(data, args.slow_ms)
+        collate = pad_collate(args.pad_to)
+    callbacks = []
+    if args.callback:
+        from pitstop.integrations.hf import PitstopCallback
+
+        callbacks.append(PitstopCallback(steps=args.steps - 3, warmup=3, json_path=args.callback))
+    with tempfile.TemporaryDirectory() as out:
+        common = dict(
+            output_dir=out,
+            per_device_train_batch_size=args.batch,
+            max_steps=args.steps,
+            learning_rate=1e-3,
+            logging_steps=1000,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            dataloader_num_workers=0,
+            remove_unused_columns=False,
+        )
+        if args.trl:
+            from datasets import Dataset
+            from trl import SFTConfig, SFTTrainer
+
+            rows = [dataset[i] for i in range(len(dataset))]
+            trainer = SFTTrainer(
+                model=tiny_llama(args.attn),
+                args=SFTConfig(**common, dataset_kwargs={"skip_prepare_dataset": True}),
+                train_dataset=Dataset.from_list(rows),
+                data_collator=collate,
+                callbacks=callbacks,
+                processing_class=tiny_tokenizer(),
+            )
+        else:
+            trainer = Trainer(
+                model=tiny_llama(args.attn),
+                args=TrainingArguments(**common),
+                train_dataset=dataset,
+                data_collator=collate,
+                callbacks=callbacks,
+            )
+        trainer.train()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""Counting rows, tokens and real tokens in the batch shapes real training code hands over."""
+
+from __future__ import annotations
+
+import pytest
+
+from pitstop.probe.batch import count_batch, looks_like_text
+
+torch = pytest.importorskip("torch")
+
+
+def test_attention_mask_gives_real_tokens() -> None:
+    ids = torch.ones(2, 5, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    labels = torch.tensor([[-100, 2, 3, -100, -100], [-100, -100, 3, 4, 5]])
+    c = count_batch({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    assert (c.samples, c.tokens, c.real_tokens, c.loss_tokens, c.examples, c.seq_len) == (2, 10, 8, 5, 2, 5)
+    assert c.nbytes == 3 * 10 * 8
+
+
+def test_batch_encoding_is_read_like_a_dict() -> None:
+    from transformers import BatchEncoding
+
+    enc = BatchEncoding(
+        {"input_ids": torch.ones(1, 4, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 0, 0]])}
+    )
+    assert count_batch(enc).real_tokens == 2
+
+
+def test_packed_rows_count_examples_and_skip_the_padded_tail() -> None:
+    ids = torch.tensor([[5, 6, 7, 8, 9, 0, 0]])
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1]])
+    c = count_batch({"input_ids": ids, "position_ids": pos}, pad_token_id=0)
+    assert (c.tokens, c.real_tokens, c.examples) == (7, 5, 2)
+    no_pad_id = count_batch({"input_ids": ids[:, :5], "position_ids": pos[:, :5]})
+    assert (no_pad_id.real_tokens, no_pad_id.examples) == (5, 2)
+
+
+def test_pad_token_id_without_mask() -> None:
+    ids = torch.tensor([[4, 5, 0, 0]])
+    assert count_batch({"input_ids": ids}, pad_token_id=0).real_tokens == 2
+
+
+def test_unknown_padding_stays_unknown() -> None:
+    c = count_batch({"input_ids": torch.ones(2, 3, dtype=torch.long)})
+    assert c.tokens == 6 and c.real_tokens is None
+
+
+def test_tuple_batches_and_non_token_batches() -> None:
+    x = torch.ones(4, 16, dtype=torch.long)
+    c = count_batch((x, x.clone()))
+    assert (c.samples, c.tokens, c.loss_tokens) == (4, 64, 64)
+    images = count_batch((torch.zeros(8, 3, 4, 4), torch.zeros(8, dtype=torch.long)))
+    assert images.samples == 8 and images.tokens is None
+
+
+def test_looks_like_text() -> None:
+    assert looks_like_text([{"instruction": "hi", "response": "there"}])
+    assert looks_like_text(["raw text"])
+    assert not looks_like_text([{"input_ids": [1, 2, 3]}])
+    assert not looks_like_text([{"input_ids": [1, 2], "text": "kept for debugging"}])
+    assert not looks_like_text([])

@@ -1,0 +1,34 @@
+"""`import pitstop` and `pitstop --help` must not pull torch, transformers or pynvml in."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("torch", "transformers", "pynvml", "accelerate", "trl", "peft")
+
+
+def _loaded_after(code: str) -> set[str]:
+    probe = code + "\nimport sys\nprint(','.join(m for m in " + repr(HEAVY) + " if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return {m for m in out.stdout.strip().split(",") if m}
+
+
+def test_import_pitstop_is_light() -> None:
+    assert _loaded_after("import pitstop, pitstop.diagnose, pitstop.profile, pitstop.hardware") == set()
+
+
+def test_help_is_light() -> None:
+    code = (
+        "from typer.testing import CliRunner\nfrom pitstop.cli.app import app\n"
+        "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output\n"
+        "r = CliRunner().invoke(app, ['doctor', '--help']); assert r.exit_code == 0, r.output"
+    )
+    assert _loaded_after(code) == set()
+
+
+def test_bootstrap_without_torch_import_stays_light() -> None:
+    code = (
+        "import os; os.environ['PITSTOP_OUT'] = '/tmp'\nfrom pitstop.probe.bootstrap import arm; assert arm()"
+    )
+    assert _loaded_after(code) == set()  # armed, but waiting for the program to import torch itself
