@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pitstop.demo.corpus import build_pairs
 
-VOCAB_SIZE = 2048
+VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
 
 

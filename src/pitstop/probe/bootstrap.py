@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.machinery
-import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -24,32 +23,52 @@ _probe: Any = None
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds ``name`` through the other finders and runs ``callback(module)`` once it has executed."""
+    """Runs ``callback(module)`` once ``name`` has been imported and executed, whichever import does it.
+
+    Libraries often probe with ``importlib.util.find_spec("torch")`` long before importing it, so the
+    finder stays installed until the wrapped ``exec_module`` actually runs, and only then removes itself.
+    """
 
     def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
         self.name = name
         self.callback = callback
+        self.fired = False
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
+        if fullname != self.name or self.fired or fullname in sys.modules:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        spec = self._spec_from_the_others(fullname, path, target)
         loader = getattr(spec, "loader", None)
         if spec is None or loader is None or not hasattr(loader, "exec_module"):
             return spec
         original = loader.exec_module
-        callback = self.callback
 
         def exec_module(module: ModuleType) -> None:
             original(module)
-            callback(module)
+            if not self.fired:
+                self.fired = True
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                self.callback(module)
 
         loader.exec_module = exec_module
         return spec
+
+    def _spec_from_the_others(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None
+    ) -> importlib.machinery.ModuleSpec | None:
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                return spec
+        return None
 
 
 def _announce_armed(config: ProbeConfig) -> None:

@@ -1,0 +1,127 @@
+"""Probe overhead: the same training loop with no observer, with pitstop's probe, and with torch.profiler.
+
+The three modes run in interleaved blocks (A B C A B C ...) in one process, so machine noise hits all of
+them alike; the figure is the ratio of median step times to the no-observer baseline, with the spread of
+per-round ratios. The first steps of every block are dropped (the probe reads the environment on its
+first step, a one-off that is not per-step overhead).
+
+    python bench/probe_overhead.py                 # CPU, tiny Llama
+    python bench/probe_overhead.py --device cuda   # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "scripts"))
+from common import TokenDataset, examples, pad_collate, tiny_llama  # noqa: E402
+
+import pitstop  # noqa: E402
+
+
+@contextlib.contextmanager
+def no_observer() -> Iterator[None]:
+    yield
+
+
+@contextlib.contextmanager
+def pitstop_probe() -> Iterator[None]:
+    with pitstop.watch(steps=None, warmup=0, report=False):
+        yield
+
+
+@contextlib.contextmanager
+def torch_profiler(step_hook: list[Callable[[], None]]) -> Iterator[None]:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        step_hook.append(prof.step)
+        yield
+        step_hook.clear()
+
+
+def run_block(model: Any, opt: Any, loader: DataLoader, device: str, steps: int, step_hook: list) -> list[float]:
+    times = []
+    it = iter(loader)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            it = iter(loader)
+            batch = next(it)
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        for hook in step_hook:
+            hook()
+        sync()  # the benchmark's own clock needs the device done; the probe never does this
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=25, help="steps per block")
+    parser.add_argument("--drop", type=int, default=3, help="first steps of a block not counted")
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model = tiny_llama("sdpa", hidden=args.hidden).to(args.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loader = DataLoader(TokenDataset(examples(4096, 0)), batch_size=args.batch, shuffle=True,
+                        collate_fn=pad_collate(None), pin_memory=args.device == "cuda")
+    step_hook: list[Callable[[], None]] = []
+    modes: dict[str, Callable[[], Any]] = {
+        "none": no_observer,
+        "pitstop": pitstop_probe,
+        "torch.profiler": lambda: torch_profiler(step_hook),
+    }
+    run_block(model, opt, loader, args.device, 10, step_hook)  # warm the allocator and kernels
+    medians: dict[str, list[float]] = {name: [] for name in modes}
+    for _ in range(args.rounds):
+        for name, observer in modes.items():
+            with observer():
+                times = run_block(model, opt, loader, args.device, args.steps, step_hook)
+            medians[name].append(statistics.median(times[args.drop:]))
+
+    base = statistics.median(medians["none"])
+    print(f"device={args.device} rounds={args.rounds} steps/block={args.steps} "
+          f"baseline median step {base * 1000:.2f} ms")
+    print(f"{'observer':16} {'median step ms':>15} {'ratio vs none':>14} {'per-round ratios (min-max)':>28}")
+    result: dict[str, Any] = {"device": args.device, "baseline_step_ms": base * 1000, "modes": {}}
+    for name, values in medians.items():
+        ratios = [v / b for v, b in zip(values, medians["none"], strict=True)]
+        median_ratio = statistics.median(ratios)
+        print(f"{name:16} {statistics.median(values) * 1000:15.2f} {median_ratio:14.4f} "
+              f"{min(ratios):13.4f} - {max(ratios):.4f}")
+        result["modes"][name] = {"median_step_ms": statistics.median(values) * 1000, "ratio": median_ratio,
+                                 "ratio_min": min(ratios), "ratio_max": max(ratios)}
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""The built-in demo names its planted causes; the Lightning callback and recorded NVML go end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS, causes, run_pitstop
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_ranks_its_planted_causes_first(tmp_path: Path) -> None:
+    out = tmp_path / "demo.json"
+    proc = run_pitstop("doctor", "--demo", "--fixed", "--json", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    planted = {"padding_waste", "slow_attention", "dataloader_bound"}
+    assert set(causes(doc)[:3]) == planted, causes(doc)
+    by_cause = {f["cause"]: f for f in doc["findings"]}
+    assert by_cause["padding_waste"]["evidence"]["padding_frac"] > 0.4
+    assert by_cause["padding_waste"]["evidence"]["fixed_row_length"] is True
+    assert by_cause["slow_attention"]["evidence"]["attn_implementation"] == "eager"
+    assert by_cause["dataloader_bound"]["evidence"]["examples_are_text"] is True
+    assert by_cause["dataloader_bound"]["evidence"]["num_workers"] == 0
+    fixed = doc["fixed"]
+    assert [f for f in fixed["findings"] if f["severity"] == "high"] == []
+    assert fixed["metrics"]["padding_frac"] < 0.1
+    assert fixed["environment"]["attn_implementation"] == "sdpa"
+    comparison = doc["demo_comparison"]
+    assert comparison["naive_real_tokens_per_s"] and comparison["fixed_real_tokens_per_s"]
+    assert "Demo: naive vs fixed" in proc.stdout
+
+
+def test_lightning_callback(tmp_path: Path) -> None:
+    out = tmp_path / "lightning.json"
+    subprocess.run(
+        [sys.executable, str(SCRIPTS / "lightning_fit.py"), str(out)], check=True, capture_output=True
+    )
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["framework"] == "lightning"
+    assert doc["metrics"]["steps_measured"] == 10
+    assert causes(doc)[0] == "padding_waste"
+    assert "lightning" in doc["environment"]["versions"]
+
+
+def test_recorded_nvml_readings_go_through_a_live_run(tmp_path: Path) -> None:
+    recording = tmp_path / "nvml.json"
+    recording.write_text(
+        json.dumps(
+            [
+                {
+                    "util": 40.0 + i % 3,
+                    "mem_used": 30 * 2**30,
+                    "mem_total": 80 * 2**30,
+                    "pcie_rx_kbs": 2_000_000,
+                    "pcie_tx_kbs": 500_000,
+                    "sm_clock": 1980,
+                    "power_mw": 350_000,
+                }
+                for i in range(10_000)
+            ]
+        )
+    )
+    out = tmp_path / "run.json"
+    proc = run_pitstop(
+        "doctor",
+        "--quiet",
+        "--warmup",
+        "3",
+        "--steps",
+        "12",
+        "--json",
+        str(out),
+        "--",
+        sys.executable,
+        str(SCRIPTS / "plain_loop.py"),
+        "--steps",
+        "100",
+        env={"PITSTOP_NVML_REPLAY": str(recording)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    m = doc["metrics"]
+    assert 0.40 <= m["gpu_util"] <= 0.42
+    assert m["gpu_mem_used_frac"] == pytest.approx(30 / 80)
+    assert m["pcie_rx_gbps"] == pytest.approx(2_000_000 * 1024 / 1e9)
+    samples = doc["profile"]["ranks"][0]["gpu_samples"]
+    assert len(samples) >= 3
