@@ -25,9 +25,9 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "scripts"))
-from common import TokenDataset, examples, pad_collate, tiny_llama  # noqa: E402
+from common import TokenDataset, examples, pad_collate, tiny_llama
 
-import pitstop  # noqa: E402
+import pitstop
 
 
 @contextlib.contextmanager
@@ -52,7 +52,9 @@ def torch_profiler(step_hook: list[Callable[[], None]]) -> Iterator[None]:
         step_hook.clear()
 
 
-def run_block(model: Any, opt: Any, loader: DataLoader, device: str, steps: int, step_hook: list) -> list[float]:
+def run_block(
+    model: Any, opt: Any, loader: DataLoader, device: str, steps: int, step_hook: list
+) -> list[float]:
     times = []
     it = iter(loader)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -90,8 +92,13 @@ def main() -> int:
     torch.manual_seed(0)
     model = tiny_llama("sdpa", hidden=args.hidden).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    loader = DataLoader(TokenDataset(examples(4096, 0)), batch_size=args.batch, shuffle=True,
-                        collate_fn=pad_collate(None), pin_memory=args.device == "cuda")
+    loader = DataLoader(
+        TokenDataset(examples(4096, 0)),
+        batch_size=args.batch,
+        shuffle=True,
+        collate_fn=pad_collate(None),
+        pin_memory=args.device == "cuda",
+    )
     step_hook: list[Callable[[], None]] = []
     modes: dict[str, Callable[[], Any]] = {
         "none": no_observer,
@@ -104,20 +111,28 @@ def main() -> int:
         for name, observer in modes.items():
             with observer():
                 times = run_block(model, opt, loader, args.device, args.steps, step_hook)
-            medians[name].append(statistics.median(times[args.drop:]))
+            medians[name].append(statistics.median(times[args.drop :]))
 
     base = statistics.median(medians["none"])
-    print(f"device={args.device} rounds={args.rounds} steps/block={args.steps} "
-          f"baseline median step {base * 1000:.2f} ms")
+    print(
+        f"device={args.device} rounds={args.rounds} steps/block={args.steps} "
+        f"baseline median step {base * 1000:.2f} ms"
+    )
     print(f"{'observer':16} {'median step ms':>15} {'ratio vs none':>14} {'per-round ratios (min-max)':>28}")
     result: dict[str, Any] = {"device": args.device, "baseline_step_ms": base * 1000, "modes": {}}
     for name, values in medians.items():
         ratios = [v / b for v, b in zip(values, medians["none"], strict=True)]
         median_ratio = statistics.median(ratios)
-        print(f"{name:16} {statistics.median(values) * 1000:15.2f} {median_ratio:14.4f} "
-              f"{min(ratios):13.4f} - {max(ratios):.4f}")
-        result["modes"][name] = {"median_step_ms": statistics.median(values) * 1000, "ratio": median_ratio,
-                                 "ratio_min": min(ratios), "ratio_max": max(ratios)}
+        print(
+            f"{name:16} {statistics.median(values) * 1000:15.2f} {median_ratio:14.4f} "
+            f"{min(ratios):13.4f} - {max(ratios):.4f}"
+        )
+        result["modes"][name] = {
+            "median_step_ms": statistics.median(values) * 1000,
+            "ratio": median_ratio,
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+        }
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
