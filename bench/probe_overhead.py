@@ -81,13 +81,16 @@ def run_block(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=25, help="steps per block")
+    parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=30, help="steps per block")
     parser.add_argument("--drop", type=int, default=3, help="first steps of a block not counted")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     model = tiny_llama("sdpa", hidden=args.hidden).to(args.device)
@@ -107,8 +110,13 @@ def main() -> int:
     }
     run_block(model, opt, loader, args.device, 10, step_hook)  # warm the allocator and kernels
     medians: dict[str, list[float]] = {name: [] for name in modes}
-    for _ in range(args.rounds):
-        for name, observer in modes.items():
+    names = list(modes)
+    for round_index in range(args.rounds):
+        order = (
+            names[round_index % len(names) :] + names[: round_index % len(names)]
+        )  # rotate: no mode always first
+        for name in order:
+            observer = modes[name]
             with observer():
                 times = run_block(model, opt, loader, args.device, args.steps, step_hook)
             medians[name].append(statistics.median(times[args.drop :]))
