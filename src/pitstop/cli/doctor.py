@@ -122,7 +122,9 @@ def run_demo(steps: int, warmup: int, fixed: bool, json_out: Path | None, quiet:
     render(slow)
     out = Console()
     left = ", ".join(f"{f.cause} ({f.severity})" for f in fast.findings) or "no finding"
-    out.print(f"[bold]With the fixes[/bold] (pre-tokenized, packed, SDPA; on a GPU also workers, bf16): {left}.")
+    out.print(
+        f"[bold]With the fixes[/bold] (pre-tokenized, packed, SDPA; on a GPU also workers, bf16): {left}."
+    )
     out.print(comparison_table(comparison))
     return 0
 
