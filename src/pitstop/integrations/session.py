@@ -53,14 +53,14 @@ class Session:
     def _done(self, rank: RankProfile) -> None:
         from pitstop.diagnose import diagnose
 
+        if not rank.steps:
+            return
         profile = RunProfile(
             source=self.source,
             ranks=[rank],
             started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             requested_steps=self.config.steps,
         )
-        if not rank.steps:
-            return
         self.diagnosis = diagnose(profile)
         if self.json_path is not None:
             path = Path(str(self.json_path).replace("{rank}", str(rank.rank)))

@@ -126,7 +126,7 @@ def find_model(optimizer: Any, trainer: Any = None) -> Any:
     return best
 
 
-def _unwrap(model: Any) -> Any:
+def unwrap(model: Any) -> Any:
     """Look through DDP / DeepSpeed / FSDP / compile wrappers to the model with a config."""
     seen = 0
     while model is not None and seen < 6:
@@ -149,7 +149,7 @@ def model_info(model: Any, optimizer: Any) -> ModelInfo:
     unique = {id(p): p for p in model.parameters()}.values()
     info.params_total = sum(_numel(p) for p in unique)
     info.params_trainable = sum(_numel(p) for p in unique if p.requires_grad)
-    core = _unwrap(model)
+    core = unwrap(model)
     embeddings = _embedding_params(core)
     info.params_embedding = embeddings
     cfg = getattr(core, "config", None)
@@ -206,14 +206,14 @@ def majority_dtype(params: list[Any]) -> str | None:
 
 
 def attention_implementation(model: Any) -> str | None:
-    core = _unwrap(model)
+    core = unwrap(model)
     cfg = getattr(core, "config", None)
     impl = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
     return str(impl) if impl else None
 
 
 def gradient_checkpointing(model: Any, trainer: Any) -> bool | None:
-    core = _unwrap(model)
+    core = unwrap(model)
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
         flag = getattr(core, name, None)
         if isinstance(flag, bool):

@@ -244,15 +244,14 @@ class Probe:
             env.micro_batch_size = env.dataloader.batch_size
         envmod.offload_and_zero(trainer, optimizer, env)
         self.rank, self.local_rank = envmod.world(env)
-        config = getattr(envmod._unwrap(model), "config", None)
+        config = getattr(envmod.unwrap(model), "config", None)
         pad = getattr(config, "pad_token_id", None)
         eos = getattr(config, "eos_token_id", None)
         eos_ids = eos if isinstance(eos, list) else [eos]
         self._pad_token_id = pad if isinstance(pad, int) and pad not in eos_ids else None
         self.environment = env
         if env.device == "cuda":
-            self.builder.clock = CudaEventClock()
-            self.builder._last_end_mark = None  # the next step starts on the new clock
+            self.builder.switch_clock(CudaEventClock())
             self.hooks.install_sync_watch()
         self._start_samplers(env, params)
         if self.config.announce and self.rank == 0:

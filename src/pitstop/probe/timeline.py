@@ -140,6 +140,11 @@ class StepBuilder:
         self._unresolved: list[tuple[StepRecord, list[tuple[str, Any]]]] = []
         self._lazy: list[StepRecord] = []
 
+    def switch_clock(self, clock: Clock) -> None:
+        """Use another clock from the next step on (the probe learns at step 1 that the run is on a GPU)."""
+        self.clock = clock
+        self._last_end_mark = None  # a mark of the old clock cannot start a span on the new one
+
     # -- events -----------------------------------------------------------------------------------
     def mark(self, kind: str) -> None:
         self._open.marks.append((kind, self.clock.mark()))

@@ -8,7 +8,6 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from pitstop.catalogue import CAUSES
 from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.metrics import rank_metrics
 from pitstop.findings import Finding
@@ -169,7 +168,3 @@ def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
         console.print(Text(f"Not checked on a CPU run (they need a GPU): {names}", style="dim"))
     for note in diagnosis.notes:
         console.print(Text(f"note: {note}", style="dim"))
-
-
-def cause_list() -> str:
-    return "\n".join(f"{c.id:22} {c.because}" for c in CAUSES.values())
