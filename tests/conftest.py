@@ -43,33 +43,22 @@ def run_pitstop(
     )
 
 
-def doctor_json(
-    tmp_path: Path,
-    script: str,
-    *script_args: str,
-    warmup: int = 3,
-    steps: int = 12,
-    extra: tuple[str, ...] = (),
+def doctor(
+    tmp_path: Path, *command: str, warmup: int = 3, steps: int = 12, env: dict[str, str] | None = None
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    """``pitstop doctor --json`` on one of the test scripts; returns the JSON document and the process."""
+    """``pitstop doctor --quiet --json`` on any command; returns the JSON document and the process."""
     out = tmp_path / "run.json"
-    proc = run_pitstop(
-        "doctor",
-        "--quiet",
-        "--warmup",
-        str(warmup),
-        "--steps",
-        str(steps),
-        "--json",
-        str(out),
-        *extra,
-        "--",
-        sys.executable,
-        str(SCRIPTS / script),
-        *script_args,
-    )
+    args = ["doctor", "--quiet", "--warmup", str(warmup), "--steps", str(steps), "--json", str(out), "--"]
+    proc = run_pitstop(*args, *command, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text()), proc
+
+
+def doctor_json(
+    tmp_path: Path, script: str, *script_args: str, warmup: int = 3, steps: int = 12
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """``doctor`` on one of the test scripts in tests/scripts."""
+    return doctor(tmp_path, sys.executable, str(SCRIPTS / script), *script_args, warmup=warmup, steps=steps)
 
 
 def causes(doc: dict[str, Any]) -> list[str]:

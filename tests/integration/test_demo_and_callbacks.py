@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCRIPTS, causes, run_pitstop
+from tests.conftest import SCRIPTS, causes, doctor, run_pitstop
 
 pytestmark = pytest.mark.slow
 
@@ -66,25 +66,8 @@ def test_recorded_nvml_readings_go_through_a_live_run(tmp_path: Path) -> None:
             ]
         )
     )
-    out = tmp_path / "run.json"
-    proc = run_pitstop(
-        "doctor",
-        "--quiet",
-        "--warmup",
-        "3",
-        "--steps",
-        "12",
-        "--json",
-        str(out),
-        "--",
-        sys.executable,
-        str(SCRIPTS / "plain_loop.py"),
-        "--steps",
-        "100",
-        env={"PITSTOP_NVML_REPLAY": str(recording)},
-    )
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(out.read_text())
+    script = (sys.executable, str(SCRIPTS / "plain_loop.py"), "--steps", "100")
+    doc, _ = doctor(tmp_path, *script, env={"PITSTOP_NVML_REPLAY": str(recording)})
     m = doc["metrics"]
     assert 0.40 <= m["gpu_util"] <= 0.42
     assert m["gpu_mem_used_frac"] == pytest.approx(30 / 80)

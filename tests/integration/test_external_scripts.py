@@ -3,13 +3,12 @@ users write them from tutorials: plain PyTorch, HF Trainer, TRL SFTTrainer, Acce
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCRIPTS, run_pitstop
+from tests.conftest import SCRIPTS, doctor
 
 pytestmark = pytest.mark.slow
 
@@ -28,24 +27,7 @@ EXTERNAL = SCRIPTS / "external"
 def test_independent_scripts_are_diagnosed(
     shared_data: Path, tmp_path: Path, script: str, framework: str
 ) -> None:
-    out = tmp_path / "run.json"
-    proc = run_pitstop(
-        "doctor",
-        "--quiet",
-        "--warmup",
-        "3",
-        "--steps",
-        "10",
-        "--json",
-        str(out),
-        "--",
-        sys.executable,
-        str(EXTERNAL / script),
-        "--max-steps",
-        "200",
-    )
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(out.read_text())
+    doc, _ = doctor(tmp_path, sys.executable, str(EXTERNAL / script), "--max-steps", "200", steps=10)
     env, m = doc["environment"], doc["metrics"]
     assert env["framework"] == framework
     assert m["steps_measured"] == 10
@@ -67,19 +49,5 @@ def test_probe_arms_even_when_torch_is_looked_up_before_import(tmp_path: Path) -
         "import torch\np = torch.nn.Parameter(torch.zeros(4))\nopt = torch.optim.SGD([p], lr=0.1)\n"
         "for _ in range(8):\n    (p ** 2).sum().backward(); opt.step(); opt.zero_grad()\n"
     )
-    out = tmp_path / "run.json"
-    proc = run_pitstop(
-        "doctor",
-        "--quiet",
-        "--warmup",
-        "2",
-        "--steps",
-        "4",
-        "--json",
-        str(out),
-        "--",
-        sys.executable,
-        str(script),
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text())["metrics"]["steps_measured"] == 4
+    doc, _ = doctor(tmp_path, sys.executable, str(script), warmup=2, steps=4)
+    assert doc["metrics"]["steps_measured"] == 4

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SCRIPTS, causes, doctor_json, run_pitstop
+from tests.conftest import ROOT, SCRIPTS, causes, doctor, doctor_json, run_pitstop
 
 pytestmark = pytest.mark.slow
 
@@ -22,30 +22,10 @@ def _last_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_torchrun_two_ranks_with_a_straggler(tmp_path: Path) -> None:
-    out = tmp_path / "ddp.json"
-    proc = run_pitstop(
-        "doctor",
-        "--quiet",
-        "--warmup",
-        "3",
-        "--steps",
-        "10",
-        "--json",
-        str(out),
-        "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        str(SCRIPTS / "ddp.py"),
-        "--slow-rank",
-        "1",
-        "--slow-ms",
-        "15",
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2")
+    doc, proc = doctor(
+        tmp_path, *torchrun, str(SCRIPTS / "ddp.py"), "--slow-rank", "1", "--slow-ms", "15", steps=10
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    doc = json.loads(out.read_text())
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     assert doc["environment"]["world_size"] == 2
     assert all(r["steps"] == 10 for r in doc["ranks"])

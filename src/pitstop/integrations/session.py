@@ -69,3 +69,22 @@ class Session:
             from pitstop.report.terminal import render
 
             render(self.diagnosis)
+
+
+class SessionCallback:
+    """What the framework callbacks share: a session made from the same arguments, and its diagnosis."""
+
+    def __init__(
+        self,
+        steps: int | None = 50,
+        warmup: int = 10,
+        json_path: str | Path | None = None,
+        report: bool = True,
+    ) -> None:
+        self.session = Session(
+            steps=steps, warmup=warmup, json_path=json_path, report=report, source="callback"
+        )
+
+    @property
+    def diagnosis(self) -> Any:
+        return self.session.diagnosis
