@@ -77,6 +77,18 @@ CAUSES: dict[str, Cause] = {
             needs_gpu=False,
         ),
         Cause(
+            "eval_overhead",
+            "Evaluation and checkpoints eat the run",
+            "evaluation or checkpointing runs so often that it takes a large share of the run's time",
+            needs_gpu=False,
+        ),
+        Cause(
+            "idle_gpu",
+            "A GPU of the job does nothing",
+            "multi-GPU: one of the job's GPUs never does any work (a launcher or device-placement mistake)",
+            needs_gpu=True,
+        ),
+        Cause(
             "low_mfu_unexplained",
             "Busy GPU, low FLOPs utilization",
             "utilization is high but model-FLOPs utilization stays far below what the GPU can do",

@@ -134,6 +134,15 @@ class Environment:
     offload: dict[str, str] | None = None  # {"optimizer": "cpu", "param": "nvme"}; {} when known to be off
     world_size: int | None = None
     versions: dict[str, str] = field(default_factory=dict)
+    # settings read from configs (pitstop analyze / check); None where no source said
+    packing: bool | None = None
+    group_by_length: bool | None = None
+    max_seq_len: int | None = None
+    eval_steps: int | None = None
+    save_steps: int | None = None
+    logging_steps: int | None = None
+    torch_compile: bool | None = None
+    config_sources: list[str] = field(default_factory=list)
 
     @property
     def on_gpu(self) -> bool:
@@ -155,6 +164,57 @@ class MemoryStats:
 
 
 @dataclass
+class TraceStats:
+    """What a profiler trace of one rank says beyond per-step times. Times are per step, in ms, unless named
+    otherwise; fractions are of the mean step time."""
+
+    steps: int = 0
+    step_ms: float | None = None
+    breakdown_ms: dict[str, float] = field(
+        default_factory=dict
+    )  # the TensorBoard plugin's Overview categories
+    gpu_util: float | None = None  # kernel-busy share of step time (union over streams)
+    temporal: dict[str, float] = field(default_factory=dict)  # idle / compute / non_compute shares (HTA's)
+    idle_split: dict[str, float] = field(
+        default_factory=dict
+    )  # host_wait / kernel_wait / other, shares of idle
+    kernels_per_step: float | None = None
+    tiny_kernel_frac: float | None = None  # kernels shorter than 10 us, share of kernel count
+    launch_bound: bool | None = None
+    syncs_per_step: float | None = None
+    sync_ms: float | None = None
+    h2d_pageable_mb: float | None = None
+    h2d_pinned_mb: float | None = None
+    gemm_ms: float | None = None
+    fp32_gemm_frac: float | None = None  # share of GEMM kernel time in plain fp32 (sgemm-type) kernels
+    tf32_gemm_frac: float | None = None  # share in TF32 tensor-core kernels
+    low_precision_gemm_frac: float | None = None  # share in bf16 / fp16 tensor-core kernels
+    attention_path: str | None = None  # flash, mem_efficient, math, eager, unknown
+    attention_ms: float | None = None
+    nccl_ms: float | None = None
+    nccl_overlap_frac: float | None = None  # share of NCCL time that overlaps compute kernels
+    dataloader_ms: float | None = None
+    dataloader_multiprocess: bool | None = None
+    device_name: str | None = None
+    limitations: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunTotals:
+    """Whole-run figures from artifacts that have no per-step records (trainer_state.json, results files)."""
+
+    train_s: float | None = None  # train_runtime as the Trainer measured it (includes evaluation)
+    steps: int | None = None
+    samples_per_s: float | None = None
+    tokens: int | None = None  # tokens seen (num_input_tokens_seen / num_tokens), padding included or not
+    hf_total_flos: float | None = None  # the Trainer's 6·N·tokens count, summed over processes
+    eval_s: float | None = None
+    evals: int | None = None
+    saves: int | None = None
+    n_gpus: int | None = None
+
+
+@dataclass
 class RankProfile:
     """Everything one process measured."""
 
@@ -170,6 +230,7 @@ class RankProfile:
     window_end_t: float | None = None
     memory: MemoryStats = field(default_factory=MemoryStats)
     environment: Environment = field(default_factory=Environment)
+    trace: TraceStats | None = None
     stopped_by_probe: bool = False
     probe_errors: list[str] = field(default_factory=list)
 
@@ -200,10 +261,14 @@ class RunProfile:
     requested_steps: int | None = None
     exit_code: int | None = None
     notes: list[str] = field(default_factory=list)
+    totals: RunTotals | None = None
+    run_environment: Environment | None = None  # the merged facts of all artifacts (pitstop analyze)
 
     @property
     def environment(self) -> Environment:
         """The environment of the lowest rank (ranks of one job share their configuration)."""
+        if self.run_environment is not None:
+            return self.run_environment
         return self.ranks[0].environment if self.ranks else Environment()
 
     @property

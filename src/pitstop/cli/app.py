@@ -78,6 +78,70 @@ def doctor(
 
 
 @app.command()
+def analyze(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Traces (or folders of them), nvidia-smi CSV logs, "
+            "trainer_state.json / *_results.json, configs."
+        ),
+    ],
+    gpu: Annotated[str | None, typer.Option(help="The GPU the run used (e.g. H100-SXM), for MFU.")] = None,
+    gpus: Annotated[int | None, typer.Option(min=1, help="How many GPUs the run used.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="The model's config.json (or its folder), for FLOPs.")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the diagnosis as JSON (pitstop.run/1).")
+    ] = None,
+) -> None:
+    """Diagnose a run from what it left behind: profiler traces, nvidia-smi logs, Trainer outputs, configs."""
+    from pitstop.cli.analyze import run_analyze
+
+    try:
+        code = run_analyze(paths, gpu=gpu, gpus=gpus, model=model, json_out=json_out, configs_only=False)
+    except UserError as exc:
+        raise fail(str(exc), exc.code) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def check(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Training configs: TrainingArguments / SFTConfig (JSON or "
+            "YAML), axolotl, LLaMA-Factory, Accelerate, DeepSpeed."
+        ),
+    ],
+    gpu: Annotated[str | None, typer.Option(help="The GPU you will train on (e.g. A100-80GB).")] = None,
+    gpus: Annotated[int | None, typer.Option(min=1, help="How many GPUs you will train on.")] = None,
+    model: Annotated[str | None, typer.Option(help="The model's config.json (or its folder).")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the findings as JSON (pitstop.run/1).")
+    ] = None,
+) -> None:
+    """Check training configs for known causes of slowness before the run starts."""
+    from pitstop.cli.analyze import run_analyze
+
+    try:
+        code = run_analyze(paths, gpu=gpu, gpus=gpus, model=model, json_out=json_out, configs_only=True)
+    except UserError as exc:
+        raise fail(str(exc), exc.code) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def gpus() -> None:
+    """List the GPUs pitstop knows peaks for, with their sources."""
+    from pitstop.hardware import GPUS
+
+    for g in GPUS:
+        peaks = " ".join(f"{k}={v:g}" for k, v in g.peak_tflops.items() if v is not None)
+        typer.echo(f"{g.key:10} {g.memory_gib:>4g} GiB  {peaks} TFLOP/s  |  {g.source}")
+
+
+@app.command()
 def causes() -> None:
     """List the causes pitstop knows, with their stable ids."""
     from pitstop.catalogue import CAUSES

@@ -19,12 +19,12 @@ from pitstop.runner.collect import collect
 from pitstop.runner.launch import run_observed
 
 
-def _check_json_target(json_out: Path | None) -> None:
+def check_json_target(json_out: Path | None) -> None:
     if json_out is not None and not json_out.parent.exists():
         raise UserError(f"cannot write {json_out}: folder {json_out.parent} does not exist")
 
 
-def _write_json(diagnosis: Diagnosis, json_out: Path | None, extra: dict | None = None) -> None:
+def write_json(diagnosis: Diagnosis, json_out: Path | None, extra: dict | None = None) -> None:
     if json_out is None:
         return
     doc = diagnosis.to_dict()
@@ -93,9 +93,9 @@ def run_doctor(
     quiet: bool,
     timeout: float | None,
 ) -> int:
-    _check_json_target(json_out)
+    check_json_target(json_out)
     diagnosis = measure(command, None if full else steps, warmup, quiet, "measuring", timeout)
-    _write_json(diagnosis, json_out)  # first: a closed terminal must not lose the result
+    write_json(diagnosis, json_out)  # first: a closed terminal must not lose the result
     render(diagnosis)
     return diagnosis.profile.exit_code or 0
 
@@ -107,18 +107,18 @@ def demo_command(fixed: bool) -> list[str]:
 def run_demo(steps: int, warmup: int, fixed: bool, json_out: Path | None, quiet: bool) -> int:
     from pitstop.demo.prepare import ensure_demo_assets
 
-    _check_json_target(json_out)
+    check_json_target(json_out)
     console = Console(stderr=True)
     with console.status("preparing the demo (tokenizer trained once, then cached)"):
         ensure_demo_assets()
     slow = measure(demo_command(False), steps, warmup, quiet, "demo: naive fine-tune")
     if not fixed:
-        _write_json(slow, json_out)
+        write_json(slow, json_out)
         render(slow)
         return 0
     fast = measure(demo_command(True), steps, warmup, quiet, "demo: with the fixes")
     comparison = compare(slow, fast)
-    _write_json(slow, json_out, {"demo_comparison": comparison, "fixed": fast.to_dict()})
+    write_json(slow, json_out, {"demo_comparison": comparison, "fixed": fast.to_dict()})
     render(slow)
     out = Console()
     left = ", ".join(f"{f.cause} ({f.severity})" for f in fast.findings) or "no finding"

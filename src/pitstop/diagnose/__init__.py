@@ -72,7 +72,7 @@ def diagnose(profile: RunProfile) -> Diagnosis:
         if finding is not None:
             ctx.earlier.append(finding)
     skipped = []
-    if not ctx.on_gpu:
+    if ctx.env.device == "cpu":
         skipped = [c.id for c in CAUSES.values() if c.needs_gpu]
     notes = []
     for rank in profile.ranks:

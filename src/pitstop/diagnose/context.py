@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pitstop.diagnose.metrics import Metrics, compute_metrics
 from pitstop.findings import Finding
 from pitstop.hardware import GpuSpec, lookup_gpu
-from pitstop.profile import Environment, RunProfile
+from pitstop.profile import Environment, RunProfile, TraceStats
 
 
 @dataclass
@@ -37,10 +37,36 @@ class RuleContext:
         return lookup_gpu(self.env.gpu_name) if self.on_gpu else None
 
     @property
+    def gpu_possible(self) -> bool:
+        """Configs and Trainer outputs do not say which device ran; GPU checks on their facts still apply."""
+        return self.env.device in (None, "cuda", "rocm")
+
+    @property
+    def traces(self) -> list[TraceStats]:
+        return [r.trace for r in self.profile.ranks if r.trace is not None]
+
+    @property
+    def measured(self) -> bool:
+        """Whether per-step measurements exist (a live run or a trace), not only configs and logs."""
+        return any(r.steps for r in self.profile.ranks)
+
+    def trace_mean(self, name: str) -> float | None:
+        """Mean of a TraceStats field over the ranks whose trace has it."""
+        values = [getattr(t, name) for t in self.traces if getattr(t, name) is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
     def compute_frac(self) -> float:
         """Share of the step spent in forward + backward + optimizer (1 − data wait when unknown)."""
         m = self.metrics
         parts = (m.forward_frac, m.backward_frac, m.optimizer_frac)
+        traced = [
+            t.temporal["compute"] * min(1.0, (t.gpu_util or 1.0) / max(1 - t.temporal["idle"], 1e-9))
+            for t in self.traces
+            if t.temporal
+        ]
+        if traced:  # GPU compute kernels' share of the step (HTA's compute share, scaled to the step span)
+            return min(1.0, sum(traced) / len(traced))
         if all(p is not None for p in parts):
             return min(1.0, sum(p for p in parts if p is not None))
         return max(0.0, 1.0 - (m.data_wait_frac or 0.0))

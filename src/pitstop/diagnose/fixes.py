@@ -274,3 +274,61 @@ def low_mfu(framework: str) -> Fix:
     }
     snippets["accelerate"] = snippets["pytorch"]
     return Fix(text=text, snippets=snippets, framework=framework)
+
+
+def communication(framework: str, zero_stage: int | None) -> Fix:
+    text = (
+        "Hide gradient communication behind the backward pass: bigger gradient buckets, overlapping "
+        "reduce-scatter, fewer and larger collectives; across nodes, check the interconnect first."
+    )
+    ds = (
+        '"zero_optimization": {"overlap_comm": true, "reduce_bucket_size": 5e8, "contiguous_gradients": true}'
+    )
+    snippets = {
+        "pytorch": "model = DDP(model, bucket_cap_mb=100, gradient_as_bucket_view=True, static_graph=True)",
+        "hf_trainer": "args = TrainingArguments(..., ddp_bucket_cap_mb=100)  # or overlap_comm in the ds_config",
+        "trl": "config = SFTConfig(..., ddp_bucket_cap_mb=100)",
+        "deepspeed": ds,
+        "accelerate": "DistributedDataParallelKwargs(bucket_cap_mb=100, gradient_as_bucket_view=True)",
+        "lightning": "L.Trainer(strategy=DDPStrategy(bucket_cap_mb=100, gradient_as_bucket_view=True))",
+    }
+    if zero_stage == 3:
+        snippets["deepspeed"] = (
+            '"zero_optimization": {"stage": 3, "overlap_comm": true, "stage3_prefetch_bucket_size": 5e8}'
+        )
+    return Fix(text=text, snippets=snippets, framework=framework)
+
+
+def eval_less_often(framework: str, eval_steps: int | None, save_steps: int | None) -> Fix:
+    parts = []
+    if eval_steps:
+        parts.append(f"evaluate every {max(eval_steps * 5, 100)} steps instead of {eval_steps}")
+    if save_steps:
+        parts.append(f"save every {max(save_steps * 5, 100)} steps instead of {save_steps}")
+    text = (
+        "Evaluate and checkpoint less often, and on a smaller evaluation set: "
+        + ("; ".join(parts) if parts else "raise eval_steps / save_steps")
+        + "."
+    )
+    eval_to = max((eval_steps or 20) * 5, 100)
+    save_to = max((save_steps or 20) * 5, 100)
+    snippets = {
+        "hf_trainer": f"args = TrainingArguments(..., eval_steps={eval_to}, save_steps={save_to}, "
+        "per_device_eval_batch_size=16)",
+        "trl": f"config = SFTConfig(..., eval_steps={eval_to}, save_steps={save_to})",
+        "pytorch": f"if step % {eval_to} == 0: evaluate()  # and a sampled eval set",
+        "lightning": "L.Trainer(..., val_check_interval=1000, limit_val_batches=0.1)",
+    }
+    return Fix(text=text, snippets=snippets, framework=framework)
+
+
+def use_every_gpu(framework: str, idle: list[str]) -> Fix:
+    text = (
+        f"GPU {', '.join(idle)} did no work. Launch one process per GPU (torchrun --nproc_per_node / "
+        "accelerate launch --num_processes) and check CUDA_VISIBLE_DEVICES and device placement."
+    )
+    snippets = {
+        "pytorch": "torchrun --nproc_per_node $(nvidia-smi -L | wc -l) train.py",
+        "hf_trainer": "accelerate launch --num_processes $(nvidia-smi -L | wc -l) train.py",
+    }
+    return Fix(text=text, snippets=snippets, framework=framework)

@@ -59,6 +59,9 @@ class Metrics:
     mfu: float | None
     expected_tokens_per_s: tuple[float, float] | None
     expected_basis: str | None
+    hf_flops_per_s: float | None = None  # the Trainer's own 6·N·tokens count over training time
+    eval_frac: float | None = None  # share of the Trainer's runtime spent in evaluation
+    source_of_util: str | None = None  # "nvml", "nvidia-smi" or "trace"
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -107,7 +110,7 @@ def rank_metrics(rank: RankProfile) -> RankMetrics:
         compute_s=None if compute is None or not rank.steps else compute / len(rank.steps),
         tokens_per_s=_ratio(tokens, wall),
         real_tokens_per_s=_ratio(real, wall),
-        gpu_util=None if not utils else statistics.fmean(utils) / 100.0,
+        gpu_util=statistics.fmean(utils) / 100.0 if utils else (rank.trace.gpu_util if rank.trace else None),
     )
 
 
@@ -162,24 +165,43 @@ def compute_metrics(profile: RunProfile) -> Metrics:
 
     seq_lens = [float(s.seq_len) for r in ranks for s in r.steps if s.seq_len]
 
-    gpu_samples = [s for r in ranks for s in _window_gpu_samples(r)]
+    gpu_samples = [s for r in profile.ranks for s in _window_gpu_samples(r)]
     utils = [s.util for s in gpu_samples if s.util is not None]
     mem_fracs = [s.mem_used / s.mem_total for s in gpu_samples if s.mem_used is not None and s.mem_total]
     rx = [s.pcie_rx for s in gpu_samples if s.pcie_rx is not None]
     tx = [s.pcie_tx for s in gpu_samples if s.pcie_tx is not None]
     host = [h for r in ranks for h in r.host_samples]
 
+    trace_utils = [
+        r.trace.gpu_util for r in profile.ranks if r.trace is not None and r.trace.gpu_util is not None
+    ]
     gpu = lookup_gpu(env.gpu_name) if env.on_gpu else None
     dtype = compute_dtype(env.param_dtype, env.autocast_dtype, env.tf32)
     fpt = model_flops(profile)
     real_tps = per_s("real_tokens")
-    n_gpus = len(ranks) if ranks else 1
+    totals = profile.totals
+    train_s = None
+    if totals is not None and totals.train_s:
+        train_s = (
+            totals.train_s - (totals.eval_s or 0.0)
+            if (totals.eval_s or 0.0) < totals.train_s
+            else totals.train_s
+        )
+    if real_tps is None and totals is not None and totals.tokens and train_s:
+        real_tps = totals.tokens / train_s  # tokens the Trainer counted, over its training time
+    n_gpus = len(ranks) if ranks else (totals.n_gpus if totals and totals.n_gpus else (env.world_size or 1))
     achieved_mfu = None
     expected = None
     expected_basis = None
+    mfu_dtype = dtype
+    if gpu is not None and mfu_dtype is None and totals is not None:
+        mfu_dtype = best_dtype(
+            gpu
+        )  # Trainer outputs do not say; compared with the fastest dtype, and said so
+        dtype = f"{mfu_dtype} (assumed)"
     if gpu is not None and fpt is not None:
-        if dtype and real_tps:
-            achieved_mfu = mfu(real_tps, fpt, gpu, dtype, n_gpus)
+        if mfu_dtype and real_tps:
+            achieved_mfu = mfu(real_tps, fpt, gpu, mfu_dtype, n_gpus)
         target = best_dtype(gpu)
         expected = expected_tokens_per_s(fpt, gpu, target, n_gpus)
         expected_basis = (
@@ -187,12 +209,29 @@ def compute_metrics(profile: RunProfile) -> Metrics:
             f"({gpu.peak_tflops[target]:.0f} TFLOP/s dense peak; {gpu.source})"
         )
 
+    util = (
+        statistics.fmean(utils) / 100.0 if utils else (statistics.fmean(trace_utils) if trace_utils else None)
+    )
+    util_source = None
+    if utils:
+        util_source = "nvidia-smi" if profile.source in ("analyze", "check") else "nvml"
+    elif trace_utils:
+        util_source = "trace"
+    hf_flops = None
+    if totals is not None and totals.hf_total_flos and train_s:
+        hf_flops = totals.hf_total_flos / train_s
+        peak = gpu.peak_flops(mfu_dtype) if gpu is not None and mfu_dtype else None
+        if achieved_mfu is None and peak:
+            achieved_mfu = hf_flops / (peak * n_gpus)  # the Trainer's own FLOP count (6·N·tokens)
+    eval_frac = None
+    if totals is not None and totals.eval_s is not None and totals.train_s:
+        eval_frac = min(totals.eval_s / totals.train_s, 1.0)
     return Metrics(
         steps_measured=min((len(r.steps) for r in ranks), default=0),
         step_time_s=statistics.median(step_walls) if step_walls else None,
         step_time_p10_s=_percentile(step_walls, 0.1),
         step_time_p90_s=_percentile(step_walls, 0.9),
-        samples_per_s=per_s("samples"),
+        samples_per_s=per_s("samples") if ranks else (totals.samples_per_s if totals else None),
         tokens_per_s=per_s("tokens"),
         real_tokens_per_s=real_tps,
         data_wait_frac=_ratio(fsum("data_wait_s"), wall_total),
@@ -206,7 +245,7 @@ def compute_metrics(profile: RunProfile) -> Metrics:
         tokens_per_micro_batch=_ratio(tokens, micro_batches),
         seq_len=_mean(seq_lens),
         mean_example_len=_ratio(real_tokens, fsum("examples")),
-        gpu_util=None if not utils else statistics.fmean(utils) / 100.0,
+        gpu_util=util,
         gpu_mem_used_frac=max(mem_fracs) if mem_fracs else None,
         pcie_rx_gbps=None if not rx else statistics.fmean(rx) / 1e9,
         pcie_tx_gbps=None if not tx else statistics.fmean(tx) / 1e9,
@@ -221,6 +260,9 @@ def compute_metrics(profile: RunProfile) -> Metrics:
         mfu=achieved_mfu,
         expected_tokens_per_s=expected,
         expected_basis=expected_basis,
+        hf_flops_per_s=hf_flops,
+        eval_frac=eval_frac,
+        source_of_util=util_source,
     )
 
 

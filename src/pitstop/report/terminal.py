@@ -44,6 +44,103 @@ def breakdown_bar(diagnosis: Diagnosis, width: int = 48) -> Text:
     return Text.assemble(text, "\n", legend)
 
 
+TRACE_ROLES = (
+    ("Kernel", "#0072B2"),
+    ("Memcpy", "#56B4E9"),
+    ("Memset", "#009E73"),
+    ("Communication", "#CC79A7"),
+    ("Runtime", "#D55E00"),
+    ("DataLoader", "#E69F00"),
+    ("CPU Exec", "#F0E442"),
+    ("Other", "#999999"),
+)
+
+
+def trace_bar(shares: dict[str, float], width: int = 48) -> Text:
+    bar, legend = Text(), Text()
+    for role, colour in TRACE_ROLES:
+        frac = shares.get(role, 0.0)
+        bar.append("█" * round(frac * width), style=colour)
+        if frac >= 0.0005:
+            legend.append("■ ", style=colour)
+            legend.append(f"{role} {frac:.1%}  ")
+    return Text.assemble(bar, "\n", legend)
+
+
+def _trace_rows(d: Diagnosis, grid: Table) -> None:
+    for rank in d.profile.ranks:
+        t = rank.trace
+        if t is None or not t.step_ms:
+            continue
+        label = f"Trace r{rank.rank}" if d.profile.world_size > 1 else "Trace"
+        shares = {k: v / t.step_ms for k, v in t.breakdown_ms.items()}
+        grid.add_row(
+            label,
+            Text.assemble(
+                f"{t.steps} steps of {t.step_ms:.1f} ms · GPU util {_num(t.gpu_util, '.1%')}\n",
+                trace_bar(shares),
+            ),
+        )
+        if t.temporal:
+            split = ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in t.idle_split.items())
+            grid.add_row(
+                "",
+                f"GPU time: idle {t.temporal['idle']:.1%} ({split}) · compute "
+                f"{t.temporal['compute']:.1%} · non-compute {t.temporal['non_compute']:.1%}",
+            )
+        if len(d.profile.ranks) > 3:
+            grid.add_row("", Text(f"(+{len(d.profile.ranks) - 1} more ranks: see Per rank)", style="dim"))
+            break
+
+
+def _totals_row(d: Diagnosis, grid: Table) -> None:
+    t = d.profile.totals
+    m = d.metrics
+    if t is None:
+        return
+    parts = []
+    if t.train_s:
+        parts.append(f"{t.train_s / 60:.1f} min of training")
+    if t.steps:
+        parts.append(f"{t.steps} steps")
+    if t.samples_per_s:
+        parts.append(f"{t.samples_per_s:,.2f} samples/s")
+    if m.real_tokens_per_s:
+        parts.append(f"{m.real_tokens_per_s:,.0f} tokens/s (Trainer-counted)")
+    if m.hf_flops_per_s:
+        parts.append(f"{m.hf_flops_per_s / 1e12:,.1f} TFLOP/s by the Trainer's 6·N·tokens count")
+    if m.eval_frac is not None:
+        parts.append(f"evaluation {m.eval_frac:.0%} of the run")
+    elif t.eval_s:
+        parts.append(f"{t.evals} evaluations, {t.eval_s / 60:.1f} min")
+    grid.add_row("Trainer", " · ".join(parts) or "no rates in these files")
+
+
+def _gpu_log_row(d: Diagnosis, grid: Table) -> None:
+    ranks = [r for r in d.profile.ranks if r.gpu_samples and not r.steps]
+    if not ranks:
+        return
+    cells = []
+    for r in ranks[:8]:
+        utils = [s.util for s in r.gpu_samples if s.util is not None]
+        spark = sparkline(utils)
+        mean = sum(utils) / len(utils) if utils else 0.0
+        cells.append(f"GPU {r.rank}: {mean:.0f}% mean  {spark}")
+    grid.add_row("GPU log", "\n".join(cells))
+
+
+def sparkline(values: list[float], width: int = 32) -> str:
+    """A compact utilization picture (0–100%) for the terminal."""
+    if not values:
+        return ""
+    blocks = " ▁▂▃▄▅▆▇█"
+    step = max(1, len(values) // width)
+    means = [sum(values[i : i + step]) / len(values[i : i + step]) for i in range(0, len(values), step)][
+        :width
+    ]
+    return "".join(blocks[min(8, int(v / 100 * 8 + 0.5))] for v in means)
+
+
 def _headline(d: Diagnosis) -> Table:
     m, env, p = d.metrics, d.profile.environment, d.profile
     grid = Table.grid(padding=(0, 2))
@@ -53,24 +150,44 @@ def _headline(d: Diagnosis) -> Table:
     if env.device == "cpu" and env.cpu_count:
         device += f" ({env.cpu_count} cores)"
     ranks = f" · {p.world_size} ranks" if p.world_size > 1 else ""
-    warm = p.ranks[0].warmup_steps if p.ranks else 0
-    grid.add_row(
-        "Run",
-        f"{env.framework or 'pytorch'} on {device}{ranks} · {m.steps_measured} steps measured "
-        f"after {warm} warm-up",
-    )
-    thr = f"{_num(m.real_tokens_per_s)} real tokens/s"
-    if m.tokens_per_s is not None and m.padding_frac is not None:
-        thr += f" of {_num(m.tokens_per_s)} tokens/s ({m.padding_frac:.0%} padding)"
-    elif m.real_tokens_per_s is None and m.tokens_per_s is not None:
-        thr = f"{_num(m.tokens_per_s)} tokens/s (padding unknown: batches carry no attention mask)"
-    if m.step_time_s is not None:
-        thr += f" · {m.step_time_s:.3f} s/step"
-        if m.step_time_p10_s is not None and m.step_time_p90_s is not None:
-            thr += f" (p10–p90 {m.step_time_p10_s:.3f}–{m.step_time_p90_s:.3f})"
-    grid.add_row("Throughput", thr)
-    grid.add_row("Step time", breakdown_bar(d))
-    grid.add_row("Expected", _expected_line(d))
+    if p.source in ("analyze", "check") and len(p.ranks) == 1 and p.world_size > 1:
+        ranks = f" · rank {p.ranks[0].rank} of {p.world_size}"
+    if p.source in ("analyze", "check"):
+        grid.add_row(
+            "Read",
+            f"{len(p.command or [])} input(s) · {env.framework or 'framework unknown'} on {device}{ranks}",
+        )
+    else:
+        warm = p.ranks[0].warmup_steps if p.ranks else 0
+        grid.add_row(
+            "Run",
+            f"{env.framework or 'pytorch'} on {device}{ranks} · {m.steps_measured} steps measured "
+            f"after {warm} warm-up",
+        )
+    if m.tokens_per_s is not None or (m.step_time_s is not None and p.source not in ("analyze", "check")):
+        thr = f"{_num(m.real_tokens_per_s)} real tokens/s"
+        if m.tokens_per_s is not None and m.padding_frac is not None:
+            thr += f" of {_num(m.tokens_per_s)} tokens/s ({m.padding_frac:.0%} padding)"
+        elif m.real_tokens_per_s is None and m.tokens_per_s is not None:
+            thr = f"{_num(m.tokens_per_s)} tokens/s (padding unknown: batches carry no attention mask)"
+        if m.step_time_s is not None:
+            thr += f" · {m.step_time_s:.3f} s/step"
+            if m.step_time_p10_s is not None and m.step_time_p90_s is not None:
+                thr += f" (p10–p90 {m.step_time_p10_s:.3f}–{m.step_time_p90_s:.3f})"
+        grid.add_row("Throughput", thr)
+    if m.forward_frac is not None:
+        grid.add_row("Step time", breakdown_bar(d))
+    _trace_rows(d, grid)
+    _totals_row(d, grid)
+    _gpu_log_row(d, grid)
+    if env.on_gpu or p.source not in ("analyze", "check"):
+        grid.add_row("Expected", _expected_line(d))
+    grid.add_row("Seen", _seen(d))
+    return grid
+
+
+def _seen(d: Diagnosis) -> str:
+    env, m = d.profile.environment, d.metrics
     model = env.model
     parts = []
     if model.params_total:
@@ -78,17 +195,26 @@ def _headline(d: Diagnosis) -> Table:
         if model.params_trainable is not None and model.params_trainable != model.params_total:
             params += f" ({model.params_trainable / 1e6:,.2f}M trainable)"
         parts.append(f"{model.model_type or 'model'} {params}")
-    parts.append(f"attention {env.attention.implementation or 'unknown'}")
-    parts.append(f"dtype {env.param_dtype or '?'}, autocast {env.autocast_dtype or 'off'}")
+    if env.attention.implementation:
+        parts.append(f"attention {env.attention.implementation}")
+    if env.param_dtype or env.autocast_dtype:
+        parts.append(f"dtype {env.param_dtype or '?'}, autocast {env.autocast_dtype or 'off'}")
     dl = env.dataloader
     if dl.num_workers is not None:
         parts.append(f"DataLoader workers={dl.num_workers} pin_memory={dl.pin_memory} batch={dl.batch_size}")
+    if env.micro_batch_size and dl.batch_size is None:
+        parts.append(f"micro-batch {env.micro_batch_size} × accumulation {env.grad_accum_steps or 1}")
+    if env.packing is not None:
+        parts.append(f"packing {'on' if env.packing else 'off'}")
+    if env.zero_stage is not None:
+        parts.append(f"ZeRO-{env.zero_stage}")
     if env.offload:
         parts.append("offload " + ", ".join(f"{k}→{v}" for k, v in env.offload.items()))
-    if m.gpu_util is not None:
+    if env.gradient_checkpointing:
+        parts.append("gradient checkpointing")
+    if m.gpu_util is not None and d.profile.source not in ("analyze", "check"):
         parts.append(f"GPU busy {m.gpu_util:.0%}")
-    grid.add_row("Seen", " · ".join(parts))
-    return grid
+    return " · ".join(parts) or "nothing about the configuration"
 
 
 def _expected_line(d: Diagnosis) -> str:
@@ -98,6 +224,8 @@ def _expected_line(d: Diagnosis) -> str:
     if m.gpu is None:
         return f"unknown: '{env.gpu_name}' is not in pitstop's hardware table, so no peak to compare with"
     if m.expected_tokens_per_s is None:
+        if d.profile.source in ("analyze", "check"):
+            return "pass --model config.json (the model's Hugging Face config) for FLOPs, MFU and expected tokens/s"
         return "unknown: the model's parameter count was not found"
     lo, hi = m.expected_tokens_per_s
     line = f"this GPU should do about {lo:,.0f}–{hi:,.0f} tokens/s for this model at 40–50% MFU"
@@ -148,12 +276,18 @@ def _ranks_table(d: Diagnosis) -> Table:
     return table
 
 
+def _title(diagnosis: Diagnosis) -> str:
+    return {"analyze": "pitstop analyze", "check": "pitstop check"}.get(
+        diagnosis.profile.source, "pitstop doctor"
+    )
+
+
 def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
     console = console or Console(stderr=False)
     console.print(
-        Panel(_headline(diagnosis), title="pitstop doctor", title_align="left", border_style="bold")
+        Panel(_headline(diagnosis), title=_title(diagnosis), title_align="left", border_style="bold")
     )
-    if diagnosis.profile.world_size > 1:
+    if len([r for r in diagnosis.profile.ranks if r.steps]) > 1:
         console.print(_ranks_table(diagnosis))
     if diagnosis.findings:
         console.print(Text("Findings, ranked by estimated time saved", style="bold"))
@@ -166,5 +300,9 @@ def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
     if diagnosis.skipped_checks:
         names = ", ".join(diagnosis.skipped_checks)
         console.print(Text(f"Not checked on a CPU run (they need a GPU): {names}", style="dim"))
-    for note in diagnosis.notes:
+    if diagnosis.profile.source == "check" and not diagnosis.findings:
+        console.print(
+            Text("The configs raise no flag; measure the run itself with `pitstop doctor`.", style="dim")
+        )
+    for note in diagnosis.notes + diagnosis.profile.notes:
         console.print(Text(f"note: {note}", style="dim"))

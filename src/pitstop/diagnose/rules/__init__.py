@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from pitstop.diagnose.context import RuleContext
 from pitstop.diagnose.rules.compute import (
+    communication_bound,
     host_sync,
     low_mfu_unexplained,
     no_mixed_precision,
@@ -14,6 +15,7 @@ from pitstop.diagnose.rules.compute import (
     small_batch,
 )
 from pitstop.diagnose.rules.inputs import dataloader_bound, padding_waste, pageable_copies
+from pitstop.diagnose.rules.run import eval_overhead, idle_gpu
 from pitstop.diagnose.rules.scale import offload_bound, straggler
 from pitstop.findings import Finding
 
@@ -28,6 +30,9 @@ RULES: tuple[Rule, ...] = (
     small_batch,
     host_sync,
     pageable_copies,
+    communication_bound,
     straggler,
+    eval_overhead,
+    idle_gpu,
     low_mfu_unexplained,
 )

@@ -1,4 +1,4 @@
-"""Rules about how the step computes: attention path, precision, batch size, host syncs, MFU."""
+"""Rules about how the step computes: attention path, precision, batch size, host syncs, communication, MFU."""
 
 from __future__ import annotations
 
@@ -18,16 +18,25 @@ Llama (d=64, 256-token rows) gave 2.2×; we take 2×. The basis string always sa
 def slow_attention(ctx: RuleContext) -> Finding | None:
     att = ctx.env.attention
     impl = att.implementation
+    traced = [t.attention_path for t in ctx.traces if t.attention_path]
     if impl == "eager":
-        confidence = 0.95
+        confidence = 0.95 if ctx.measured else 0.8
         how = "the model's config asks for attn_implementation='eager'"
-    elif impl is None and att.sdpa_calls == 0 and ctx.env.model.n_heads:
+    elif traced and traced[0] in ("eager", "math"):
+        confidence = 0.8
+        how = (
+            "the trace shows softmax between batched matmuls (the unfused path)"
+            if traced[0] == "eager"
+            else "the trace shows SDPA falling back to its math kernel"
+        )
+        impl = traced[0]
+    elif impl is None and att.sdpa_calls == 0 and ctx.env.model.n_heads and not traced:
         confidence = 0.5
         how = "no fused attention (SDPA) call was seen in the measured steps"
     else:
         return None
     m = ctx.metrics
-    seq = m.seq_len
+    seq = m.seq_len or (float(ctx.env.max_seq_len) if ctx.env.max_seq_len else None)
     model = ctx.env.model
     fpt = flops_per_token(model, seq)
     evidence: dict[str, object] = {
@@ -39,19 +48,17 @@ def slow_attention(ctx: RuleContext) -> Finding | None:
     }
     est = None
     basis = "attention share of FLOPs unknown (no model config)"
-    share = None
-    if fpt is not None and fpt.total > 0 and fpt.attention > 0:
+    if fpt is not None and fpt.total > 0 and fpt.attention > 0 and seq:
         share = fpt.attention / fpt.total
         c = ctx.compute_frac
+        k = EAGER_SLOWDOWN["gpu" if ctx.gpu_possible and ctx.env.device != "cpu" else "cpu"]
         # compute time with eager attention ∝ (1 − a) + k·a; with fused kernels ∝ 1
-        k = EAGER_SLOWDOWN["gpu" if ctx.on_gpu else "cpu"]
-        old = (1 - share) + k * share
-        est = amdahl(c, old)
+        est = amdahl(c, (1 - share) + k * share)
         evidence["attention_flops_frac"] = round(share, 3)
         basis = (
             f"attention is {share:.1%} of the FLOPs at row length {seq:.0f} (12·L·d·T of "
             f"6N + 12·L·d·T); eager attention taken as {k:.0f}× slower per FLOP than fused kernels on a "
-            f"{'GPU' if ctx.on_gpu else 'CPU'}; compute is {c:.0%} of the step"
+            f"{'CPU' if ctx.env.device == 'cpu' else 'GPU'}; compute is {c:.0%} of the step"
         )
     severity = "medium"
     if seq is not None:
@@ -69,19 +76,25 @@ def slow_attention(ctx: RuleContext) -> Finding | None:
         evidence=evidence,
         est_speedup=est,
         speedup_basis=basis,
-        fix=fixes.attention(ctx.framework, ctx.on_gpu),
+        fix=fixes.attention(ctx.framework, ctx.env.device != "cpu"),
     )
 
 
 def no_mixed_precision(ctx: RuleContext) -> Finding | None:
-    if not ctx.on_gpu:
+    if not ctx.gpu_possible:
         return None
-    dtype = ctx.metrics.compute_dtype
     gpu = ctx.gpu
-    if dtype not in ("fp32", "tf32"):
-        return None
     if gpu is not None and not gpu.has_fast_low_precision:
         return None
+    dtype = ctx.metrics.compute_dtype
+    fp32_gemm = ctx.trace_mean("fp32_gemm_frac")
+    traced = fp32_gemm is not None and fp32_gemm >= 0.5 and ctx.on_gpu
+    if not traced and dtype not in ("fp32", "tf32"):
+        return None
+    if not ctx.on_gpu and ctx.env.device is not None:
+        return None
+    if traced:
+        dtype = "fp32"
     bf16_ok = gpu is None or gpu.peak_flops("bf16") is not None
     low = "bf16" if bf16_ok else "fp16"
     evidence: dict[str, object] = {
@@ -90,34 +103,42 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
         "tf32": ctx.env.tf32,
         "gpu": gpu.key if gpu else ctx.env.gpu_name,
     }
-    # realistic factors, below the peak ratios because not all step time is matmul
+    if fp32_gemm is not None:
+        evidence["fp32_gemm_time_frac"] = round(fp32_gemm, 3)
     factor = 2.0 if dtype == "tf32" else 3.0
     if gpu is not None:
-        now_peak = gpu.peak_flops(dtype) or gpu.peak_flops("fp32")
+        now_peak = gpu.peak_flops(dtype or "fp32") or gpu.peak_flops("fp32")
         low_peak = gpu.peak_flops(low)
         if now_peak and low_peak:
             evidence["peak_ratio"] = round(low_peak / now_peak, 1)
             factor = min(factor, low_peak / now_peak)
     c = ctx.compute_frac
+    measured = ctx.measured
+    how = (
+        "GEMM kernels in the trace run in plain fp32"
+        if traced
+        else (
+            f"matrix math runs in {str(dtype).upper()}"
+            + (
+                " without TF32 or bf16/fp16 autocast"
+                if dtype == "fp32"
+                else " (TF32) without bf16/fp16 autocast"
+            )
+        )
+    )
     return Finding(
         cause="no_mixed_precision",
         severity="high" if dtype == "fp32" else "medium",
-        confidence=0.85,
-        summary=(
-            f"Matrix math runs in {dtype.upper()} "
-            + (
-                "without TF32 or bf16/fp16 autocast"
-                if dtype == "fp32"
-                else "(TF32) without bf16/fp16 autocast"
-            )
-            + f" on a GPU whose {low} tensor cores are much faster."
-        ),
+        confidence=0.85 if measured else 0.6,
+        summary=f"{how[0].upper() + how[1:]} on a GPU whose {low} tensor cores are much faster.",
         evidence=evidence,
-        est_speedup=amdahl(c, factor),
+        est_speedup=amdahl(c, factor) if measured else None,
         speedup_basis=(
             f"compute is {c:.0%} of the step; {low} taken as {factor:.1f}× faster for it "
             "(capped below the datasheet peak ratio because not all compute is matmul)"
-        ),
+        )
+        if measured
+        else "config only: no step time measured",
         fix=fixes.precision(ctx.framework, bf16_ok, dtype == "tf32"),
     )
 
@@ -134,60 +155,120 @@ def small_batch(ctx: RuleContext) -> Finding | None:
     mem = m.gpu_mem_used_frac
     if mem is not None and mem > 0.85:
         return None  # no room for a bigger batch
+    launch_bound = any(t.launch_bound for t in ctx.traces)
+    tiny = ctx.trace_mean("tiny_kernel_frac")
     est = min(1.0 / max(util, 0.05), 4.0)
+    evidence: dict[str, object] = {
+        "gpu_util": round(util, 3),
+        "util_source": m.source_of_util,
+        "gpu_mem_used_frac": None if mem is None else round(mem, 3),
+        "micro_batch_size": ctx.env.micro_batch_size,
+        "grad_accum_steps": ctx.env.grad_accum_steps,
+        "tokens_per_micro_batch": None
+        if m.tokens_per_micro_batch is None
+        else round(m.tokens_per_micro_batch),
+    }
+    if tiny is not None:
+        evidence["tiny_kernel_frac"] = round(tiny, 3)
+        evidence["launch_bound"] = launch_bound
+    confidence = 0.7 if mem is not None or ctx.traces else 0.5
+    if m.source_of_util == "nvidia-smi" and m.data_wait_frac is None:
+        confidence = 0.4  # a log cannot tell a small batch from a slow input pipeline
+    detail = (
+        f" with {m.tokens_per_micro_batch:.0f} tokens per micro-batch" if m.tokens_per_micro_batch else ""
+    )
+    if launch_bound:
+        detail += " and most kernels shorter than 10 µs (launch-bound)"
     return Finding(
         cause="small_batch",
         severity=severity_for(1 - util, 0.6, 0.35),  # type: ignore[arg-type]
-        confidence=0.7 if mem is not None else 0.5,
+        confidence=confidence,
         summary=(
-            f"The GPU is busy only {util:.0%} of the time with {m.tokens_per_micro_batch or 0:.0f} tokens per "
-            "micro-batch"
-            + (f" and {1 - mem:.0%} of its memory free" if mem is not None else "")
-            + ": the batch is too small to fill it."
+            f"The GPU is busy only {util:.0%} of the time{detail}"
+            + (f" and has {1 - mem:.0%} of its memory free" if mem is not None else "")
+            + ": the work per step is too small to fill it."
         ),
-        evidence={
-            "gpu_util": round(util, 3),
-            "gpu_mem_used_frac": None if mem is None else round(mem, 3),
-            "micro_batch_size": ctx.env.micro_batch_size,
-            "grad_accum_steps": ctx.env.grad_accum_steps,
-            "tokens_per_micro_batch": None
-            if m.tokens_per_micro_batch is None
-            else round(m.tokens_per_micro_batch),
-        },
+        evidence=evidence,
         est_speedup=est,
-        speedup_basis="NVML utilization (measured); filling the idle share gives at most 1/util (capped at 4×)",
+        speedup_basis=f"GPU busy share ({m.source_of_util}, measured); filling the idle share gives at most 1/util "
+        "(capped at 4×)",
         fix=fixes.bigger_batch(ctx.framework, ctx.env.micro_batch_size, ctx.env.grad_accum_steps),
     )
 
 
 def host_sync(ctx: RuleContext) -> Finding | None:
+    """Blocking syncs cost what the host spends blocked in them: while it waits it cannot queue the next
+    kernels, so the GPU drains and then idles. Syncs on an already idle (host-bound) GPU block for ~0 and
+    are not the cause; the idle-time rules cover that case."""
     if not ctx.on_gpu:
         return None
     m = ctx.metrics
-    per_step = m.syncs_per_step
-    if per_step is None or per_step < 1:
+    per_step = ctx.trace_mean("syncs_per_step")
+    blocked = None
+    if per_step is not None:
+        sync_ms, step_ms = ctx.trace_mean("sync_ms"), ctx.trace_mean("step_ms")
+        blocked = (sync_ms / step_ms) if sync_ms is not None and step_ms else None
+    else:
+        per_step, blocked = m.syncs_per_step, m.sync_frac
+    if per_step is None or per_step < 1 or blocked is None or blocked < 0.02:
         return None
     util = m.gpu_util
-    idle = None if util is None else 1 - util
-    if idle is not None and idle < 0.05:
+    if util is not None and util >= 0.95:
         return None
-    est = None if idle is None else amdahl(min(idle, m.sync_frac or idle), float("inf"))
+    evidence: dict[str, object] = {
+        "syncs_per_step": round(per_step, 2),
+        "blocked_frac_of_step": round(blocked, 3),
+        "gpu_util": None if util is None else round(util, 3),
+    }
+    splits = [t.idle_split.get("host_wait") for t in ctx.traces if t.idle_split]
+    if splits:
+        evidence["idle_that_is_host_wait"] = round(max(s for s in splits if s is not None), 3)
     return Finding(
         cause="host_sync",
-        severity="medium" if per_step >= 2 and (idle or 0) >= 0.15 else "low",
-        confidence=0.6,
+        severity="high" if blocked >= 0.25 else ("medium" if blocked >= 0.05 and per_step >= 2 else "low"),
+        confidence=0.7,
         summary=(
-            f"The host waits for the GPU {per_step:.1f} times per step (.item(), .cpu(), synchronize), "
-            "so the launch queue drains and the GPU idles while the next kernels are issued."
+            f"The host blocks on the GPU {per_step:.1f} times per step (.item(), .cpu(), synchronize) and waits "
+            f"{blocked:.0%} of the step there, so the launch queue drains and the GPU idles while the next "
+            "kernels are issued."
+        ),
+        evidence=evidence,
+        est_speedup=amdahl(blocked, float("inf")),
+        speedup_basis="host time blocked in synchronizing calls (measured) bounds what removing them wins",
+        fix=fixes.host_sync(ctx.framework),
+    )
+
+
+def communication_bound(ctx: RuleContext) -> Finding | None:
+    """NCCL time that does not overlap compute kernels (from traces)."""
+    rows = [
+        (t.nccl_ms, t.nccl_overlap_frac, t.step_ms)
+        for t in ctx.traces
+        if t.nccl_ms and t.step_ms and t.nccl_overlap_frac is not None
+    ]
+    if not rows:
+        return None
+    exposed = max(nccl * (1 - overlap) / step for nccl, overlap, step in rows)
+    share = max(nccl / step for nccl, _, step in rows)
+    if exposed < 0.05:
+        return None
+    overlap = min(o for _, o, _ in rows)
+    return Finding(
+        cause="communication_bound",
+        severity=severity_for(exposed, 0.25, 0.10),  # type: ignore[arg-type]
+        confidence=0.75,
+        summary=(
+            f"Communication kernels take {share:.0%} of a step and only {overlap:.0%} of that time overlaps "
+            f"compute: {exposed:.0%} of the step waits on the interconnect."
         ),
         evidence={
-            "syncs_per_step": round(per_step, 2),
-            "sync_frac": None if m.sync_frac is None else round(m.sync_frac, 3),
-            "gpu_util": None if util is None else round(util, 3),
+            "nccl_frac_of_step": round(share, 3),
+            "nccl_overlap_frac": round(overlap, 3),
+            "exposed_frac_of_step": round(exposed, 3),
         },
-        est_speedup=est,
-        speedup_basis="bounded by the GPU's idle share (1 − NVML utilization) and the measured blocked time",
-        fix=fixes.host_sync(ctx.framework),
+        est_speedup=amdahl(exposed, float("inf")),
+        speedup_basis="NCCL kernel time not covered by compute kernels (trace); hiding it gives at most 1/(1−f)",
+        fix=fixes.communication(ctx.framework, ctx.env.zero_stage),
     )
 
 
@@ -195,24 +276,32 @@ def low_mfu_unexplained(ctx: RuleContext) -> Finding | None:
     if not ctx.on_gpu:
         return None
     m = ctx.metrics
-    if m.mfu is None or m.gpu_util is None or m.gpu_util < 0.85:
+    if m.mfu is None:
         return None
     floor = EXPECTED_MFU[0] * 0.6
     if m.mfu >= floor:
         return None
     if any(f.severity == "high" for f in ctx.earlier):
         return None  # a named cause already explains the gap
+    if m.gpu_util is not None and m.gpu_util < 0.85:
+        return None  # an idle GPU is explained by the idle-time rules
+    busy = "" if m.gpu_util is None else f"The GPU is {m.gpu_util:.0%} busy but "
     return Finding(
         cause="low_mfu_unexplained",
         severity="medium",
-        confidence=0.5,
+        confidence=0.5 if m.gpu_util is not None else 0.35,
         summary=(
-            f"The GPU is {m.gpu_util:.0%} busy but reaches only {m.mfu:.1%} MFU; well-tuned fine-tunes reach "
+            f"{busy}{'reaches' if busy else 'The run reaches'} only {m.mfu:.1%} MFU; well-tuned fine-tunes reach "
             f"{EXPECTED_MFU[0]:.0%}–{EXPECTED_MFU[1]:.0%} on this GPU."
+            + (
+                ""
+                if m.gpu_util is not None
+                else " Without per-step data the cause is not known: run `pitstop doctor` or record a trace."
+            )
         ),
         evidence={
             "mfu": round(m.mfu, 4),
-            "gpu_util": round(m.gpu_util, 3),
+            "gpu_util": None if m.gpu_util is None else round(m.gpu_util, 3),
             "gpu": m.gpu,
             "compute_dtype": m.compute_dtype,
         },

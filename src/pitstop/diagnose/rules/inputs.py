@@ -1,6 +1,12 @@
-"""Rules about what goes into a step: the input pipeline, padding, host-to-device copies."""
+"""Rules about what goes into a step: the input pipeline, padding, host-to-device copies.
+
+Each rule prefers measured evidence (a live run's probe, a trace) and falls back to what a log or a config
+says, with lower confidence and no speed-up estimate where nothing was measured.
+"""
 
 from __future__ import annotations
+
+import statistics
 
 from pitstop.diagnose import fixes
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
@@ -9,6 +15,7 @@ from pitstop.findings import Finding
 
 DATA_WAIT_MIN = 0.05
 PADDING_MIN = 0.10
+DIP_UTIL = 20.0  # % utilization under which a busy GPU counts as waiting (nvidia-smi logs)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -22,15 +29,20 @@ def _slowest_rank_wait(ctx: RuleContext) -> float | None:
     return max(known) if known else None
 
 
-def dataloader_bound(ctx: RuleContext) -> Finding | None:
-    m = ctx.metrics
-    f = _slowest_rank_wait(ctx)
-    if f is None or f < DATA_WAIT_MIN:
-        return None
-    dl = ctx.env.dataloader
-    cpus = ctx.env.cpu_count or 4
+def _workers_for(ctx: RuleContext) -> int:
+    cpus = ctx.env.cpu_count or 8
     per_rank = max(1, cpus // max(ctx.profile.world_size, 1))
-    workers = max(2, min(8, per_rank - 1))
+    return max(2, min(8, per_rank - 1))
+
+
+def dataloader_bound(ctx: RuleContext) -> Finding | None:
+    f = _slowest_rank_wait(ctx)
+    if f is None:
+        return _dips_in_log(ctx) or _workers_in_config(ctx)
+    if f < DATA_WAIT_MIN:
+        return None
+    m = ctx.metrics
+    dl = ctx.env.dataloader
     text_in_loop = bool(dl.examples_are_text)
     evidence: dict[str, object] = {
         "data_wait_frac": round(f, 3),
@@ -42,6 +54,9 @@ def dataloader_bound(ctx: RuleContext) -> Finding | None:
         "collate_ms_per_batch": _ms(dl.collate_s_per_batch),
         "main_process_cpu_pct": None if m.main_cpu_pct is None else round(m.main_cpu_pct, 1),
     }
+    multiprocess = [t.dataloader_multiprocess for t in ctx.traces if t.dataloader_multiprocess is not None]
+    if multiprocess:
+        evidence["multiprocess_iterator"] = all(multiprocess)
     if len(ctx.profile.ranks) > 1:
         evidence["data_wait_frac_mean_over_ranks"] = (
             None if m.data_wait_frac is None else round(m.data_wait_frac, 3)
@@ -49,12 +64,12 @@ def dataloader_bound(ctx: RuleContext) -> Finding | None:
     causes = []
     if text_in_loop:
         causes.append("examples are tokenized inside the collate function on every step")
-    if dl.num_workers == 0:
+    if dl.num_workers == 0 or (multiprocess and not any(multiprocess)):
         causes.append("the DataLoader has no worker processes (num_workers=0), so loading blocks the step")
     who = " on the rank that waits most" if len(ctx.profile.ranks) > 1 else ""
     summary = f"The step waits on the input pipeline {f:.0%} of the time{who}"
     summary += (": " + "; ".join(causes) + ".") if causes else "."
-    if not ctx.on_gpu:
+    if ctx.env.device == "cpu":
         summary += " (On a CPU run, workers share cores with compute; pre-tokenizing helps regardless.)"
     return Finding(
         cause="dataloader_bound",
@@ -63,16 +78,74 @@ def dataloader_bound(ctx: RuleContext) -> Finding | None:
         summary=summary,
         evidence=evidence,
         est_speedup=amdahl(f, float("inf")),
-        speedup_basis=f"data wait is {f:.1%} of step time (measured{', slowest rank' if who else ''}); hiding it fully "
-        "gives at most 1/(1−f)",
-        fix=fixes.dataloader(ctx.framework, workers, text_in_loop),
+        speedup_basis=f"data wait is {f:.1%} of step time (measured{', slowest rank' if who else ''}); hiding it "
+        "fully gives at most 1/(1−f)",
+        fix=fixes.dataloader(ctx.framework, _workers_for(ctx), text_in_loop),
+    )
+
+
+def _dips_in_log(ctx: RuleContext) -> Finding | None:
+    """nvidia-smi: a busy GPU that keeps dropping to idle is waiting between steps."""
+    best: tuple[float, int, float] | None = None
+    for rank in ctx.profile.ranks:
+        utils = [s.util for s in rank.gpu_samples if s.util is not None]
+        if len(utils) < 20:
+            continue
+        # ignore the idle head and tail (start-up, shutdown): the busy period is first to last busy sample
+        busy = [i for i, u in enumerate(utils) if u >= 50]
+        if len(busy) < 10:
+            continue
+        body = utils[busy[0] : busy[-1] + 1]
+        dips = [u < DIP_UTIL for u in body]
+        share = sum(dips) / len(body)
+        runs = sum(1 for i, d in enumerate(dips) if d and (i == 0 or not dips[i - 1]))
+        if best is None or share > best[0]:
+            best = (share, runs, statistics.fmean(body))
+    if best is None or best[0] < 0.05 or best[1] < 3:
+        return None
+    share, runs, mean_util = best
+    return Finding(
+        cause="dataloader_bound",
+        severity="medium" if share >= 0.15 else "low",
+        confidence=0.35,
+        summary=(
+            f"The GPU keeps dropping to idle while the job runs ({runs} dips, {share:.0%} of the busy period "
+            "below 20% utilization): the pattern of steps waiting on the input pipeline, a host sync or "
+            "checkpoints. A trace or `pitstop doctor` tells which."
+        ),
+        evidence={
+            "idle_share_while_running": round(share, 3),
+            "dips": runs,
+            "mean_util_pct": round(mean_util, 1),
+        },
+        est_speedup=amdahl(share, float("inf")),
+        speedup_basis="nvidia-smi samples: removing the idle dips gives at most 1/(1−share)",
+        fix=fixes.dataloader(ctx.framework, _workers_for(ctx), False),
+    )
+
+
+def _workers_in_config(ctx: RuleContext) -> Finding | None:
+    if ctx.env.dataloader.num_workers != 0 or ctx.measured:
+        return None
+    return Finding(
+        cause="dataloader_bound",
+        severity="low",
+        confidence=0.3,
+        summary="The config loads batches in the training process (dataloader_num_workers=0): any per-batch "
+        "work (collation, on-the-fly tokenization) will stall the GPU.",
+        evidence={"num_workers": 0, "sources": ctx.env.config_sources[:3]},
+        est_speedup=None,
+        speedup_basis="config only: measure with `pitstop doctor` to put a number on it",
+        fix=fixes.dataloader(ctx.framework, _workers_for(ctx), False),
     )
 
 
 def padding_waste(ctx: RuleContext) -> Finding | None:
     m = ctx.metrics
     p = m.padding_frac
-    if p is None or p < PADDING_MIN:
+    if p is None:
+        return _padding_in_config(ctx)
+    if p < PADDING_MIN:
         return None
     c = ctx.compute_frac
     rows = [s.seq_len for r in ctx.profile.ranks for s in r.steps if s.seq_len]
@@ -106,35 +179,68 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
     )
 
 
+def _padding_in_config(ctx: RuleContext) -> Finding | None:
+    env = ctx.env
+    if env.packing is not False or env.group_by_length or ctx.measured:
+        return None
+    return Finding(
+        cause="padding_waste",
+        severity="medium",
+        confidence=0.5,
+        summary=(
+            "Packing is off"
+            + (f" with rows of up to {env.max_seq_len} tokens" if env.max_seq_len else "")
+            + ": variable-length examples will be padded, and the pad tokens computed on."
+        ),
+        evidence={
+            "packing": False,
+            "group_by_length": env.group_by_length,
+            "max_seq_len": env.max_seq_len,
+            "sources": env.config_sources[:3],
+        },
+        est_speedup=None,
+        speedup_basis="config only: `pitstop data stats` or `pitstop doctor` measures the pad share",
+        fix=fixes.padding(ctx.framework, False),
+    )
+
+
 def pageable_copies(ctx: RuleContext) -> Finding | None:
     if not ctx.on_gpu:
         return None
-    dl = ctx.env.dataloader
-    if dl.pin_memory is not False:
-        return None
-    steps = [s for r in ctx.profile.ranks for s in r.steps if s.h2d_bytes]
-    if not steps or not ctx.metrics.step_time_s:
-        return None
-    bytes_per_step = sum(s.h2d_bytes or 0 for s in steps) / len(steps)
+    traced = ctx.trace_mean("h2d_pageable_mb")
+    step = ctx.metrics.step_time_s
+    if traced is not None:
+        if traced <= 0 or not step:
+            return None
+        bytes_per_step = traced * 1e6
+        basis_source = "pageable host-to-device copies in the trace"
+    else:
+        if ctx.env.dataloader.pin_memory is not False:
+            return None
+        steps = [s for r in ctx.profile.ranks for s in r.steps if s.h2d_bytes]
+        if not steps or not step:
+            return None
+        bytes_per_step = sum(s.h2d_bytes or 0 for s in steps) / len(steps)
+        basis_source = "batch bytes with pin_memory=False"
     gpu = ctx.gpu
     link = (gpu.pcie_gbps if gpu else 31.5) * 1e9
     # a pageable copy is staged through a bounce buffer (about half the pinned rate) and blocks the host
     lost = bytes_per_step / (0.4 * link) - bytes_per_step / (0.8 * link)
-    frac = min(lost / ctx.metrics.step_time_s, 0.9)
+    frac = min(lost / step, 0.9)
     return Finding(
         cause="pageable_copies",
         severity=severity_for(frac, 0.10, 0.02),  # type: ignore[arg-type]
-        confidence=0.6,
+        confidence=0.7 if traced is not None else 0.6,
         summary=(
-            f"Batches are copied to the GPU from pageable memory (pin_memory=False): "
-            f"{bytes_per_step / 1e6:.2f} MB per step that cannot overlap compute."
+            f"Host-to-device copies come from pageable memory: {bytes_per_step / 1e6:.2f} MB per step that "
+            "cannot overlap compute."
         ),
         evidence={
-            "pin_memory": False,
-            "h2d_mb_per_step": round(bytes_per_step / 1e6, 3),
+            "pin_memory": ctx.env.dataloader.pin_memory,
+            "h2d_pageable_mb_per_step": round(bytes_per_step / 1e6, 3),
             "est_copy_ms_lost": round(lost * 1000, 3),
         },
         est_speedup=amdahl(frac, float("inf")),
-        speedup_basis="bytes per step at ~40% (pageable) vs ~80% (pinned) of the PCIe link rate",
+        speedup_basis=f"{basis_source}, at ~40% (pageable) vs ~80% (pinned) of the PCIe link rate",
         fix=fixes.pinned(ctx.framework),
     )

@@ -15,7 +15,7 @@ GPU_MEMORY_USABLE = 0.6  # leave the rest for activations, workspace and fragmen
 
 def offload_bound(ctx: RuleContext) -> Finding | None:
     offload = ctx.env.offload
-    if not ctx.on_gpu or not offload:
+    if not ctx.gpu_possible or not offload:
         return None
     m = ctx.metrics
     model = ctx.env.model
@@ -63,10 +63,12 @@ def offload_bound(ctx: RuleContext) -> Finding | None:
         if fits
         else "; it may be needed to fit, but sharding or LoRA usually costs less."
     )
+    if not ctx.measured:
+        summary += " (From the config: run `pitstop plan` or `pitstop doctor` to size it.)"
     return Finding(
         cause="offload_bound",
         severity="high" if fits else "medium",
-        confidence=0.8 if n else 0.5,
+        confidence=(0.8 if n else 0.5) if ctx.measured else 0.6,
         summary=summary,
         evidence=evidence,
         est_speedup=est,

@@ -1,0 +1,36 @@
+"""``pitstop analyze`` and ``pitstop check``: artifacts in, the same diagnosis and JSON as the doctor's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from pitstop.cli.doctor import check_json_target, write_json
+from pitstop.cli.errors import UserError
+from pitstop.diagnose import diagnose
+from pitstop.ingest.errors import IngestError
+from pitstop.ingest.load import Inputs, load_run
+from pitstop.report.terminal import render
+
+
+def run_analyze(
+    paths: list[Path],
+    gpu: str | None,
+    gpus: int | None,
+    model: str | None,
+    json_out: Path | None,
+    configs_only: bool,
+) -> int:
+    check_json_target(json_out)
+    console = Console(stderr=True)
+    inputs = Inputs(paths=paths, gpu=gpu, gpus=gpus, model=model, configs_only=configs_only)
+    try:
+        with console.status("reading") as status:
+            profile = load_run(inputs, on_file=lambda p, kind: status.update(f"reading {p.name} ({kind})"))
+    except IngestError as exc:
+        raise UserError(str(exc), 2) from None
+    diagnosis = diagnose(profile)
+    write_json(diagnosis, json_out, {"inputs": inputs.kinds})
+    render(diagnosis)
+    return 0

@@ -1,0 +1,1 @@
+"""Turning artifacts users already have (traces, nvidia-smi logs, Trainer outputs, configs) into RunProfiles."""

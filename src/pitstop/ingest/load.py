@@ -1,0 +1,123 @@
+"""Several artifacts of one run into one RunProfile: what ``pitstop analyze`` and ``pitstop check`` read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pitstop.hardware import lookup_gpu
+from pitstop.ingest.configs import merge_into, read_config
+from pitstop.ingest.detect import expand, sniff
+from pitstop.ingest.errors import IngestError
+from pitstop.ingest.hf_outputs import read_trainer_outputs
+from pitstop.ingest.nvidia_smi import read_smi
+from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
+from pitstop.profile import Environment, RankProfile, RunProfile, RunTotals
+
+CONFIG_KINDS = ("deepspeed", "accelerate", "axolotl", "llama_factory", "hf_args")
+
+
+@dataclass
+class Inputs:
+    paths: list[Path]
+    gpu: str | None = None
+    gpus: int | None = None
+    model: str | None = None
+    configs_only: bool = False
+    kinds: dict[str, str] = field(default_factory=dict)  # file -> kind, for the report
+
+
+def _merge_totals(a: RunTotals | None, b: RunTotals) -> RunTotals:
+    if a is None:
+        return b
+    for key, value in vars(b).items():
+        if value is not None and getattr(a, key) is None:
+            setattr(a, key, value)
+    return a
+
+
+def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None) -> RunProfile:
+    files = expand(inputs.paths)
+    env = Environment()
+    notes: list[str] = []
+    trace_ranks: list[RankProfile] = []
+    gpu_ranks: list[RankProfile] = []
+    totals: RunTotals | None = None
+    for path in files:
+        kind, data = sniff(path)
+        inputs.kinds[str(path)] = kind
+        if on_file is not None:
+            on_file(path, kind)
+        if inputs.configs_only and kind not in (*CONFIG_KINDS, "model_config"):
+            raise IngestError(f"{path}: a {kind.replace('_', ' ')}, not a config; `pitstop analyze` reads it")
+        if kind == "torch_pickle":
+            raise IngestError(
+                f"{path}: a pickled file (training_args.bin?); pitstop never unpickles. Export the arguments "
+                "instead: python -c \"import torch,json; a=torch.load('training_args.bin', weights_only=False); "
+                'print(a.to_json_string())" > training_args.json'
+            )
+        if kind == "kineto_trace":
+            from pitstop.ingest.trace import load_trace
+
+            trace_ranks.append(load_trace(path, fallback_rank=len(trace_ranks)))
+        elif kind == "nvidia_smi":
+            log = read_smi(path)
+            notes += log.notes
+            for i, gpu in enumerate(log.gpus):
+                rank = RankProfile(rank=i, gpu_samples=gpu.samples)
+                rank.environment = Environment(device="cuda", gpu_name=gpu.name, gpu_count=len(log.gpus))
+                gpu_ranks.append(rank)
+            env.gpu_count = env.gpu_count or len(log.gpus)
+        elif kind in ("trainer_state", "trainer_results"):
+            outputs = read_trainer_outputs(data, path.name)
+            totals = _merge_totals(totals, outputs.totals)
+            merge_into(env, outputs.env, notes)
+            notes += outputs.notes
+        elif kind == "model_config":
+            env.model = model_info_from_config(data)
+        elif kind in CONFIG_KINDS:
+            facts = read_config(data, kind, path, others=files)
+            merge_into(env, facts.env, notes)
+            notes += facts.notes
+            if facts.lora and env.model.params_total:
+                notes.append(
+                    "LoRA: trainable parameters are a small share; FLOPs count frozen weights at 4·N"
+                )
+        else:  # pragma: no cover - sniff returns only the kinds above
+            raise IngestError(f"{path}: unsupported kind {kind}")
+    if inputs.model:
+        try:
+            env.model = model_info_from_config(load_model_config(inputs.model))
+        except ModelConfigError as exc:
+            raise IngestError(str(exc)) from None
+    if inputs.gpu:
+        spec = lookup_gpu(inputs.gpu)
+        if spec is None:
+            raise IngestError(f"--gpu {inputs.gpu}: not in pitstop's hardware table (see `pitstop gpus`)")
+        env.gpu_name = spec.key
+        env.device = "cuda"
+    if inputs.gpus:
+        env.world_size = inputs.gpus
+        totals = _merge_totals(totals, RunTotals(n_gpus=inputs.gpus)) if totals is not None else None
+    ranks = trace_ranks or gpu_ranks
+    if trace_ranks and gpu_ranks:
+        for trace_rank, gpu_rank in zip(trace_ranks, gpu_ranks, strict=False):
+            trace_rank.gpu_samples = gpu_rank.gpu_samples
+    for rank in ranks:  # what the artifacts themselves measured wins over configs
+        merge_into(rank.environment, env, [])
+    if ranks:
+        merge_into(env, ranks[0].environment, notes)
+        env.world_size = env.world_size or len(ranks)
+    profile = RunProfile(
+        source="analyze" if not inputs.configs_only else "check",
+        ranks=ranks,
+        totals=totals,
+        run_environment=env,
+        notes=notes,
+    )
+    profile.command = [str(p) for p in inputs.paths]
+    for rank in trace_ranks:
+        if rank.trace is not None:
+            profile.notes += [f"rank {rank.rank}: {note}" for note in rank.trace.limitations]
+    return profile

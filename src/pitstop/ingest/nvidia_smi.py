@@ -1,0 +1,226 @@
+"""nvidia-smi CSV logs (``--query-gpu=... --format=csv[,noheader][,nounits] -l N``) into per-GPU timelines.
+
+Any subset and order of columns. GPUs are told apart by ``index``, ``pci.bus_id`` or ``uuid`` when logged,
+else by their position among the rows that share a timestamp. Without a header, columns are recognized by
+their units ("%", "MiB", "W", "MHz", a timestamp, a GPU name); without a header *and* without units they
+cannot be, and the file is refused with a one-line reason. Rows that do not fit (a locale that writes
+decimal commas, a truncated last line) are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from pitstop.ingest.errors import IngestError
+from pitstop.ingest.readers import open_binary
+from pitstop.profile import GpuSample
+
+HEADER_HINTS = (
+    "utilization.",
+    "memory.",
+    "timestamp",
+    "power.",
+    "clocks.",
+    "temperature.",
+    "pci.bus_id",
+    "index",
+)
+TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S")
+MIB = 2**20
+
+
+@dataclass
+class GpuTimeline:
+    key: str  # index, bus id or position
+    name: str | None = None
+    samples: list[GpuSample] = field(default_factory=list)
+
+
+@dataclass
+class SmiLog:
+    gpus: list[GpuTimeline]
+    interval_s: float | None
+    skipped_rows: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def looks_like_smi(head: str) -> bool:
+    first = head.lstrip().splitlines()[0].lower() if head.strip() else ""
+    if any(h in first for h in HEADER_HINTS) and "," in first:
+        return True
+    # noheader: a row that starts with an nvidia-smi timestamp or carries its units
+    return bool(re.match(r"\s*\d{4}/\d{2}/\d{2} \d{2}:\d{2}:\d{2}", first)) or (
+        "," in first and bool(re.search(r"\d+ (%|MiB)\s*(,|$)", first))
+    )
+
+
+def _column_role(name: str) -> str | None:
+    n = name.strip().lower()
+    n = re.sub(r"\s*\[.*\]$", "", n)
+    roles = {
+        "timestamp": "time",
+        "name": "name",
+        "index": "index",
+        "pci.bus_id": "bus",
+        "uuid": "uuid",
+        "utilization.gpu": "util",
+        "memory.used": "mem_used",
+        "memory.total": "mem_total",
+        "power.draw": "power",
+        "clocks.sm": "sm_clock",
+        "clocks.current.sm": "sm_clock",
+    }
+    return roles.get(n)
+
+
+def _infer_roles(row: list[str]) -> list[str | None]:
+    """Column roles of a headerless row, from the units nvidia-smi prints."""
+    roles: list[str | None] = []
+    seen: set[str] = set()
+    for value in row:
+        v = value.strip()
+        role: str | None = None
+        if re.match(r"\d{4}[/-]\d{2}[/-]\d{2} ", v):
+            role = "time"
+        elif v.endswith(" %"):
+            role = "util" if "util" not in seen else None
+        elif v.endswith(" MiB"):
+            role = (
+                "mem_used" if "mem_used" not in seen else ("mem_total" if "mem_total" not in seen else None)
+            )
+        elif v.endswith(" W"):
+            role = "power"
+        elif v.endswith(" MHz"):
+            role = "sm_clock" if "sm_clock" not in seen else None
+        elif re.match(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d", v):
+            role = "bus"
+        elif v.startswith("GPU-"):
+            role = "uuid"
+        elif re.search(r"(nvidia|tesla|geforce|quadro|rtx|a100|h100)", v, re.I):
+            role = "name"
+        if role:
+            seen.add(role)
+        roles.append(role)
+    return roles
+
+
+def _number(value: str) -> float | None:
+    v = value.strip()
+    if not v or v.startswith("[") or v.upper() in ("N/A", "NA"):
+        return None  # [N/A], [Not Supported]
+    m = re.match(r"^(-?\d+(?:\.\d+)?)\s*(%|MiB|W|MHz|C)?$", v)
+    return float(m.group(1)) if m else None
+
+
+def _time(value: str) -> float | None:
+    v = value.strip()
+    for fmt in TIME_FORMATS:
+        try:
+            return datetime.strptime(v, fmt).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def read_smi(path: Path) -> SmiLog:
+    with open_binary(path) as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+        reader = csv.reader(text, skipinitialspace=True)
+        try:
+            first = next(reader)
+        except StopIteration:
+            raise IngestError(f"{path}: empty file") from None
+        except (EOFError, OSError, csv.Error) as exc:
+            raise IngestError(f"{path}: truncated or corrupt ({exc})") from None
+        header = any(h in ",".join(first).lower() for h in HEADER_HINTS)
+        roles = [_column_role(c) for c in first] if header else _infer_roles(first)
+        if "util" not in roles and "mem_used" not in roles:
+            why = (
+                "no header, and its values carry no units"
+                if not header
+                else "no utilization or memory column"
+            )
+            raise IngestError(
+                f"{path}: not an nvidia-smi log pitstop can read ({why}); log with "
+                "--query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv"
+            )
+        rows_iter = reader if header else itertools.chain([first], reader)
+        by_gpu: dict[str, GpuTimeline] = {}
+        order: dict[float, int] = defaultdict(int)
+        skipped = 0
+        times: list[float] = []
+        t0: float | None = None
+        try:
+            for row in rows_iter:
+                if not row or all(not c.strip() for c in row):
+                    continue
+                if len(row) != len(roles):
+                    skipped += 1
+                    continue
+                cells = {role: row[i] for i, role in enumerate(roles) if role}
+                t = _time(cells["time"]) if "time" in cells else None
+                if "time" in cells and t is None:
+                    skipped += 1
+                    continue
+                util = _number(cells.get("util", ""))
+                mem = _number(cells.get("mem_used", ""))
+                if util is None and mem is None:
+                    skipped += 1
+                    continue
+                key = (cells.get("index") or cells.get("bus") or cells.get("uuid") or "").strip()
+                if not key:
+                    slot = t if t is not None else -1.0
+                    key = f"#{order[slot]}" if t is not None else "#0"
+                    order[slot] += 1
+                timeline = by_gpu.setdefault(
+                    key, GpuTimeline(key=key, name=(cells.get("name") or "").strip() or None)
+                )
+                if t is not None:
+                    t0 = t if t0 is None else t0
+                    times.append(t)
+                total = _number(cells.get("mem_total", ""))
+                power = _number(cells.get("power", ""))
+                clock = _number(cells.get("sm_clock", ""))
+                timeline.samples.append(
+                    GpuSample(
+                        t=(t - t0) if (t is not None and t0 is not None) else float(len(timeline.samples)),
+                        util=util,
+                        mem_used=None if mem is None else int(mem * MIB),
+                        mem_total=None if total is None else int(total * MIB),
+                        power_w=power,
+                        sm_clock=clock,
+                    )
+                )
+        except (EOFError, OSError) as exc:
+            raise IngestError(f"{path}: truncated or corrupt ({exc})") from None
+        except csv.Error as exc:
+            raise IngestError(f"{path}: not CSV that pitstop can read ({exc})") from None
+    gpus = sorted(by_gpu.values(), key=lambda g: (len(g.key), g.key))
+    if not gpus:
+        why = (
+            f" ({skipped} did not match the header: a decimal-comma locale? log with LC_ALL=C)"
+            if skipped
+            else ""
+        )
+        raise IngestError(f"{path}: no readable rows{why}")
+    log = SmiLog(gpus=gpus, interval_s=_interval(times, len(gpus)), skipped_rows=skipped)
+    if skipped:
+        log.notes.append(
+            f"{path.name}: {skipped} rows skipped (did not match the columns; a decimal-comma locale?)"
+        )
+    return log
+
+
+def _interval(times: list[float], gpus: int) -> float | None:
+    distinct = sorted(set(times))
+    if len(distinct) < 2:
+        return None
+    gaps = sorted(b - a for a, b in itertools.pairwise(distinct))
+    return gaps[len(gaps) // 2]

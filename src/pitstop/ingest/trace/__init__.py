@@ -1,0 +1,76 @@
+"""PyTorch profiler (Kineto) traces into RankProfiles: per-step records plus TraceStats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pitstop.ingest.trace.events import TraceColumns, read_columns
+from pitstop.ingest.trace.overview import Overview, overview
+from pitstop.ingest.trace.stats import trace_stats
+from pitstop.ingest.trace.temporal import temporal
+from pitstop.profile import Environment, RankProfile, StepRecord
+
+
+def _environment(cols: TraceColumns) -> Environment:
+    env = Environment(framework=None, world_size=cols.world_size)
+    devices = np.frombuffer(cols.kernels.device, dtype=np.int64)
+    used = sorted(set(devices.tolist()) - {-1})
+    if used or cols.vendor:
+        env.device = "cuda"
+        name = cols.device_names.get(used[0]) if used else next(iter(cols.device_names.values()), None)
+        env.gpu_name = name
+        env.gpu_count = len(cols.device_names) or None
+    else:
+        env.device = "cpu"
+    if cols.matmul_dtypes:
+        top = cols.matmul_dtypes.most_common(1)[0][0]
+        env.param_dtype = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16"}.get(top)
+    if cols.gemm_us:  # what the GEMM kernels ran in says more than operator input types
+        shares = {"bf16": cols.gemm_low_us, "tf32": cols.gemm_tf32_us, "fp32": cols.gemm_fp32_us}
+        kind, time = max(shares.items(), key=lambda kv: kv[1])
+        if time >= 0.5 * cols.gemm_us:
+            if kind == "bf16":
+                env.autocast_dtype = env.autocast_dtype or "bf16"
+            else:
+                env.param_dtype = "fp32"
+                env.tf32 = kind == "tf32"
+    return env
+
+
+def _steps(view: Overview, cols: TraceColumns) -> list[StepRecord]:
+    records = []
+    dl = np.frombuffer(cols.dataloader.ts, dtype=np.float64)
+    for step, roles in zip(view.steps, view.role_us, strict=True):
+        records.append(
+            StepRecord(
+                index=step.number,
+                wall_s=step.duration / 1e6,
+                data_wait_s=roles["DataLoader"] / 1e6,
+                micro_batches=int(np.sum((dl >= step.start) & (dl < step.end))) or 0,
+            )
+        )
+    return records
+
+
+def load_trace(path: Path, fallback_rank: int = 0) -> RankProfile:
+    cols = read_columns(path)
+    view = overview(cols)
+    stats = trace_stats(cols, view)
+    hta = temporal(cols)
+    if hta is not None:
+        stats.temporal = {k: round(v, 4) for k, v in hta.shares().items()}
+        stats.idle_split = {k: round(float(v), 4) for k, v in hta.idle_split().items()}
+    env = _environment(cols)
+    stats.device_name = env.gpu_name
+    rank = RankProfile(
+        rank=cols.rank if cols.rank is not None else fallback_rank,
+        warmup_steps=0,
+        steps=_steps(view, cols),
+        environment=env,
+        trace=stats,
+    )
+    if not view.aligned and view.steps and len(cols.kernels):
+        stats.limitations.append("steps could not be aligned to the GPU (no runtime call matched a kernel)")
+    return rank

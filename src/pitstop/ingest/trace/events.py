@@ -1,0 +1,334 @@
+"""Streaming a Kineto trace into compact columns, one pass, without holding the JSON tree.
+
+Events are read one by one (ijson over a gzip or plain stream) and only what the analyses need is kept:
+start / end times in flat float arrays per kind (GPU kernels, memcpy, memset, CUDA runtime calls,
+DataLoader spans, CPU operators), a few integers (stream, device, correlation id), and counters that can be
+taken on the fly (operator names that reveal the attention path, matmul input dtypes). Every later step
+works on these columns; a 1 GB trace costs tens of MB, not tens of GB.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from array import array
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pitstop.ingest.errors import IngestError
+from pitstop.ingest.readers import head, open_binary
+
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+DATALOADER_PREFIX = "enumerate(DataLoader)"
+SYNC_RUNTIME = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "hipStreamSynchronize",
+    "hipDeviceSynchronize",
+    "hipEventSynchronize",
+)
+SYNC_OPS = (
+    "aten::_local_scalar_dense",
+)  # what .item() / .tolist() / bool(tensor) run; it copies to the host
+LAUNCH_NAMES = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "hipLaunchKernel",
+    "hipExtLaunchKernel",
+    "hipModuleLaunchKernel",
+    "hipExtModuleLaunchKernel",
+    "cudaLaunchCooperativeKernel",
+)
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
+ATTENTION_OPS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_flash_attention_forward": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "mem_efficient",
+    "aten::_efficient_attention_forward": "mem_efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash_cpu",
+}
+KERNEL_CATS = ("kernel",)
+MEMCPY_CATS = ("gpu_memcpy", "memcpy")
+MEMSET_CATS = ("gpu_memset", "memset")
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "runtime")
+CPU_OP_CATS = ("cpu_op", "operator", "python")
+COMM_OP_NAMES = frozenset(
+    f"{lib}:{op}"
+    for lib in ("nccl", "gloo")
+    for op in ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter")
+)
+
+
+def _floats() -> array:
+    return array("d")
+
+
+def _ints() -> array:
+    return array("q")
+
+
+@dataclass
+class Columns:
+    ts: array = field(default_factory=_floats)
+    end: array = field(default_factory=_floats)
+
+    def add(self, ts: float, dur: float) -> None:
+        self.ts.append(ts)
+        self.end.append(ts + dur)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+@dataclass
+class GpuColumns(Columns):
+    stream: array = field(default_factory=_ints)
+    device: array = field(default_factory=_ints)
+    correlation: array = field(default_factory=_ints)
+    external: array = field(default_factory=_ints)
+    code: array = field(default_factory=_ints)  # kernel class / memcpy kind code, see the constants below
+
+
+@dataclass
+class RuntimeColumns(Columns):
+    correlation: array = field(default_factory=_ints)
+    tid: array = field(default_factory=_ints)
+    sync: array = field(default_factory=_ints)  # 1 for blocking synchronizations
+    launch: array = field(default_factory=_ints)  # 1 for kernel launches
+    driver: array = field(
+        default_factory=_ints
+    )  # 1 for cuda_driver events (the TensorBoard plugin ignores them)
+
+
+# kernel classes, as Holistic Trace Analysis names them (hta/utils/utils.py get_kernel_type)
+COMPUTE, COMMUNICATION, MEMORY_KERNEL, OTHER_KERNEL = 0, 1, 2, 3
+# memcpy kinds
+H2D_PAGEABLE, H2D_PINNED, D2H, D2D, OTHER_COPY = 0, 1, 2, 3, 4
+
+
+@dataclass
+class TraceColumns:
+    path: Path
+    rank: int | None = None
+    world_size: int | None = None
+    device_names: dict[int, str] = field(default_factory=dict)
+    steps: list[tuple[int, float, float]] = field(default_factory=list)  # (N, start, end) of ProfilerStep#N
+    kernels: GpuColumns = field(default_factory=GpuColumns)
+    memcpy: GpuColumns = field(default_factory=GpuColumns)
+    memset: GpuColumns = field(default_factory=GpuColumns)
+    runtime: RuntimeColumns = field(default_factory=RuntimeColumns)
+    dataloader: Columns = field(default_factory=Columns)
+    dataloader_names: Counter[str] = field(default_factory=Counter)
+    cpu_ops: Columns = field(default_factory=Columns)  # cpu_op / operator / python (the plugin's "CPU Exec")
+    annotations: Columns = field(default_factory=Columns)  # user annotations other than steps and NCCL
+    comm_ops: Columns = field(default_factory=Columns)  # CPU-side nccl:* / gloo:* operators
+    comm_externals: set[int] = field(default_factory=set)  # their external ids: kernels launched under them
+    gpu_other: GpuColumns = field(default_factory=GpuColumns)  # other events on a GPU stream (cuda_sync, ...)
+    sync_ops: Columns = field(default_factory=Columns)
+    memcpy_bytes: array = field(default_factory=_floats)
+    matmul_dtypes: Counter[str] = field(default_factory=Counter)
+    attention_ops: Counter[str] = field(default_factory=Counter)
+    softmax_ops: int = 0
+    bmm_ops: int = 0
+    gemm_fp32_us: float = 0.0
+    gemm_tf32_us: float = 0.0
+    gemm_low_us: float = 0.0
+    gemm_us: float = 0.0
+    events: int = 0
+    bad_events: int = 0
+    negative_durations: int = 0
+    categories: Counter[str] = field(default_factory=Counter)
+    vendor: str | None = None
+
+
+_COMM_KERNEL = re.compile(r"^(nccl|rccl).*Kernel", re.I)
+_MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|dma)")
+
+
+def _kernel_class(name: str) -> int:
+    """Communication (NCCL/RCCL kernels), memory, compute; names mentioning Memcpy or Sync are 'other'."""
+    if _COMM_KERNEL.match(name):
+        return COMMUNICATION
+    if _MEMORY_KERNEL.match(name):
+        return MEMORY_KERNEL
+    if "Memcpy" in name or "Sync" in name:
+        return OTHER_KERNEL
+    return COMPUTE
+
+
+def _copy_kind(name: str) -> int:
+    if "HtoD" in name or "HostToDevice" in name:
+        return H2D_PAGEABLE if "Pageable" in name else H2D_PINNED
+    if "DtoH" in name or "DeviceToHost" in name:
+        return D2H
+    if "DtoD" in name or "DeviceToDevice" in name:
+        return D2D
+    return OTHER_COPY
+
+
+# GEMM kernels (cuBLAS, CUTLASS, rocBLAS/Tensile "Cijk_...") by the precision they run in:
+# bf16/fp16 tensor cores, TF32 tensor cores ("tf32", Ampere's "s1688gemm"), or plain fp32 (SIMT "sgemm",
+# Tensile's single-precision "_SB_" / "_S_" type code)
+GEMM = re.compile(r"(?<!fb)gemm|gemv|matmul|cutlass|cublas|wgmma|xmma|^Cijk_", re.I)  # not fbgemm's permutes
+LOW_PRECISION_GEMM = re.compile(r"bf16|fp16|f16|h1688|h16816|h884|hmma|_HB_|_BB|_HH", re.I)
+TF32_GEMM = re.compile(r"tf32|s1688gemm|tensorop_s1688|s16816gemm", re.I)
+FP32_GEMM = re.compile(
+    r"(^|_)sgemm|_f32f32_f32|gemv2T_kernel_val<int, int, float|^Cijk_[A-Za-z]+_[A-Za-z]+_S[B_]", re.I
+)
+
+
+def _head_metadata(path: Path, columns: TraceColumns) -> None:
+    """Rank and device names, from the small objects Kineto writes before the event list."""
+    import json
+
+    text = head(path, 1 << 20).decode("utf-8", errors="replace")
+    m = re.search(r'"distributedInfo"\s*:\s*(\{[^{}]*\})', text)
+    if m:
+        try:
+            info = json.loads(m.group(1))
+            columns.rank = int(info["rank"]) if "rank" in info else None
+            columns.world_size = int(info["world_size"]) if "world_size" in info else None
+        except (ValueError, TypeError, KeyError):
+            pass
+    for dev in re.finditer(r'"id"\s*:\s*(\d+)\s*,\s*"name"\s*:\s*"([^"]*)"', text):
+        columns.device_names[int(dev.group(1))] = dev.group(2)
+
+
+def _num(value: Any) -> float:
+    if isinstance(value, int | float):
+        return float(value)
+    return float(value)  # strings of numbers (some exporters quote them); raises ValueError otherwise
+
+
+def _int(value: Any, default: int = -1) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def iter_events(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        import ijson
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise IngestError("reading traces needs ijson: pip install ijson") from exc
+    stream = open_binary(path)
+    try:
+        yield from ijson.items(stream, "traceEvents.item", use_float=True)
+    except ijson.JSONError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise IngestError(f"{path}: invalid JSON in the trace ({first})") from None
+    except (EOFError, zlib.error) as exc:
+        raise IngestError(f"{path}: truncated or corrupt gzip ({exc})") from None
+    finally:
+        stream.close()
+
+
+def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: dict[str, Any], code: int) -> None:
+    cols.add(ts, dur)
+    cols.stream.append(_int(args.get("stream")))
+    cols.device.append(_int(args.get("device")))
+    cols.correlation.append(_int(args.get("correlation")))
+    cols.external.append(_int(args.get("External id", args.get("external id"))))
+    cols.code.append(code)
+
+
+def read_columns(path: Path) -> TraceColumns:
+    """One streaming pass over a Kineto trace."""
+    cols = TraceColumns(path=path)
+    _head_metadata(path, cols)
+    kernels, memcpy, memset, runtime = cols.kernels, cols.memcpy, cols.memset, cols.runtime
+    for ev in iter_events(path):
+        cols.events += 1
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        try:
+            ts = _num(ev["ts"])
+            dur = _num(ev.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            cols.bad_events += 1
+            continue
+        if dur < 0:
+            cols.negative_durations += 1
+            continue
+        cat = str(ev.get("cat", "")).lower()
+        name = str(ev.get("name", ""))
+        cols.categories[cat] += 1
+        args = ev.get("args") or {}
+        if not isinstance(args, dict):
+            args = {}
+        if cat in KERNEL_CATS:
+            _add_gpu(kernels, ts, dur, args, _kernel_class(name))
+            if GEMM.search(name):
+                cols.gemm_us += dur
+                if LOW_PRECISION_GEMM.search(name):
+                    cols.gemm_low_us += dur
+                elif TF32_GEMM.search(name):
+                    cols.gemm_tf32_us += dur
+                elif FP32_GEMM.search(name):
+                    cols.gemm_fp32_us += dur
+        elif cat in MEMCPY_CATS:
+            _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
+            size = args.get("bytes")
+            cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
+        elif cat in MEMSET_CATS:
+            _add_gpu(memset, ts, dur, args, 0)
+        elif cat in RUNTIME_CATS:
+            runtime.add(ts, dur)
+            runtime.correlation.append(_int(args.get("correlation")))
+            runtime.tid.append(_int(ev.get("tid")))
+            runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
+            runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
+            runtime.driver.append(1 if cat == "cuda_driver" else 0)
+            if cols.vendor is None and name.startswith(("cuda", "cu")):
+                cols.vendor = "nvidia"
+            elif cols.vendor is None and name.startswith("hip"):
+                cols.vendor = "amd"
+        elif cat.startswith("gpu_"):
+            continue  # GPU-side copies of CPU annotations (gpu_user_annotation): the CPU ones count
+        elif (
+            "stream" in args and cat not in CPU_OP_CATS and cat not in ("user_annotation", "python_function")
+        ):
+            _add_gpu(cols.gpu_other, ts, dur, args, 0)  # e.g. cuda_sync "Stream Wait Event" on a stream
+        else:
+            step = STEP_NAME.match(name)
+            if step:
+                cols.steps.append((int(step.group(1)), ts, ts + dur))
+                continue
+            if name.startswith(DATALOADER_PREFIX) or name.startswith("enumerate(DataPipe)#"):
+                cols.dataloader_names[name] += 1
+                if name.endswith(".__next__") or name.startswith("enumerate(DataPipe)#"):
+                    cols.dataloader.add(ts, dur)  # the batch fetch itself (iterator creation is not a wait)
+                continue
+            if name in COMM_OP_NAMES:
+                cols.comm_ops.add(ts, dur)
+                external = _int(args.get("External id", args.get("external id")))
+                if external >= 0:
+                    cols.comm_externals.add(external)
+                continue
+            if cat == "user_annotation":
+                cols.annotations.add(ts, dur)
+                continue
+            if cat in CPU_OP_CATS:
+                cols.cpu_ops.add(ts, dur)
+                if name in SYNC_OPS:
+                    cols.sync_ops.add(ts, dur)
+                elif name in ATTENTION_OPS:
+                    cols.attention_ops[ATTENTION_OPS[name]] += 1
+                elif name in MATMUL_OPS:
+                    types = args.get("Input type")
+                    if isinstance(types, list) and types:
+                        cols.matmul_dtypes[str(types[0])] += 1
+                elif name in ("aten::softmax", "aten::_softmax"):
+                    cols.softmax_ops += 1
+                if name in ("aten::bmm", "aten::baddbmm"):
+                    cols.bmm_ops += 1
+    return cols

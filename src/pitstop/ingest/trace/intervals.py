@@ -1,0 +1,63 @@
+"""Interval arithmetic on sorted numpy arrays: unions, lengths, coverage of points, clipping to windows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+Array = Any  # numpy.ndarray of float64
+
+
+def union(starts: Array, ends: Array) -> tuple[Array, Array]:
+    """Merged, sorted, disjoint intervals; touching intervals merge (next.start <= current end)."""
+    starts = np.asarray(starts, dtype=np.float64)
+    ends = np.asarray(ends, dtype=np.float64)
+    if starts.size == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    group = np.cumsum(new) - 1
+    merged_s = s[new]
+    merged_e = np.zeros(merged_s.size)
+    np.maximum.at(merged_e, group, reach)
+    merged_e = np.maximum(merged_e, merged_s)
+    return merged_s, merged_e
+
+
+def length(starts: Array, ends: Array) -> float:
+    return float(np.sum(ends - starts)) if starts.size else 0.0
+
+
+def covers(starts: Array, ends: Array, points: Array) -> Array:
+    """Which points lie strictly inside the (disjoint, sorted) intervals."""
+    if starts.size == 0:
+        return np.zeros(points.size, dtype=bool)
+    idx = np.searchsorted(starts, points, side="right") - 1
+    inside = idx >= 0
+    safe = np.where(inside, idx, 0)
+    return inside & (points < ends[safe]) & (points > starts[safe])
+
+
+def clip_length(starts: Array, ends: Array, lo: float, hi: float) -> float:
+    """Length of the (disjoint) intervals inside [lo, hi]."""
+    if starts.size == 0 or hi <= lo:
+        return 0.0
+    s = np.clip(starts, lo, hi)
+    e = np.clip(ends, lo, hi)
+    return float(np.sum(np.maximum(e - s, 0.0)))
+
+
+def intersection_length(a: tuple[Array, Array], b: tuple[Array, Array]) -> float:
+    """Length of the overlap of two disjoint interval sets."""
+    (a_s, a_e), (b_s, b_e) = a, b
+    if a_s.size == 0 or b_s.size == 0:
+        return 0.0
+    points = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    mids = (points[:-1] + points[1:]) / 2
+    both = covers(a_s, a_e, mids) & covers(b_s, b_e, mids)
+    return float(np.sum(np.diff(points)[both]))

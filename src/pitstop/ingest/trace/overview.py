@@ -1,0 +1,212 @@
+"""The step-time breakdown of the PyTorch profiler's TensorBoard plugin ("Overview"), recomputed.
+
+Same categories and semantics, so the numbers can be compared with what users see there:
+
+* roles: Kernel, Memcpy, Memset, Communication (kernels launched under an ``nccl:*`` / ``gloo:*`` operator,
+  plus those operators' CPU time), Runtime (CUDA runtime calls), DataLoader (``enumerate(DataLoader)#...
+  .__next__``), CPU Exec (operators and user annotations), Other (the rest of the step);
+* each role is the union of its intervals across devices, streams and threads; a moment of a step counts
+  for the first role that covers it, in that order;
+* steps are the ``ProfilerStep#N`` spans, aligned to the GPU: a step starts where the previous one ended
+  and ends no earlier than the last GPU operation its CUDA runtime calls launched; trailing steps without
+  GPU work are dropped;
+* GPU utilization: per device, the union of its kernels inside [first step start, last step end] over that
+  span.
+
+Deliberate differences from plugin 0.4.3, documented in the README: ``cuda_runtime`` events count as
+Runtime (0.4.3 predates that category name and would report 0 and skip GPU alignment on current traces;
+its main branch maps it), and an overlap is resolved by priority even when one role covers a whole step
+(0.4.3 then restarts from the next role unclipped and can exceed 100%).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pitstop.ingest.trace.events import COMMUNICATION, TraceColumns
+from pitstop.ingest.trace.intervals import covers, union
+
+ROLES = ("Kernel", "Memcpy", "Memset", "Communication", "Runtime", "DataLoader", "CPU Exec")
+
+
+@dataclass
+class Step:
+    number: int
+    start: float
+    end: float
+    device_ops: int = 0
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Overview:
+    steps: list[Step]
+    role_us: list[dict[str, float]]  # per step, every role and "Other"
+    gpu_util: dict[int, float] = field(default_factory=dict)
+    aligned: bool = False
+
+    @property
+    def mean_step_us(self) -> float:
+        return float(np.mean([s.duration for s in self.steps])) if self.steps else 0.0
+
+    def mean_role_us(self) -> dict[str, float]:
+        if not self.role_us:
+            return {}
+        return {role: float(np.mean([r[role] for r in self.role_us])) for role in (*ROLES, "Other")}
+
+    def shares(self) -> dict[str, float]:
+        """Each role's mean time as a share of the mean step time (the plugin's percentages / 100)."""
+        total = self.mean_step_us
+        return {k: (v / total if total else 0.0) for k, v in self.mean_role_us().items()}
+
+
+def _device_ops(cols: TraceColumns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All device operations (kernels, copies, sets): start, end, correlation."""
+    parts = [cols.kernels, cols.memcpy, cols.memset]
+    ts = np.concatenate([np.frombuffer(p.ts, dtype=np.float64) for p in parts])
+    end = np.concatenate([np.frombuffer(p.end, dtype=np.float64) for p in parts])
+    corr = np.concatenate([np.frombuffer(p.correlation, dtype=np.int64) for p in parts])
+    return ts, end, corr
+
+
+def host_steps(cols: TraceColumns) -> list[Step]:
+    """ProfilerStep spans in time order; a step number seen twice keeps its first span."""
+    seen: set[int] = set()
+    steps = []
+    for number, start, end in sorted(cols.steps, key=lambda s: s[1]):
+        if number in seen:
+            continue
+        seen.add(number)
+        steps.append(Step(number, start, end))
+    return steps
+
+
+def align_steps(cols: TraceColumns, steps: list[Step]) -> tuple[list[Step], bool]:
+    """Stretch steps to the GPU work their runtime calls launched (see the module docstring)."""
+    if not steps:
+        return steps, False
+    rt_mask = np.frombuffer(cols.runtime.driver, dtype=np.int64) == 0
+    rt_ts = np.frombuffer(cols.runtime.ts, dtype=np.float64)[rt_mask]
+    rt_end = np.frombuffer(cols.runtime.end, dtype=np.float64)[rt_mask]
+    rt_corr = np.frombuffer(cols.runtime.correlation, dtype=np.int64)[rt_mask]
+    dev_ts, dev_end, dev_corr = _device_ops(cols)
+    hs = np.array([s.start for s in steps])
+    he = np.array([s.end for s in steps])
+    # a runtime call belongs to the step whose host window contains it entirely
+    idx = np.searchsorted(hs, rt_ts, side="right") - 1
+    inside = (idx >= 0) & (rt_end <= he[np.clip(idx, 0, None)])
+    step_of_corr: dict[int, int] = {}
+    for c, i in zip(rt_corr[inside].tolist(), idx[inside].tolist(), strict=True):
+        if c >= 0:
+            step_of_corr.setdefault(c, i)
+    n = len(steps)
+    dev_min = np.full(n, np.inf)
+    dev_max = np.full(n, -np.inf)
+    count = np.zeros(n, dtype=np.int64)
+    matched = np.zeros(dev_ts.size, dtype=bool)
+    for j, c in enumerate(dev_corr.tolist()):
+        i = step_of_corr.get(c)
+        if i is None:
+            continue
+        matched[j] = True
+        count[i] += 1
+        dev_min[i] = min(dev_min[i], dev_ts[j])
+        dev_max[i] = max(dev_max[i], dev_end[j])
+    if not matched.any():
+        return steps, False
+    prev_end = steps[0].start
+    if count[0] > 0:
+        earlier = (~matched) & (dev_end < dev_min[0])
+        if earlier.any():
+            prev_end = max(prev_end, float(dev_end[earlier].max()))
+    aligned = []
+    for i, step in enumerate(steps):
+        start = max(prev_end, step.start)
+        end = max(step.end, start) if count[i] == 0 else max(step.end, float(dev_max[i]), start)
+        aligned.append(Step(step.number, start, end, int(count[i])))
+        prev_end = end
+    last = int(np.nonzero(count)[0].max())
+    keep = last + 1
+    if last > 0 and count[last - 1] * 0.8 > count[last]:
+        keep = last
+    return aligned[:keep], True
+
+
+def _role_intervals(cols: TraceColumns) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    k = cols.kernels
+    k_ts, k_end = np.frombuffer(k.ts, dtype=np.float64), np.frombuffer(k.end, dtype=np.float64)
+    externals = np.frombuffer(k.external, dtype=np.int64)
+    comm_kernel = (
+        np.isin(externals, np.fromiter(cols.comm_externals, dtype=np.int64))
+        if cols.comm_externals
+        else (np.zeros(k_ts.size, dtype=bool))
+    )
+    rt_mask = np.frombuffer(cols.runtime.driver, dtype=np.int64) == 0
+
+    def cols_of(c: object, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        ts = np.frombuffer(c.ts, dtype=np.float64)  # type: ignore[attr-defined]
+        end = np.frombuffer(c.end, dtype=np.float64)  # type: ignore[attr-defined]
+        return (ts, end) if mask is None else (ts[mask], end[mask])
+
+    comm_cpu = cols_of(cols.comm_ops)
+    return {
+        "Kernel": union(k_ts[~comm_kernel], k_end[~comm_kernel]),
+        "Memcpy": union(*cols_of(cols.memcpy)),
+        "Memset": union(*cols_of(cols.memset)),
+        "Communication": union(
+            np.concatenate([k_ts[comm_kernel], comm_cpu[0]]),
+            np.concatenate([k_end[comm_kernel], comm_cpu[1]]),
+        ),
+        "Runtime": union(*cols_of(cols.runtime, rt_mask)),
+        "DataLoader": union(*cols_of(cols.dataloader)),
+        "CPU Exec": union(
+            np.concatenate([np.frombuffer(cols.cpu_ops.ts), np.frombuffer(cols.annotations.ts)]),
+            np.concatenate([np.frombuffer(cols.cpu_ops.end), np.frombuffer(cols.annotations.end)]),
+        ),
+    }
+
+
+def overview(cols: TraceColumns) -> Overview:
+    steps, aligned = align_steps(cols, host_steps(cols))
+    if not steps:
+        return Overview(steps=[], role_us=[], aligned=False)
+    roles = _role_intervals(cols)
+    bounds = [np.array([s.start for s in steps]), np.array([s.end for s in steps])]
+    points = np.unique(np.concatenate([*bounds, *(a for pair in roles.values() for a in pair)]))
+    lo, hi = steps[0].start, steps[-1].end
+    points = points[(points >= lo) & (points <= hi)]
+    mids = (points[:-1] + points[1:]) / 2
+    widths = np.diff(points)
+    owner = np.full(mids.size, len(ROLES), dtype=np.int64)  # "Other" unless a role covers the moment
+    for r, role in enumerate(ROLES):
+        free = owner == len(ROLES)
+        hit = covers(*roles[role], mids[free])
+        owner[np.nonzero(free)[0][hit]] = r
+    step_idx = np.searchsorted(bounds[0], mids, side="right") - 1
+    in_step = (step_idx >= 0) & (mids < bounds[1][np.clip(step_idx, 0, None)])
+    per_step = np.zeros((len(steps), len(ROLES) + 1))
+    np.add.at(per_step, (step_idx[in_step], owner[in_step]), widths[in_step])
+    role_us = [dict(zip((*ROLES, "Other"), row.tolist(), strict=True)) for row in per_step]
+    return Overview(steps=steps, role_us=role_us, gpu_util=_gpu_util(cols, lo, hi), aligned=aligned)
+
+
+def _gpu_util(cols: TraceColumns, lo: float, hi: float) -> dict[int, float]:
+    k = cols.kernels
+    ts, end = np.frombuffer(k.ts, dtype=np.float64), np.frombuffer(k.end, dtype=np.float64)
+    devices = np.frombuffer(k.device, dtype=np.int64)
+    util = {}
+    for device in sorted(set(devices.tolist()) - {-1}):
+        s, e = union(ts[devices == device], end[devices == device])
+        busy = float(np.sum(np.maximum(np.minimum(e, hi) - np.maximum(s, lo), 0.0)))
+        util[int(device)] = busy / (hi - lo) if hi > lo else 0.0
+    return util
+
+
+def kernel_class_share(cols: TraceColumns) -> float:
+    codes = np.frombuffer(cols.kernels.code, dtype=np.int64)
+    return float(np.mean(codes == COMMUNICATION)) if codes.size else 0.0

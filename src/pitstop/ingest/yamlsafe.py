@@ -1,0 +1,53 @@
+"""YAML for configs, without surprises: safe tags only, and no "billion laughs".
+
+PyYAML keeps an alias as a reference to the anchored node, so loading an alias bomb is cheap, but walking
+the result is not. The document's *expanded* size is therefore counted on the node graph first (memoized,
+so the count itself stays linear) and a document that would expand past a bound is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pitstop.ingest.errors import IngestError
+
+MAX_EXPANDED_NODES = 200_000
+
+
+def _expanded_size(node: Any, memo: dict[int, int]) -> int:
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # a cycle counts once rather than recursing forever
+    value = node.value
+    size = 1
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, tuple):  # a mapping's (key, value) pair
+                size += _expanded_size(item[0], memo) + _expanded_size(item[1], memo)
+            else:
+                size += _expanded_size(item, memo)
+            if size > MAX_EXPANDED_NODES:
+                break
+    memo[key] = size
+    return size
+
+
+def load_yaml(text: str, name: str) -> Any:
+    try:
+        import yaml
+    except ImportError as exc:  # pragma: no cover - pyyaml is a dependency
+        raise IngestError("reading YAML needs pyyaml: pip install pyyaml") from exc
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None and _expanded_size(node, {}) > MAX_EXPANDED_NODES:
+            raise IngestError(f"{name}: YAML that expands past {MAX_EXPANDED_NODES:,} nodes (an alias bomb?)")
+        return yaml.safe_load(text)
+    except IngestError:
+        raise
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise IngestError(f"{name}: not valid YAML{where}") from None
+    except RecursionError:
+        raise IngestError(f"{name}: YAML nested too deeply") from None
