@@ -19,9 +19,10 @@ PICKLE_START = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 ZIP_START = b"PK\x03\x04"
 
 
-def expand(paths: list[Path]) -> list[Path]:
-    """Files named directly, plus the files inside named folders (sorted; hidden files skipped)."""
-    files: list[Path] = []
+def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
+    """(file, found in a folder) for files named directly and the files inside named folders (sorted; hidden
+    files skipped). A file found in a folder that is not an artifact is skipped, not an error."""
+    files: list[tuple[Path, bool]] = []
     for path in paths:
         if path.is_dir():
             inside = sorted(
@@ -31,9 +32,9 @@ def expand(paths: list[Path]) -> list[Path]:
             )
             if not inside:
                 raise IngestError(f"{path}: an empty folder")
-            files += inside
+            files += [(p, True) for p in inside]
         elif path.is_file():
-            files.append(path)
+            files.append((path, False))
         else:
             raise IngestError(f"{path}: no such file or folder")
     return files

@@ -38,14 +38,21 @@ def _merge_totals(a: RunTotals | None, b: RunTotals) -> RunTotals:
 
 
 def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None) -> RunProfile:
-    files = expand(inputs.paths)
+    found = expand(inputs.paths)
+    files = [path for path, _ in found]
     env = Environment()
     notes: list[str] = []
     trace_ranks: list[RankProfile] = []
     gpu_ranks: list[RankProfile] = []
     totals: RunTotals | None = None
-    for path in files:
-        kind, data = sniff(path)
+    for path, in_folder in found:
+        try:
+            kind, data = sniff(path)
+        except IngestError as exc:
+            if not in_folder:
+                raise
+            notes.append(f"skipped {path.name} ({str(exc).removeprefix(str(path) + ': ')})")
+            continue
         inputs.kinds[str(path)] = kind
         if on_file is not None:
             on_file(path, kind)

@@ -241,40 +241,80 @@ def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: dict[str, Any], code
     cols.code.append(code)
 
 
+# what a CPU-side operator name means to the analyses (most names mean nothing and cost one dict miss)
+_OP_SYNC, _OP_ATTENTION, _OP_MATMUL, _OP_SOFTMAX, _OP_BMM = range(5)
+_OP_ROLES: dict[str, int] = {name: _OP_SYNC for name in SYNC_OPS}
+_OP_ROLES.update({name: _OP_ATTENTION for name in ATTENTION_OPS})
+_OP_ROLES.update({name: _OP_MATMUL for name in MATMUL_OPS})
+_OP_ROLES.update({"aten::softmax": _OP_SOFTMAX, "aten::_softmax": _OP_SOFTMAX})
+_OP_ROLES.update({"aten::bmm": _OP_BMM, "aten::baddbmm": _OP_BMM})
+_GEMM_KINDS = ("low", "tf32", "fp32", "other")
+
+
+def _kernel_info(name: str) -> tuple[int, str | None]:
+    """(kernel class, GEMM precision or None), computed once per distinct kernel name."""
+    gemm = None
+    if GEMM.search(name):
+        if LOW_PRECISION_GEMM.search(name):
+            gemm = "low"
+        elif TF32_GEMM.search(name):
+            gemm = "tf32"
+        elif FP32_GEMM.search(name):
+            gemm = "fp32"
+        else:
+            gemm = "other"
+    return _kernel_class(name), gemm
+
+
 def read_columns(path: Path) -> TraceColumns:
-    """One streaming pass over a Kineto trace."""
+    """One streaming pass over a Kineto trace.
+
+    The loop is the hot path of ``pitstop analyze`` (millions of events): per-name facts are cached, and
+    numbers that already are floats skip conversion.
+    """
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
     kernels, memcpy, memset, runtime = cols.kernels, cols.memcpy, cols.memset, cols.runtime
+    kernel_cache: dict[str, tuple[int, str | None]] = {}
+    gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
+    categories: dict[str, int] = {}
+    cat_cache: dict[object, str] = {}
+    n_events = 0
     for ev in iter_events(path):
-        cols.events += 1
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
+        n_events += 1
+        if type(ev) is not dict or ev.get("ph") != "X":
             continue
         try:
-            ts = _num(ev["ts"])
-            dur = _num(ev.get("dur", 0.0))
+            ts = ev["ts"]
+            if type(ts) is not float and type(ts) is not int:
+                ts = _num(ts)
+            dur = ev.get("dur", 0.0)
+            if type(dur) is not float and type(dur) is not int:
+                dur = _num(dur)
         except (KeyError, TypeError, ValueError):
             cols.bad_events += 1
             continue
         if dur < 0:
             cols.negative_durations += 1
             continue
-        cat = str(ev.get("cat", "")).lower()
-        name = str(ev.get("name", ""))
-        cols.categories[cat] += 1
-        args = ev.get("args") or {}
-        if not isinstance(args, dict):
+        raw_cat = ev.get("cat", "")
+        cat = cat_cache.get(raw_cat)
+        if cat is None:
+            cat = cat_cache[raw_cat] = str(raw_cat).lower()
+        categories[cat] = categories.get(cat, 0) + 1
+        name = ev.get("name", "")
+        if type(name) is not str:
+            name = str(name)
+        args = ev.get("args")
+        if type(args) is not dict:
             args = {}
-        if cat in KERNEL_CATS:
-            _add_gpu(kernels, ts, dur, args, _kernel_class(name))
-            if GEMM.search(name):
-                cols.gemm_us += dur
-                if LOW_PRECISION_GEMM.search(name):
-                    cols.gemm_low_us += dur
-                elif TF32_GEMM.search(name):
-                    cols.gemm_tf32_us += dur
-                elif FP32_GEMM.search(name):
-                    cols.gemm_fp32_us += dur
+        if cat == "kernel":
+            info = kernel_cache.get(name)
+            if info is None:
+                info = kernel_cache[name] = _kernel_info(name)
+            _add_gpu(kernels, ts, dur, args, info[0])
+            if info[1] is not None:
+                gemm_time[info[1]] += dur
         elif cat in MEMCPY_CATS:
             _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
             size = args.get("bytes")
@@ -288,47 +328,60 @@ def read_columns(path: Path) -> TraceColumns:
             runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
             runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
             runtime.driver.append(1 if cat == "cuda_driver" else 0)
-            if cols.vendor is None and name.startswith(("cuda", "cu")):
-                cols.vendor = "nvidia"
-            elif cols.vendor is None and name.startswith("hip"):
-                cols.vendor = "amd"
+            if cols.vendor is None:
+                cols.vendor = "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
         elif cat.startswith("gpu_"):
             continue  # GPU-side copies of CPU annotations (gpu_user_annotation): the CPU ones count
         elif (
             "stream" in args and cat not in CPU_OP_CATS and cat not in ("user_annotation", "python_function")
         ):
             _add_gpu(cols.gpu_other, ts, dur, args, 0)  # e.g. cuda_sync "Stream Wait Event" on a stream
-        else:
-            step = STEP_NAME.match(name)
-            if step:
-                cols.steps.append((int(step.group(1)), ts, ts + dur))
-                continue
-            if name.startswith(DATALOADER_PREFIX) or name.startswith("enumerate(DataPipe)#"):
-                cols.dataloader_names[name] += 1
-                if name.endswith(".__next__") or name.startswith("enumerate(DataPipe)#"):
-                    cols.dataloader.add(ts, dur)  # the batch fetch itself (iterator creation is not a wait)
-                continue
-            if name in COMM_OP_NAMES:
-                cols.comm_ops.add(ts, dur)
-                external = _int(args.get("External id", args.get("external id")))
-                if external >= 0:
-                    cols.comm_externals.add(external)
-                continue
-            if cat == "user_annotation":
-                cols.annotations.add(ts, dur)
-                continue
-            if cat in CPU_OP_CATS:
-                cols.cpu_ops.add(ts, dur)
-                if name in SYNC_OPS:
-                    cols.sync_ops.add(ts, dur)
-                elif name in ATTENTION_OPS:
-                    cols.attention_ops[ATTENTION_OPS[name]] += 1
-                elif name in MATMUL_OPS:
-                    types = args.get("Input type")
-                    if isinstance(types, list) and types:
-                        cols.matmul_dtypes[str(types[0])] += 1
-                elif name in ("aten::softmax", "aten::_softmax"):
-                    cols.softmax_ops += 1
-                if name in ("aten::bmm", "aten::baddbmm"):
-                    cols.bmm_ops += 1
+        elif cat in CPU_OP_CATS or cat == "user_annotation":
+            _cpu_event(cols, cat, name, ts, dur, args)
+    cols.events = n_events
+    cols.categories.update(categories)
+    cols.gemm_us = sum(gemm_time.values())
+    cols.gemm_low_us, cols.gemm_tf32_us, cols.gemm_fp32_us = (
+        gemm_time["low"],
+        gemm_time["tf32"],
+        gemm_time["fp32"],
+    )
     return cols
+
+
+def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
+    if name.startswith("ProfilerStep#"):
+        step = STEP_NAME.match(name)
+        if step:
+            cols.steps.append((int(step.group(1)), ts, ts + dur))
+            return
+    if name.startswith(("enumerate(DataLoader)", "enumerate(DataPipe)#")):
+        cols.dataloader_names[name] += 1
+        if name.endswith(".__next__") or name.startswith("enumerate(DataPipe)#"):
+            cols.dataloader.add(ts, dur)  # the batch fetch itself (iterator creation is not a wait)
+        return
+    if name in COMM_OP_NAMES:
+        cols.comm_ops.add(ts, dur)
+        external = _int(args.get("External id", args.get("external id")))
+        if external >= 0:
+            cols.comm_externals.add(external)
+        return
+    if cat == "user_annotation":
+        cols.annotations.add(ts, dur)
+        return
+    cols.cpu_ops.add(ts, dur)
+    role = _OP_ROLES.get(name)
+    if role is None:
+        return
+    if role == _OP_SYNC:
+        cols.sync_ops.add(ts, dur)
+    elif role == _OP_ATTENTION:
+        cols.attention_ops[ATTENTION_OPS[name]] += 1
+    elif role == _OP_MATMUL:
+        types = args.get("Input type")
+        if isinstance(types, list) and types:
+            cols.matmul_dtypes[str(types[0])] += 1
+    elif role == _OP_SOFTMAX:
+        cols.softmax_ops += 1
+    elif role == _OP_BMM:
+        cols.bmm_ops += 1

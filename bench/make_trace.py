@@ -1,0 +1,94 @@
+"""Grow a real Kineto trace to a target size by repeating its events later in time.
+
+Each copy is shifted past the previous one, and its correlation ids, external ids and ProfilerStep numbers
+are renumbered, so the result is a longer, valid trace of the same run (a copy is not an exact profile of
+the same steps, but it has the same event mix, which is what parsing speed and memory depend on).
+
+    python bench/make_trace.py ../shared/data/traces/hta__trace_diff__control__control.json.gz big.json --mb 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def load(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(path, "rt") as f:  # type: ignore[operator]
+        return json.load(f)
+
+
+def shifted(event: dict[str, Any], copy: int, span: float, ids: int, steps: int) -> dict[str, Any]:
+    e = dict(event)
+    if isinstance(e.get("ts"), int | float):
+        e["ts"] = e["ts"] + copy * span
+    args = e.get("args")
+    if isinstance(args, dict):
+        args = dict(args)
+        for key in ("correlation", "External id", "external id"):
+            if isinstance(args.get(key), int) and args[key] >= 0:
+                args[key] = args[key] + copy * ids
+        e["args"] = args
+    if isinstance(e.get("id"), int):
+        e["id"] = e["id"] + copy * ids
+    m = STEP.match(str(e.get("name", "")))
+    if m:
+        e["name"] = f"ProfilerStep#{int(m.group(1)) + copy * steps}"
+    return e
+
+
+def grow(source: Path, target: Path, megabytes: float) -> int:
+    trace = load(source)
+    events = trace.pop("traceEvents")
+    timed = [e for e in events if isinstance(e.get("ts"), int | float)]
+    span = max(e["ts"] + (e.get("dur") or 0) for e in timed) - min(e["ts"] for e in timed) + 1000.0
+    ids = 1 + max(
+        (
+            v
+            for e in events
+            for k, v in (e.get("args") or {}).items()
+            if k in ("correlation", "External id") and isinstance(v, int)
+        ),
+        default=0,
+    )
+    steps = 1 + max((int(m.group(1)) for e in events if (m := STEP.match(str(e.get("name", ""))))), default=0)
+    budget = int(megabytes * 2**20)
+    written = 0
+    copies = 0
+    with target.open("w") as out:
+        head = json.dumps(trace)[:-1]
+        out.write(head + (", " if trace else "") + '"traceEvents": [\n')
+        first = True
+        while written < budget:
+            for event in events:
+                text = json.dumps(shifted(event, copies, span, ids, steps))
+                out.write(("" if first else ",\n") + text)
+                first = False
+                written += len(text) + 2
+            copies += 1
+        out.write("\n]}\n")
+    return copies
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("source", type=Path)
+    parser.add_argument("target", type=Path)
+    parser.add_argument("--mb", type=float, default=256)
+    args = parser.parse_args()
+    copies = grow(args.source, args.target, args.mb)
+    print(
+        f"{args.target}: {args.target.stat().st_size / 2**20:.0f} MiB, {copies} copies of {args.source.name}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
