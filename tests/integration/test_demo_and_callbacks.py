@@ -66,8 +66,9 @@ def test_recorded_nvml_readings_go_through_a_live_run(tmp_path: Path) -> None:
             ]
         )
     )
-    script = (sys.executable, str(SCRIPTS / "plain_loop.py"), "--steps", "100")
-    doc, _ = doctor(tmp_path, *script, env={"PITSTOP_NVML_REPLAY": str(recording)})
+    # ~25 ms steps (3 ms of reads per example) so the 10 Hz sampler lands several readings in the window
+    script = (sys.executable, str(SCRIPTS / "plain_loop.py"), "--steps", "200", "--slow-ms", "3")
+    doc, _ = doctor(tmp_path, *script, steps=30, env={"PITSTOP_NVML_REPLAY": str(recording)})
     m = doc["metrics"]
     assert 0.40 <= m["gpu_util"] <= 0.42
     assert m["gpu_mem_used_frac"] == pytest.approx(30 / 80)
