@@ -52,10 +52,10 @@ def test_legacy_and_auto_keys() -> None:
 def test_packing_plan_is_valid_and_tight() -> None:
     rng = random.Random(0)
     lengths = [rng.randint(1, 300) for _ in range(5000)] + [600]
-    plan = plan_packing(lengths, 512)
+    plan = plan_packing(lengths, 512, overflow="drop")
     placed = [i for b in plan.bins for i in b]
     assert sorted(placed + plan.too_long) == list(range(len(lengths)))
-    assert plan.too_long == [5000]
+    assert plan.too_long == [5000] and plan.dropped_tokens == 600
     assert all(sum(lengths[i] for i in b) <= 512 for b in plan.bins)
     assert len(plan.bins) <= plan.lower_bound * 1.02  # best-fit decreasing is within 2% of the bound here
     assert 0.97 < plan.efficiency <= 1.0

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from pitstop.cli.errors import UserError
+from pitstop.ingest.errors import IngestError
 
 app = typer.Typer(
     name="pitstop",
@@ -131,6 +132,12 @@ def check(
     raise typer.Exit(code)
 
 
+def _data_app() -> typer.Typer:
+    from pitstop.cli.data import app as data_app
+
+    return data_app
+
+
 @app.command()
 def gpus() -> None:
     """List the GPUs pitstop knows peaks for, with their sources."""
@@ -160,11 +167,22 @@ def version() -> None:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "data":  # the data sub-app is imported only when used
+        app.add_typer(_data_app(), name="data")
+    else:
+        app.add_typer(typer.Typer(help="Pre-tokenize once, pack without cross-contamination, measure padding."),
+                      name="data")
     try:
         app()
     except KeyboardInterrupt:
         typer.secho("pitstop: interrupted", err=True, fg="red")
         sys.exit(130)
+    except UserError as exc:
+        typer.secho(f"pitstop: {exc}", err=True, fg="red")
+        sys.exit(exc.code)
+    except IngestError as exc:
+        typer.secho(f"pitstop: {exc}", err=True, fg="red")
+        sys.exit(2)
     except Exception as exc:  # a bug in pitstop: one line, unless asked for the traceback
         if os.environ.get("PITSTOP_DEBUG"):
             raise
