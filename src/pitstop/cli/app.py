@@ -170,8 +170,10 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "data":  # the data sub-app is imported only when used
         app.add_typer(_data_app(), name="data")
     else:
-        app.add_typer(typer.Typer(help="Pre-tokenize once, pack without cross-contamination, measure padding."),
-                      name="data")
+        app.add_typer(
+            typer.Typer(help="Pre-tokenize once, pack without cross-contamination, measure padding."),
+            name="data",
+        )
     try:
         app()
     except KeyboardInterrupt:

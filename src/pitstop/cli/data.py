@@ -14,10 +14,16 @@ from rich.table import Table
 
 from pitstop.cli.errors import UserError
 
-app = typer.Typer(help="Pre-tokenize once, pack without cross-contamination, measure padding.", no_args_is_help=True)
+app = typer.Typer(
+    help="Pre-tokenize once, pack without cross-contamination, measure padding.", no_args_is_help=True
+)
 
-TokenizerOpt = Annotated[str | None, typer.Option("--tokenizer", help="tokenizer.json, or a folder holding it")]
-TemplateOpt = Annotated[str, typer.Option(help="auto, alpaca, chatml, tokenizer (its chat template) or plain")]
+TokenizerOpt = Annotated[
+    str | None, typer.Option("--tokenizer", help="tokenizer.json, or a folder holding it")
+]
+TemplateOpt = Annotated[
+    str, typer.Option(help="auto, alpaca, chatml, tokenizer (its chat template) or plain")
+]
 
 
 def _default_cache() -> Path:
@@ -33,8 +39,15 @@ def _count_lines(path: Path) -> int | None:
     return None
 
 
-def cache_of(source: Path, tokenizer: str | None, template: str, out: Path | None, workers: int | None,
-             skip_bad: bool, console: Console) -> Path:
+def cache_of(
+    source: Path,
+    tokenizer: str | None,
+    template: str,
+    out: Path | None,
+    workers: int | None,
+    skip_bad: bool,
+    console: Console,
+) -> Path:
     """A built cache for ``source``: the cache itself, or the one made (or reused) for a data file."""
     from pitstop.data.cache import build_cache, open_cache
 
@@ -43,11 +56,24 @@ def cache_of(source: Path, tokenizer: str | None, template: str, out: Path | Non
     if tokenizer is None:
         raise UserError(f"{source}: a data file needs --tokenizer (tokenizer.json or a folder holding it)")
     total = _count_lines(source)
-    with Progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+    with Progress(
+        TextColumn("[bold]tokenizing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("tokenizing", total=total)
-        return build_cache(source, tokenizer, out or _default_cache(), template=template, workers=workers,
-                           skip_bad=skip_bad, on_progress=lambda n: progress.advance(task, n))
+        return build_cache(
+            source,
+            tokenizer,
+            out or _default_cache(),
+            template=template,
+            workers=workers,
+            skip_bad=skip_bad,
+            on_progress=lambda n: progress.advance(task, n),
+        )
 
 
 def _write_json(path: Path | None, doc: dict[str, object]) -> None:
@@ -64,7 +90,9 @@ def stats(
     source: Annotated[Path, typer.Argument(help="JSONL / JSON / Parquet / CSV / saved dataset, or a cache")],
     tokenizer: TokenizerOpt = None,
     max_len: Annotated[int, typer.Option("--max-len", min=1, help="Row length the run uses.")] = 2048,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Micro-batch size the run uses.")] = 8,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="Micro-batch size the run uses.")
+    ] = 8,
     padding: Annotated[str, typer.Option(help="How the run pads today: longest or max_length.")] = "longest",
     template: TemplateOpt = "auto",
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip and count unreadable examples.")] = False,
@@ -79,8 +107,10 @@ def stats(
     console = Console(stderr=True)
     cache = open_cache(cache_of(source, tokenizer, template, None, None, skip_bad, console))
     s = length_stats(cache.lengths.tolist(), batch_size, max_len, padding)
-    table = Table(title=f"{source.name}: {s.examples:,} examples, {s.tokens:,} tokens (at most {max_len} each)",
-                  title_justify="left")
+    table = Table(
+        title=f"{source.name}: {s.examples:,} examples, {s.tokens:,} tokens (at most {max_len} each)",
+        title_justify="left",
+    )
     table.add_column("")
     table.add_column("padding share", justify="right")
     table.add_column("expected speed-up", justify="right")
@@ -88,11 +118,15 @@ def stats(
     table.add_row("length-grouped batches", f"{s.padding_grouped:.1%}", f"×{s.speedup_grouped:.2f}")
     table.add_row(f"packed into {max_len}-token rows", f"{s.padding_packed:.1%}", f"×{s.speedup_packed:.2f}")
     out = Console()
-    out.print(f"tokens per example: min {s.min}, median {s.median:.0f}, p90 {s.p90:.0f}, max {s.max}"
-              + (f"; {s.over_max_len} longer than {max_len}" if s.over_max_len else ""))
+    out.print(
+        f"tokens per example: min {s.min}, median {s.median:.0f}, p90 {s.p90:.0f}, max {s.max}"
+        + (f"; {s.over_max_len} longer than {max_len}" if s.over_max_len else "")
+    )
     out.print(table)
-    out.print("[dim]speed-up: real tokens per computed token relative to today (compute scales with tokens; "
-              "attention's quadratic part gains more)[/dim]")
+    out.print(
+        "[dim]speed-up: real tokens per computed token relative to today (compute scales with tokens; "
+        "attention's quadratic part gains more)[/dim]"
+    )
     _write_json(json_out, {"schema": "pitstop.data.stats/1", "cache": str(cache.path), **s.to_dict()})
 
 
@@ -100,11 +134,17 @@ def stats(
 def cache(
     source: Annotated[Path, typer.Argument(help="JSONL / JSON / Parquet / CSV / saved dataset")],
     tokenizer: TokenizerOpt = None,
-    out: Annotated[Path, typer.Option("--out", help="Cache folder (one sub-folder per content key).")] = Path("cache"),
+    out: Annotated[Path, typer.Option("--out", help="Cache folder (one sub-folder per content key).")] = Path(
+        "cache"
+    ),
     template: TemplateOpt = "auto",
-    workers: Annotated[int | None, typer.Option(min=1, help="Tokenizer processes (default: CPUs, up to 8).")] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Tokenizer processes (default: CPUs, up to 8).")
+    ] = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip and count unreadable examples.")] = False,
-    verify: Annotated[bool, typer.Option("--verify", help="Check every token's checksum after building.")] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Check every token's checksum after building.")
+    ] = False,
 ) -> None:
     """Tokenize once into a content-addressed, memory-mapped cache (resumable; reused when unchanged)."""
     from pitstop.data.cache import open_cache
@@ -119,20 +159,28 @@ def cache(
         built.verify()
     m = built.meta
     seconds = time.perf_counter() - started
-    Console().print(f"{path}: {m.examples:,} examples, {m.tokens:,} tokens ({m.trained_tokens:,} trained on), "
-                    f"{m.token_dtype}, {seconds:.1f} s" + (f"; {m.skipped} examples skipped" if m.skipped else ""))
+    Console().print(
+        f"{path}: {m.examples:,} examples, {m.tokens:,} tokens ({m.trained_tokens:,} trained on), "
+        f"{m.token_dtype}, {seconds:.1f} s" + (f"; {m.skipped} examples skipped" if m.skipped else "")
+    )
 
 
 @app.command()
 def pack(
-    source: Annotated[Path, typer.Argument(help="A cache, a dataset file (with --tokenizer), or a .npy / text "
-                                                "file of lengths")],
+    source: Annotated[
+        Path,
+        typer.Argument(help="A cache, a dataset file (with --tokenizer), or a .npy / text file of lengths"),
+    ],
     max_len: Annotated[int, typer.Option("--max-len", min=1, help="Row length.")] = 4096,
-    overflow: Annotated[str, typer.Option(help="Examples longer than a row: truncate, split or drop.")] = "truncate",
+    overflow: Annotated[
+        str, typer.Option(help="Examples longer than a row: truncate, split or drop.")
+    ] = "truncate",
     split: Annotated[bool, typer.Option("--split", help="Same as --overflow split.")] = False,
     tokenizer: TokenizerOpt = None,
     template: TemplateOpt = "auto",
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the plan (bins included) as JSON.")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the plan (bins included) as JSON.")
+    ] = None,
 ) -> None:
     """Plan best-fit-decreasing packing over the whole dataset and report its efficiency."""
     import numpy as np
@@ -147,7 +195,9 @@ def pack(
     console = Console(stderr=True)
     if source.is_file() and (source.suffix == ".npy" or source.suffix == ".txt"):
         try:
-            lengths = np.load(source) if source.suffix == ".npy" else np.loadtxt(source, dtype=np.int64, ndmin=1)
+            lengths = (
+                np.load(source) if source.suffix == ".npy" else np.loadtxt(source, dtype=np.int64, ndmin=1)
+            )
         except (OSError, ValueError) as exc:
             raise UserError(f"{source}: not a file of lengths ({exc})") from None
     else:

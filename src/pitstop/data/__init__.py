@@ -1,9 +1,9 @@
 """Input-pipeline fixes: tokenize once into a cache, pack without cross-contamination, group by length.
 
-    from pitstop.data import build_cache, PackedDataset, PackingCollator
-    cache = build_cache("train.jsonl", tokenizer="tok.json", out="cache/", template="alpaca")
-    trainer = Trainer(model, args, train_dataset=PackedDataset(cache, max_len=4096),
-                      data_collator=PackingCollator(model.config._attn_implementation))
+from pitstop.data import build_cache, PackedDataset, PackingCollator
+cache = build_cache("train.jsonl", tokenizer="tok.json", out="cache/", template="alpaca")
+trainer = Trainer(model, args, train_dataset=PackedDataset(cache, max_len=4096),
+                  data_collator=PackingCollator(model.config._attn_implementation))
 """
 
 from __future__ import annotations

@@ -67,8 +67,13 @@ def _hash_source(path: Path) -> str:
 
 
 def cache_key(source: Path, info: TokenizerInfo, template: str, skip_bad: bool) -> str:
-    parts = {"format": CACHE_FORMAT, "data": _hash_source(source), "tokenizer": info.fingerprint,
-             "template": template, "skip_bad": skip_bad}
+    parts = {
+        "format": CACHE_FORMAT,
+        "data": _hash_source(source),
+        "tokenizer": info.fingerprint,
+        "template": template,
+        "skip_bad": skip_bad,
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -112,8 +117,10 @@ def _write(path: Path, data: bytes | Any) -> None:
 
 def _disk_full(exc: OSError, where: Path) -> IngestError:
     if exc.errno == errno.ENOSPC:
-        return IngestError(f"disk full while writing the cache in {where}; finished shards are kept there and a "
-                           "rerun resumes after space is freed")
+        return IngestError(
+            f"disk full while writing the cache in {where}; finished shards are kept there and a "
+            "rerun resumes after space is freed"
+        )
     return IngestError(f"cannot write the cache in {where}: {exc.strerror or exc}")
 
 
@@ -146,7 +153,9 @@ def build_cache(
         raise _disk_full(exc, root) from None
     report = ReadReport()
     examples = read_examples(source, skip_bad=skip_bad, report=report)
-    todo = (task for task in _shards(examples, shard_size) if not (partial / f"shard-{task[0]:06d}.done").exists())
+    todo = (
+        task for task in _shards(examples, shard_size) if not (partial / f"shard-{task[0]:06d}.done").exists()
+    )
     workers = max(1, workers if workers is not None else min(8, (os.cpu_count() or 2)))
     ctx = get_context("fork") if hasattr(os, "fork") else get_context("spawn")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(info, template)) as pool:
@@ -165,7 +174,9 @@ def build_cache(
                 on_progress(len(lengths))
     if report.examples == 0:
         shutil.rmtree(partial, ignore_errors=True)
-        raise IngestError(f"{source}: no usable examples" + (f" ({report.first_error})" if report.first_error else ""))
+        raise IngestError(
+            f"{source}: no usable examples" + (f" ({report.first_error})" if report.first_error else "")
+        )
     try:
         _assemble(partial, final, key, source, info, template, report)
     except OSError as exc:
@@ -175,8 +186,9 @@ def build_cache(
     return final
 
 
-def _assemble(partial: Path, final: Path, key: str, source: Path, info: TokenizerInfo, template: str,
-              report: ReadReport) -> None:
+def _assemble(
+    partial: Path, final: Path, key: str, source: Path, info: TokenizerInfo, template: str, report: ReadReport
+) -> None:
     shards = sorted(partial.glob("shard-*.done"))
     lengths = np.concatenate([np.fromfile(s.with_suffix(".lengths"), dtype=np.int64) for s in shards])
     max_id = 0
@@ -202,10 +214,19 @@ def _assemble(partial: Path, final: Path, key: str, source: Path, info: Tokenize
     np.cumsum(lengths, out=offsets[1:])
     _write(partial / "offsets.bin", offsets)
     meta = CacheMeta(
-        format=CACHE_FORMAT, key=key, examples=int(lengths.size), tokens=int(offsets[-1]), trained_tokens=trained,
-        token_dtype=np.dtype(dtype).name, source=str(source), tokenizer=str(info.path),
-        tokenizer_fingerprint=info.fingerprint, template=template, skipped=report.skipped,
-        layouts=dict(report.layouts or {}), offsets_crc32=zlib.crc32(offsets.tobytes()),
+        format=CACHE_FORMAT,
+        key=key,
+        examples=int(lengths.size),
+        tokens=int(offsets[-1]),
+        trained_tokens=trained,
+        token_dtype=np.dtype(dtype).name,
+        source=str(source),
+        tokenizer=str(info.path),
+        tokenizer_fingerprint=info.fingerprint,
+        template=template,
+        skipped=report.skipped,
+        layouts=dict(report.layouts or {}),
+        offsets_crc32=zlib.crc32(offsets.tobytes()),
         tokens_sha256=digest.hexdigest(),
     )
     for s in shards:
@@ -259,7 +280,11 @@ def open_cache(path: str | Path) -> TokenCache:
             raise IngestError(f"{path}: holds several caches ({names}); name one")
         else:
             partial = list(folder.glob("*.partial")) if folder.is_dir() else []
-            extra = " (an unfinished build is there: run `pitstop data cache` again to resume it)" if partial else ""
+            extra = (
+                " (an unfinished build is there: run `pitstop data cache` again to resume it)"
+                if partial
+                else ""
+            )
             raise IngestError(f"{path}: no complete pitstop cache{extra}")
     try:
         raw = json.loads((folder / "meta.json").read_text())
@@ -267,9 +292,15 @@ def open_cache(path: str | Path) -> TokenCache:
     except (ValueError, TypeError) as exc:
         raise IngestError(f"{folder}: unreadable meta.json ({exc})") from None
     if meta.format != CACHE_FORMAT:
-        raise IngestError(f"{folder}: cache format {meta.format}, this pitstop reads {CACHE_FORMAT}; rebuild it")
+        raise IngestError(
+            f"{folder}: cache format {meta.format}, this pitstop reads {CACHE_FORMAT}; rebuild it"
+        )
     width = np.dtype(meta.token_dtype).itemsize
-    expected = {"tokens.bin": meta.tokens * width, "mask.bin": meta.tokens, "offsets.bin": (meta.examples + 1) * 8}
+    expected = {
+        "tokens.bin": meta.tokens * width,
+        "mask.bin": meta.tokens,
+        "offsets.bin": (meta.examples + 1) * 8,
+    }
     for name, size in expected.items():
         actual = (folder / name).stat().st_size if (folder / name).is_file() else -1
         if actual != size:

@@ -25,7 +25,12 @@ from collections.abc import Sequence
 from typing import Any
 
 IGNORE_INDEX = -100
-FLASH = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn", "kernels-community/flash-attn3")
+FLASH = (
+    "flash_attention_2",
+    "flash_attention_3",
+    "kernels-community/flash-attn",
+    "kernels-community/flash-attn3",
+)
 
 
 def _as_list(value: Any) -> list[int]:
@@ -40,8 +45,10 @@ class PackingCollator:
     def __init__(self, attn_implementation: str = "sdpa", pad_token_id: int = 0, dtype: Any = None) -> None:
         self.attn = attn_implementation or "sdpa"
         if self.attn not in (*FLASH, "sdpa", "eager", "flex_attention"):
-            raise ValueError(f"no packing support for attn_implementation={self.attn!r}; "
-                             "use sdpa, eager, flex_attention or flash_attention_2/3")
+            raise ValueError(
+                f"no packing support for attn_implementation={self.attn!r}; "
+                "use sdpa, eager, flex_attention or flash_attention_2/3"
+            )
         self.pad_token_id = pad_token_id
         self.dtype = dtype  # the model's dtype, for the eager float mask (default: float32)
 
@@ -53,7 +60,9 @@ class PackingCollator:
         lens = [[int(n) for n in r.get("seq_lens", [len(i)])] for r, i in zip(rows, ids, strict=True)]
         for i, (row_ids, row_lens) in enumerate(zip(ids, lens, strict=True)):
             if sum(row_lens) != len(row_ids):
-                raise ValueError(f"row {i}: seq_lens add up to {sum(row_lens)}, the row has {len(row_ids)} tokens")
+                raise ValueError(
+                    f"row {i}: seq_lens add up to {sum(row_lens)}, the row has {len(row_ids)} tokens"
+                )
         for row_labels, row_lens in zip(labels, lens, strict=True):
             start = 0
             for n in row_lens:
@@ -113,9 +122,13 @@ class PackingCollator:
         def same_example(b: Any, h: Any, q: Any, kv: Any) -> Any:
             return ((doc[b, q] == doc[b, kv]) & (q >= kv)) | (q == kv)
 
-        return create_block_mask(same_example, B=batch, H=None, Q_LEN=width, KV_LEN=width, device=str(doc.device))
+        return create_block_mask(
+            same_example, B=batch, H=None, Q_LEN=width, KV_LEN=width, device=str(doc.device)
+        )
 
-    def _flattened(self, ids: list[list[int]], labels: list[list[int]], lens: list[list[int]]) -> dict[str, Any]:
+    def _flattened(
+        self, ids: list[list[int]], labels: list[list[int]], lens: list[list[int]]
+    ) -> dict[str, Any]:
         import torch
 
         flat_ids = [t for row in ids for t in row]

@@ -31,8 +31,14 @@ class PackedDataset:
     ``set_epoch`` (the Trainer calls it), identical on every rank.
     """
 
-    def __init__(self, cache: str | Path | TokenCache, max_len: int, overflow: Overflow = "truncate",
-                 shuffle: bool = True, seed: int = 0) -> None:
+    def __init__(
+        self,
+        cache: str | Path | TokenCache,
+        max_len: int,
+        overflow: Overflow = "truncate",
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
         self.cache = cache if isinstance(cache, TokenCache) else open_cache(cache)
         self.max_len = max_len
         self.plan: PackingPlan = plan_packing(self.cache.lengths, max_len, overflow)

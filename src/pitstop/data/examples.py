@@ -18,8 +18,17 @@ from typing import Any
 
 from pitstop.ingest.errors import IngestError
 
-ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
-              "bot": "assistant", "system": "system", "tool": "tool", "function": "tool"}
+ROLE_NAMES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function": "tool",
+}
 
 
 class ExampleError(IngestError):
@@ -54,12 +63,15 @@ def to_turns(record: Any, where: str) -> tuple[list[tuple[str, str]], str]:
     layout = _layout(record)
     if layout is None:
         keys = ", ".join(sorted(record)[:8]) or "none"
-        raise ExampleError(f"{where}: no known fields (messages, conversations, instruction/output, prompt/"
-                           f"completion, question/answer, text); it has: {keys}")
+        raise ExampleError(
+            f"{where}: no known fields (messages, conversations, instruction/output, prompt/"
+            f"completion, question/answer, text); it has: {keys}"
+        )
     turns: list[tuple[str, str]] = []
     if layout in ("messages", "sharegpt"):
-        key, role_key, content_key = (("messages", "role", "content") if layout == "messages"
-                                      else ("conversations", "from", "value"))
+        key, role_key, content_key = (
+            ("messages", "role", "content") if layout == "messages" else ("conversations", "from", "value")
+        )
         for turn in record[key]:
             if not isinstance(turn, dict) or not isinstance(turn.get(content_key), str):
                 raise ExampleError(f"{where}: a turn without a text '{content_key}'")
@@ -130,7 +142,9 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         return
     with path.open("rb") as f:
         first = f.read(1 << 16).lstrip()
-    if first.startswith(b"[") or (suffix.endswith(".json") and first.startswith(b"{") and not _one_object_per_line(path)):
+    if first.startswith(b"[") or (
+        suffix.endswith(".json") and first.startswith(b"{") and not _one_object_per_line(path)
+    ):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:

@@ -102,7 +102,13 @@ def _pieces(lengths: Any, max_len: int, overflow: Overflow) -> tuple[Any, Any, A
         return index[keep], np.zeros(int(keep.sum()), dtype=np.int64), n[keep], too_long, dropped
     if overflow == "truncate":
         dropped = int((n[long_mask] - max_len).sum())
-        return index[keep], np.zeros(int(keep.sum()), dtype=np.int64), np.minimum(n[keep], max_len), too_long, dropped
+        return (
+            index[keep],
+            np.zeros(int(keep.sum()), dtype=np.int64),
+            np.minimum(n[keep], max_len),
+            too_long,
+            dropped,
+        )
     ex, length = index[keep], n[keep]
     count = -(-length // max_len)  # pieces per example
     piece_ex = np.repeat(ex, count)
@@ -160,8 +166,15 @@ def plan_packing(lengths: Sequence[int] | Any, max_len: int, overflow: Overflow 
                     rooms[left].append(len(rows) - 1)
                     count[left] += 1
     return PackingPlan(
-        piece_rows=rows, piece_example=piece_ex, piece_start=piece_start, piece_length=piece_len, max_len=max_len,
-        too_long=too_long, overflow=overflow, dropped_tokens=dropped, seconds=time.perf_counter() - started,
+        piece_rows=rows,
+        piece_example=piece_ex,
+        piece_start=piece_start,
+        piece_length=piece_len,
+        max_len=max_len,
+        too_long=too_long,
+        overflow=overflow,
+        dropped_tokens=dropped,
+        seconds=time.perf_counter() - started,
     )
 
 

@@ -13,8 +13,9 @@ import numpy as np
 
 
 class LengthGroupedBatchSampler:
-    def __init__(self, lengths: Sequence[int], batch_size: int, group: int = 64, seed: int = 0,
-                 drop_last: bool = False) -> None:
+    def __init__(
+        self, lengths: Sequence[int], batch_size: int, group: int = 64, seed: int = 0, drop_last: bool = False
+    ) -> None:
         if batch_size < 1 or group < 1:
             raise ValueError("batch_size and group must be at least 1")
         self.lengths = np.asarray(lengths, dtype=np.int64)

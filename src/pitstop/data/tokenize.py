@@ -79,15 +79,22 @@ def describe_tokenizer(spec: str | Path) -> TokenizerInfo:
     added = spec_json.get("added_tokens", []) if isinstance(spec_json, dict) else []
     size = (len(vocab) if isinstance(vocab, dict | list) else 0) + len(added)
     digest = hashlib.sha256(data + json.dumps(config, sort_keys=True).encode()).hexdigest()
-    info = TokenizerInfo(path=file, fingerprint=digest, chat_template=config.get("chat_template"), vocab_size=size,
-                         config=config)
+    info = TokenizerInfo(
+        path=file,
+        fingerprint=digest,
+        chat_template=config.get("chat_template"),
+        vocab_size=size,
+        config=config,
+    )
     info.bos = _token_text(config.get("bos_token"))
     info.eos = _token_text(config.get("eos_token"))
     info.pad = _token_text(config.get("pad_token"))
     if info.eos is None:  # a bare tokenizer.json: take the usual names when they exist
         names = {t.get("content") for t in added if isinstance(t, dict)}
-        info.eos = next((n for n in ("</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "<eos>") if n in names),
-                        None)
+        info.eos = next(
+            (n for n in ("</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "<eos>") if n in names),
+            None,
+        )
         info.bos = info.bos or next((n for n in ("<s>", "<|begin_of_text|>", "<bos>") if n in names), None)
         info.pad = info.pad or next((n for n in ("<pad>", "<|pad|>", "[PAD]") if n in names), None)
     return info
@@ -111,7 +118,9 @@ def resolve_template(template: str, info: TokenizerInfo, layout: str) -> str:
     if template not in TEMPLATES:
         raise IngestError(f"unknown template {template!r}; use one of {', '.join(TEMPLATES)}")
     if template == "tokenizer" and not info.chat_template:
-        raise IngestError(f"{info.path}: the tokenizer has no chat template (tokenizer_config.json chat_template)")
+        raise IngestError(
+            f"{info.path}: the tokenizer has no chat template (tokenizer_config.json chat_template)"
+        )
     if template != "auto":
         return template
     if layout == "text":
@@ -142,8 +151,10 @@ class Renderer:
         if kind == "plain":
             if example.layout == "text":
                 return [(bos + example.turns[0][1] + eos, True)]
-            return [(f"{content}\n" + (eos if role == "assistant" else ""), role == "assistant")
-                    for role, content in example.turns]
+            return [
+                (f"{content}\n" + (eos if role == "assistant" else ""), role == "assistant")
+                for role, content in example.turns
+            ]
         if kind == "alpaca":
             segs: Segments = [(bos, False)] if bos else []
             system = "".join(c + "\n\n" for r, c in example.turns if r == "system")
@@ -168,8 +179,14 @@ class Renderer:
 
     def _render(self, turns: list[tuple[str, str]], generation_prompt: bool) -> str:
         messages = [{"role": r, "content": c} for r, c in turns]
-        return str(self._jinja.render(messages=messages, add_generation_prompt=generation_prompt,
-                                      bos_token=self.info.bos or "", eos_token=self.info.eos or ""))
+        return str(
+            self._jinja.render(
+                messages=messages,
+                add_generation_prompt=generation_prompt,
+                bos_token=self.info.bos or "",
+                eos_token=self.info.eos or "",
+            )
+        )
 
     def _chat_template_segments(self, example: Example) -> Segments:
         segs: Segments = []
@@ -178,13 +195,15 @@ class Renderer:
             if role == "assistant":
                 header = self._render(example.turns[:i], True)
                 if header.startswith(done) and len(header) > len(done):
-                    segs.append((header[len(done):], False))
+                    segs.append((header[len(done) :], False))
                     done = header
             text = self._render(example.turns[: i + 1], False)
             if not text.startswith(done):
-                raise IngestError("the tokenizer's chat template does not render conversations by prefix; "
-                                  "use --template chatml or alpaca")
-            segs.append((text[len(done):], role == "assistant"))
+                raise IngestError(
+                    "the tokenizer's chat template does not render conversations by prefix; "
+                    "use --template chatml or alpaca"
+                )
+            segs.append((text[len(done) :], role == "assistant"))
             done = text
         return segs
 
