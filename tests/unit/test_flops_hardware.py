@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from tests.factories import LLAMA_1B
 
 from pitstop.hardware import GPUS, compute_dtype, lookup_gpu
 from pitstop.plan.flops import expected_tokens_per_s, flops_per_token, matmul_params, mfu
@@ -60,18 +63,7 @@ def test_compute_dtype() -> None:
 
 
 def _llama_1b() -> ModelInfo:
-    # Llama 3.2 1B: 16 layers, d=2048, 32 heads x 64, vocab 128256, tied embeddings
-    return ModelInfo(
-        n_layers=16,
-        hidden_size=2048,
-        n_heads=32,
-        head_dim=64,
-        vocab_size=128256,
-        tied_embeddings=True,
-        params_total=1_235_814_400,
-        params_trainable=1_235_814_400,
-        params_embedding=128256 * 2048,
-    )
+    return dataclasses.replace(LLAMA_1B)  # Llama 3.2 1B: 16 layers, d=2048, 32 heads x 64, vocab 128256, tied
 
 
 def test_flops_per_token_formula() -> None:

@@ -78,6 +78,12 @@ def doctor(
     raise typer.Exit(code)
 
 
+GpuOpt = Annotated[str | None, typer.Option(help="The GPU of the run (e.g. H100-SXM, A100-80GB), for MFU.")]
+GpusOpt = Annotated[int | None, typer.Option(min=1, help="How many GPUs the run uses.")]
+ModelOpt = Annotated[str | None, typer.Option(help="The model's config.json (or its folder), for FLOPs.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the diagnosis as JSON (pitstop.run/1).")]
+
+
 @app.command()
 def analyze(
     paths: Annotated[
@@ -87,23 +93,17 @@ def analyze(
             "trainer_state.json / *_results.json, configs."
         ),
     ],
-    gpu: Annotated[str | None, typer.Option(help="The GPU the run used (e.g. H100-SXM), for MFU.")] = None,
-    gpus: Annotated[int | None, typer.Option(min=1, help="How many GPUs the run used.")] = None,
-    model: Annotated[
-        str | None, typer.Option(help="The model's config.json (or its folder), for FLOPs.")
-    ] = None,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the diagnosis as JSON (pitstop.run/1).")
-    ] = None,
+    gpu: GpuOpt = None,
+    gpus: GpusOpt = None,
+    model: ModelOpt = None,
+    json_out: JsonOpt = None,
 ) -> None:
     """Diagnose a run from what it left behind: profiler traces, nvidia-smi logs, Trainer outputs, configs."""
     from pitstop.cli.analyze import run_analyze
 
-    try:
-        code = run_analyze(paths, gpu=gpu, gpus=gpus, model=model, json_out=json_out, configs_only=False)
-    except UserError as exc:
-        raise fail(str(exc), exc.code) from None
-    raise typer.Exit(code)
+    raise typer.Exit(
+        run_analyze(paths, gpu=gpu, gpus=gpus, model=model, json_out=json_out, configs_only=False)
+    )
 
 
 @app.command()
@@ -115,21 +115,17 @@ def check(
             "YAML), axolotl, LLaMA-Factory, Accelerate, DeepSpeed."
         ),
     ],
-    gpu: Annotated[str | None, typer.Option(help="The GPU you will train on (e.g. A100-80GB).")] = None,
-    gpus: Annotated[int | None, typer.Option(min=1, help="How many GPUs you will train on.")] = None,
-    model: Annotated[str | None, typer.Option(help="The model's config.json (or its folder).")] = None,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the findings as JSON (pitstop.run/1).")
-    ] = None,
+    gpu: GpuOpt = None,
+    gpus: GpusOpt = None,
+    model: ModelOpt = None,
+    json_out: JsonOpt = None,
 ) -> None:
     """Check training configs for known causes of slowness before the run starts."""
     from pitstop.cli.analyze import run_analyze
 
-    try:
-        code = run_analyze(paths, gpu=gpu, gpus=gpus, model=model, json_out=json_out, configs_only=True)
-    except UserError as exc:
-        raise fail(str(exc), exc.code) from None
-    raise typer.Exit(code)
+    raise typer.Exit(
+        run_analyze(paths, gpu=gpu, gpus=gpus, model=model, json_out=json_out, configs_only=True)
+    )
 
 
 def _data_app() -> typer.Typer:
