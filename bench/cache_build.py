@@ -6,9 +6,10 @@ ids plus a loss mask for the Alpaca prompt (not trained on) and the answer + EOS
 tokenized in one batched call each. Every timed run is a fresh process with a fresh output / cache folder and
 ``datasets.disable_caching()``, so nothing is reused and no tokenizer state crosses runs; the datasets side is
 from_json + map only (nothing saved to disk after). Variants run alternately, ``--runs`` times each; the
-table shows medians and the ratio to datasets.map with the same number of processes.
+table shows medians and the ratio to datasets.map with the same number of processes. The tokenizers library
+runs its own threads inside each process, so one worker / num_proc=1 already uses both cores of a 2-core box.
 
-    python bench/cache_build.py                  # about 2 minutes
+    python bench/cache_build.py                  # about 2 minutes (gsm8k x5)
     python bench/cache_build.py --json /tmp/cache_build.json --repeat 10 --runs 3
 """
 
@@ -22,8 +23,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-DATA = Path("/work/shared/data")
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared beside the checkout
 GSM8K = DATA / "datasets" / "gsm8k_train.jsonl"
 TOKENIZER = DATA / "tokenizers" / "gpt2_tokenizer.json"
 HEADER = (
@@ -84,7 +86,7 @@ def one_run(variant: str, data: Path) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=10, help="copies of gsm8k in the input file")
+    parser.add_argument("--repeat", type=int, default=5, help="copies of gsm8k in the input file")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per variant (median)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)
@@ -107,7 +109,7 @@ def main() -> int:
                 cmd = [sys.executable, __file__, "--one", variant, "--data", str(data)]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 runs[variant].append(json.loads(out.strip().splitlines()[-1]))
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for variant, values in runs.items():
         seconds = statistics.median(r["seconds"] for r in values)
         results[variant] = {"seconds": seconds, "runs": [r["seconds"] for r in values], "examples": values[0]["examples"],

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-DATA = Path("/work/shared/data")
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared beside the checkout
 GSM8K = DATA / "datasets" / "gsm8k_train.jsonl"
 ALPACA = DATA / "datasets" / "alpaca_en_demo.json"
 TOKENIZER = DATA / "tokenizers" / "gpt2_tokenizer.json"

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from pitstop.data.examples import Example, ReadReport, read_examples
-from pitstop.data.tokenize import Renderer, TokenizerInfo, describe_tokenizer, encode, load_tokenizer
+from pitstop.data.tokenize import Renderer, TokenizerInfo, describe_tokenizer, encode_arrays, load_tokenizer
 from pitstop.ingest.errors import IngestError
 
 CACHE_FORMAT = 1
@@ -81,7 +81,9 @@ def cache_key(source: Path, info: TokenizerInfo, template: str, skip_bad: bool) 
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(info: TokenizerInfo, template: str) -> None:
+def _init_worker(info: TokenizerInfo, template: str, processes: int) -> None:
+    if processes > 1:  # parallel across processes: keep each tokenizer to one thread, not workers × cores
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker["tokenizer"] = load_tokenizer(info)
     _worker["renderer"] = Renderer(template, info)
 
@@ -89,10 +91,7 @@ def _init_worker(info: TokenizerInfo, template: str) -> None:
 def _tokenize_shard(task: tuple[int, list[Example]]) -> tuple[int, Any, Any, Any]:
     index, examples = task
     renderer: Renderer = _worker["renderer"]
-    pairs = encode(_worker["tokenizer"], [renderer.segments(e) for e in examples])
-    lengths = np.fromiter((len(ids) for ids, _ in pairs), dtype=np.int64, count=len(pairs))
-    tokens = np.fromiter((t for ids, _ in pairs for t in ids), dtype=np.uint32, count=int(lengths.sum()))
-    mask = np.fromiter((m for _, ms in pairs for m in ms), dtype=np.uint8, count=int(lengths.sum()))
+    tokens, lengths, mask = encode_arrays(_worker["tokenizer"], [renderer.segments(e) for e in examples])
     return index, tokens, lengths, mask
 
 
@@ -158,7 +157,7 @@ def build_cache(
     )
     workers = max(1, workers if workers is not None else min(8, (os.cpu_count() or 2)))
     ctx = get_context("fork") if hasattr(os, "fork") else get_context("spawn")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(info, template)) as pool:
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(info, template, workers)) as pool:
         for index, tokens, lengths, mask in pool.imap(_tokenize_shard, todo):
             stem = partial / f"shard-{index:06d}"
             try:

@@ -33,10 +33,12 @@ FLASH = (
 )
 
 
-def _as_list(value: Any) -> list[int]:
-    if hasattr(value, "tolist"):
-        return [int(v) for v in value.tolist()]
-    return [int(v) for v in value]
+def _as_array(value: Any) -> Any:
+    import numpy as np
+
+    if hasattr(value, "numpy") and hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, dtype=np.int64)
 
 
 class PackingCollator:
@@ -53,10 +55,11 @@ class PackingCollator:
         self.dtype = dtype  # the model's dtype, for the eager float mask (default: float32)
 
     def __call__(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        import numpy as np
         import torch
 
-        ids = [_as_list(r["input_ids"]) for r in rows]
-        labels = [_as_list(r.get("labels", r["input_ids"])) for r in rows]
+        ids = [_as_array(r["input_ids"]) for r in rows]
+        labels = [_as_array(r.get("labels", r["input_ids"])).copy() for r in rows]
         lens = [[int(n) for n in r.get("seq_lens", [len(i)])] for r, i in zip(rows, ids, strict=True)]
         for i, (row_ids, row_lens) in enumerate(zip(ids, lens, strict=True)):
             if sum(row_lens) != len(row_ids):
@@ -64,54 +67,59 @@ class PackingCollator:
                     f"row {i}: seq_lens add up to {sum(row_lens)}, the row has {len(row_ids)} tokens"
                 )
         for row_labels, row_lens in zip(labels, lens, strict=True):
-            start = 0
-            for n in row_lens:
-                if n:
-                    row_labels[start] = IGNORE_INDEX  # no prediction across an example boundary
-                start += n
+            starts = np.cumsum([0, *row_lens[:-1]])
+            row_labels[starts[np.asarray(row_lens) > 0]] = IGNORE_INDEX  # no prediction across a boundary
         if self.attn in FLASH:
             return self._flattened(ids, labels, lens)
         width = max(len(r) for r in ids)
-        batch_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        batch_labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-        positions = torch.zeros((len(rows), width), dtype=torch.long)
-        doc = torch.full((len(rows), width), -1, dtype=torch.long)  # example number per token; -1 = padding
+        batch_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
+        batch_labels = np.full((len(rows), width), IGNORE_INDEX, dtype=np.int64)
+        positions = np.zeros((len(rows), width), dtype=np.int64)
         for b, (row_ids, row_labels, row_lens) in enumerate(zip(ids, labels, lens, strict=True)):
             n = len(row_ids)
-            batch_ids[b, :n] = torch.tensor(row_ids, dtype=torch.long)
-            batch_labels[b, :n] = torch.tensor(row_labels, dtype=torch.long)
-            start = 0
-            for k, length in enumerate(row_lens):
-                positions[b, start : start + length] = torch.arange(length)
-                doc[b, start : start + length] = k
-                start += length
-            positions[b, n:] = torch.arange(width - n)
-        out = {"input_ids": batch_ids, "labels": batch_labels, "position_ids": positions}
+            batch_ids[b, :n] = row_ids
+            batch_labels[b, :n] = row_labels
+            positions[b, :n] = _restarting_positions(row_lens)
+            positions[b, n:] = np.arange(width - n)
+        out = {
+            "input_ids": torch.from_numpy(batch_ids),
+            "labels": torch.from_numpy(batch_labels),
+            "position_ids": torch.from_numpy(positions),
+        }
         if self.attn == "flex_attention":
-            out["attention_mask"] = self._block_mask(doc)
+            doc = np.full((len(rows), width), -1, dtype=np.int64)
+            for b, row_lens in enumerate(lens):
+                doc[b, : sum(row_lens)] = np.repeat(np.arange(len(row_lens)), row_lens)
+            out["attention_mask"] = self._block_mask(torch.from_numpy(doc))
         else:
-            allowed = self._allowed(doc)
+            allowed = self._allowed(lens, width)
             if self.attn == "eager":
                 dtype = self.dtype or torch.float32
-                mask = torch.zeros(allowed.shape, dtype=dtype)
-                mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+                mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype)
+                mask.masked_fill_(allowed, 0.0)
                 out["attention_mask"] = mask
             else:
                 out["attention_mask"] = allowed
         return out
 
     @staticmethod
-    def _allowed(doc: Any) -> Any:
-        """(B, 1, S, S) boolean: same example and not in the future; padding sees only itself."""
+    def _allowed(lens: list[list[int]], width: int) -> Any:
+        """(B, 1, S, S) boolean: same example and not in the future; padding sees only itself.
+
+        Only the diagonal blocks are written (Σ n² cells per row, not S²), from one cached triangle."""
         import torch
 
-        width = doc.shape[1]
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        same = doc[:, :, None] == doc[:, None, :]
-        real = (doc >= 0)[:, :, None]
-        allowed = same & causal & real
-        eye = torch.eye(width, dtype=torch.bool).expand_as(allowed)
-        return (allowed | (eye & ~real)).unsqueeze(1)
+        allowed = torch.zeros((len(lens), 1, width, width), dtype=torch.bool)
+        longest = max((n for row in lens for n in row), default=0)
+        tri = torch.ones(longest, longest, dtype=torch.bool).tril()
+        for b, row_lens in enumerate(lens):
+            start = 0
+            for n in row_lens:
+                allowed[b, 0, start : start + n, start : start + n] = tri[:n, :n]
+                start += n
+            pad = torch.arange(start, width)
+            allowed[b, 0, pad, pad] = True
+        return allowed
 
     @staticmethod
     def _block_mask(doc: Any) -> Any:
@@ -126,24 +134,29 @@ class PackingCollator:
             same_example, B=batch, H=None, Q_LEN=width, KV_LEN=width, device=str(doc.device)
         )
 
-    def _flattened(
-        self, ids: list[list[int]], labels: list[list[int]], lens: list[list[int]]
-    ) -> dict[str, Any]:
+    def _flattened(self, ids: list[Any], labels: list[Any], lens: list[list[int]]) -> dict[str, Any]:
+        import numpy as np
         import torch
 
-        flat_ids = [t for row in ids for t in row]
-        flat_labels = [t for row in labels for t in row]
         seq_lens = [n for row in lens for n in row if n]
-        positions = [p for n in seq_lens for p in range(n)]
         cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(seq_lens, dtype=torch.int32), 0)
         longest = max(seq_lens) if seq_lens else 0
         return {
-            "input_ids": torch.tensor([flat_ids], dtype=torch.long),
-            "labels": torch.tensor([flat_labels], dtype=torch.long),
-            "position_ids": torch.tensor([positions], dtype=torch.long),
+            "input_ids": torch.from_numpy(np.concatenate(ids)[None]),
+            "labels": torch.from_numpy(np.concatenate(labels)[None]),
+            "position_ids": torch.from_numpy(_restarting_positions(seq_lens)[None]),
             "cu_seq_lens_q": cu,
             "cu_seq_lens_k": cu,
             "max_length_q": longest,
             "max_length_k": longest,
         }
+
+
+def _restarting_positions(lengths: list[int]) -> Any:
+    """0..n-1 for each example, concatenated, without a Python loop over tokens."""
+    import numpy as np
+
+    total = int(sum(lengths))
+    starts = np.repeat(np.cumsum([0, *lengths[:-1]]), lengths) if lengths else np.zeros(0, dtype=np.int64)
+    return np.arange(total, dtype=np.int64) - starts

@@ -214,17 +214,31 @@ def _raise(message: str) -> None:
 
 def encode(tokenizer: Any, batch: list[Segments]) -> list[tuple[list[int], list[int]]]:
     """Token ids and loss masks for a batch of segmented examples, with one batched tokenizer call."""
-    flat = [text for segs in batch for text, _ in segs]
-    encoded = tokenizer.encode_batch(flat, add_special_tokens=False) if flat else []
-    out = []
-    k = 0
-    for segs in batch:
-        ids: list[int] = []
-        mask: list[int] = []
-        for _, trained in segs:
-            piece = encoded[k].ids
-            k += 1
-            ids += piece
-            mask += [1 if trained else 0] * len(piece)
-        out.append((ids, mask))
+    tokens, lengths, mask = encode_arrays(tokenizer, batch)
+    out, start = [], 0
+    for n in lengths.tolist():
+        out.append((tokens[start : start + n].tolist(), mask[start : start + n].tolist()))
+        start += n
     return out
+
+
+def encode_arrays(tokenizer: Any, batch: list[Segments]) -> tuple[Any, Any, Any]:
+    """(all token ids back to back as uint32, tokens per example, loss mask as uint8), without building a
+    Python list per token: what the cache writes."""
+    import itertools
+
+    import numpy as np
+
+    flat = [text for segs in batch for text, _ in segs]
+    trained = np.fromiter((t for segs in batch for _, t in segs), dtype=np.uint8, count=len(flat))
+    encoded = tokenizer.encode_batch(flat, add_special_tokens=False) if flat else []
+    piece = np.fromiter((len(e.ids) for e in encoded), dtype=np.int64, count=len(encoded))
+    tokens = np.fromiter(
+        itertools.chain.from_iterable(e.ids for e in encoded), dtype=np.uint32, count=int(piece.sum())
+    )
+    mask = np.repeat(trained, piece)
+    per_example = np.fromiter((len(segs) for segs in batch), dtype=np.int64, count=len(batch))
+    ends = np.cumsum(per_example)
+    cumulative = np.concatenate(([0], np.cumsum(piece)))
+    lengths = cumulative[ends] - cumulative[ends - per_example]
+    return tokens, lengths, mask
