@@ -95,6 +95,8 @@ class ModelInfo:
     n_heads: int | None = None
     head_dim: int | None = None
     vocab_size: int | None = None
+    intermediate_size: int | None = None
+    n_kv_heads: int | None = None
     tied_embeddings: bool | None = None
     params_total: int | None = None
     params_trainable: int | None = None

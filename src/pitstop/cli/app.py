@@ -128,6 +128,83 @@ def check(
     )
 
 
+@app.command()
+def plan(
+    model: Annotated[
+        str, typer.Option(help="A config.json, a model folder, or a preset (see `pitstop plan --presets`)")
+    ] = "",
+    gpu: Annotated[str, typer.Option(help="The GPU (e.g. H100-SXM, A100-80GB, L4).")] = "H100-SXM",
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs in the job.")] = 1,
+    seq: Annotated[int, typer.Option(min=1, help="Sequence length (tokens per row).")] = 2048,
+    micro_batch: Annotated[str, typer.Option("--micro-batch", help="Rows per GPU per step, or auto.")] = "1",
+    global_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--global-batch", min=1, help="Rows per optimizer step, to keep with gradient accumulation."
+        ),
+    ] = None,
+    zero: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage (0 = plain DDP).")] = 0,
+    offload: Annotated[
+        str, typer.Option(help="none, optimizer or param (DeepSpeed offload to CPU).")
+    ] = "none",
+    method: Annotated[str, typer.Option(help="full, lora or qlora.")] = "full",
+    rank: Annotated[int, typer.Option(min=1, help="LoRA rank.")] = 16,
+    optimizer: Annotated[str, typer.Option(help="adamw, adamw8bit, sgd or adafactor.")] = "adamw",
+    attn: Annotated[str, typer.Option(help="sdpa, flash or eager.")] = "sdpa",
+    checkpointing: Annotated[
+        bool, typer.Option("--checkpointing/--no-checkpointing", help="Activation checkpointing.")
+    ] = False,
+    chunked_loss: Annotated[
+        bool, typer.Option("--chunked-loss", help="A fused / chunked cross-entropy.")
+    ] = False,
+    simulate: Annotated[
+        bool,
+        typer.Option(
+            "--simulate/--no-simulate", help="Cross-check activations by simulating one step on fake tensors."
+        ),
+    ] = True,
+    presets: Annotated[bool, typer.Option("--presets", help="List the model presets and exit.")] = False,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the plan as JSON (pitstop.plan/1).")
+    ] = None,
+) -> None:
+    """Memory, micro-batch, offload and expected speed for a model on a GPU, before the run."""
+    if presets:
+        from pitstop.plan.params import presets as known
+
+        for name, cfg in known().items():
+            typer.echo(f"{name:16} {cfg.get('model_type', '?'):10} {cfg.get('_source', '')}")
+        raise typer.Exit(0)
+    if not model:
+        raise UserError(
+            "--model is needed: a config.json, a model folder, or a preset (--presets lists them)"
+        )
+    if optimizer not in ("adamw", "adamw8bit", "sgd", "adafactor"):
+        raise UserError("--optimizer is adamw, adamw8bit, sgd or adafactor")
+    from pitstop.cli.plan import run_plan
+
+    raise typer.Exit(
+        run_plan(
+            json_out,
+            model=model,
+            gpu=gpu,
+            gpus=gpus,
+            seq=seq,
+            micro_batch=micro_batch,
+            global_batch=global_batch,
+            zero=zero,
+            offload=offload,
+            method=method,
+            rank=rank,
+            optimizer=optimizer,
+            attn=attn,
+            checkpointing=checkpointing,
+            chunked_loss=chunked_loss,
+            simulate=simulate,
+        )
+    )
+
+
 def _data_app() -> typer.Typer:
     from pitstop.cli.data import app as data_app
 

@@ -164,6 +164,8 @@ def model_info(model: Any, optimizer: Any) -> ModelInfo:
             info.hidden_size // info.n_heads if info.hidden_size and info.n_heads else None
         )
         info.vocab_size = get("vocab_size")
+        info.intermediate_size = get("intermediate_size", "n_inner")
+        info.n_kv_heads = get("num_key_value_heads") or info.n_heads
         info.tied_embeddings = _tied(core, cfg)
     return info
 

@@ -1,0 +1,201 @@
+"""Memory per GPU, by component, for one training configuration.
+
+Model states follow DeepSpeed's own accounting (``estimate_zero2_model_states_mem_needs`` /
+``estimate_zero3_model_states_mem_needs``) for bf16 mixed precision with AdamW: bf16 weights and gradients,
+and per parameter 16 bytes of fp32 master weight, fp32 gradient and two Adam moments in the partition the
+optimizer owns. Without ZeRO, the usual 16 bytes per parameter (2 + 2 + 12). ZeRO-3 also holds the largest
+single module gathered (4 bytes per parameter, DeepSpeed's figure). Frozen weights (LoRA) need no gradient
+or optimizer state; QLoRA stores them in 4 bits (0.5 byte + ~3% quantization constants).
+
+Activations are bytes per token per layer, derived from what a Hugging Face decoder layer saves for
+backward in bf16 (and checked against a fake-tensor simulation of a real step, ``plan.simulate``):
+
+* two RMSNorms save their fp32 input and bf16 normalized output (2 × 6h), and the linears after them the
+  scaled output (2 × 2h);
+* attention saves q and its output for the fused kernel plus the output projection's input (~6h; 24h in all
+  with the norms and residual stream) and k, v (4 · kv_heads · head_dim);
+* the gated MLP saves gate, up, their activation and product (8 · intermediate);
+* the causal mask handed to attention adds 2 · seq bytes per token;
+* eager attention also keeps the softmax probabilities in fp32 and bf16: 6 · heads · seq bytes per token;
+* with activation checkpointing a layer keeps only its input (2h), and one layer is recomputed at a time.
+
+Plus 8h per token outside the layers (embedding output, final norm), and the logits: the loss upcasts them
+to fp32 (4 · vocab bytes per token, held for backward) and backward adds an fp32 and a bf16 gradient of the
+same shape (10 · vocab bytes per token at its peak); a chunked / fused cross-entropy avoids most of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+GIB = 2**30
+CONTEXT_BYTES = 1.0 * GIB  # CUDA context, cuBLAS / cuDNN workspaces
+FRAGMENTATION = 0.08  # share of the rest the caching allocator typically cannot reuse
+
+OPTIMIZERS = {  # bytes per trainable parameter the optimizer keeps (fp32 master weight included)
+    "adamw": 12,
+    "adamw8bit": 6,  # fp32 master + two 8-bit moments
+    "sgd": 8,  # fp32 master + momentum
+    "adafactor": 6,  # fp32 master + factored second moment (about 2 bytes / param on large matrices)
+}
+
+
+@dataclass
+class Setup:
+    """One training configuration on one kind of GPU."""
+
+    total_params: int
+    lora_params: int  # trainable parameters when the method is LoRA / QLoRA (counted for lora_rank)
+    embedding_params: int
+    largest_module: int
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    head_dim: int
+    kv_heads: int
+    vocab: int
+    seq: int
+    micro_batch: int = 1
+    gpus: int = 1
+    zero: int = 0
+    offload: str = "none"  # none, optimizer, param (implies optimizer), as DeepSpeed allows
+    method: str = "full"  # full, lora, qlora
+    optimizer: str = "adamw"
+    attn: str = "sdpa"  # sdpa, flash, eager
+    checkpointing: bool = False
+    chunked_loss: bool = False
+    lora_rank: int = 16
+
+    @property
+    def trainable_params(self) -> int:
+        return self.total_params if self.method == "full" else self.lora_params
+
+    @classmethod
+    def for_shape(
+        cls,
+        shape: Mapping[str, int],
+        total_params: int = 0,
+        lora_params: int = 0,
+        embedding_params: int = 0,
+        largest_module: int = 0,
+        **options: Any,
+    ) -> Setup:
+        """A setup for a model of this shape (``params.shape_of``); ``options`` are the training choices."""
+        return cls(
+            total_params=total_params,
+            lora_params=lora_params,
+            embedding_params=embedding_params,
+            largest_module=largest_module,
+            layers=shape["layers"],
+            hidden=shape["hidden"],
+            intermediate=shape["intermediate"],
+            heads=shape["heads"],
+            head_dim=shape["head_dim"],
+            kv_heads=shape["kv_heads"],
+            vocab=shape["vocab"],
+            **options,
+        )
+
+
+@dataclass
+class Memory:
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    margin: float
+    cpu: float = 0.0  # host memory the offload needs
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.margin
+
+    def gib(self) -> dict[str, float]:
+        parts = ("weights", "gradients", "optimizer", "activations", "logits", "margin")
+        out = {k: round(getattr(self, k) / GIB, 3) for k in parts}
+        out["total"] = round(self.total / GIB, 3)
+        return out
+
+
+def model_states(s: Setup) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer, host) bytes per GPU."""
+    p, n = float(s.total_params), max(s.gpus, 1)
+    t = float(s.trainable_params)
+    frozen = p - t
+    if s.method in ("lora", "qlora"):
+        base = frozen * (0.5 * 1.03 if s.method == "qlora" else 2.0)
+        # adapters train in fp32 (peft keeps trainable weights in fp32 under autocast): weights 4, grads 4
+        weights = base / (n if s.zero >= 3 else 1) + 4 * t + (4.0 * s.largest_module if s.zero >= 3 else 0.0)
+        grads = 4 * t
+        opt = (OPTIMIZERS[s.optimizer] - 4) * t  # the fp32 adapter weight is its own master
+        return weights, grads, opt / (n if s.zero >= 1 else 1), 0.0
+    optim = (
+        OPTIMIZERS[s.optimizer] + 4
+    )  # + the fp32 gradient the optimizer steps on (DeepSpeed's 16 for AdamW)
+    if s.zero == 0:
+        return 2 * p, 2 * p, OPTIMIZERS[s.optimizer] * p, 0.0
+    if s.zero in (1, 2):
+        if s.offload != "none":  # ZeRO-Offload: only the bf16 weights stay on the GPU
+            host = p * max(4 * n, 16) * 1.5
+            return 2 * p, 0.0, 0.0, host
+        return 2 * p, 2 * p, optim * p / n, 0.0
+    largest = 4.0 * s.largest_module  # the module gathered for compute
+    if s.offload == "param":
+        return largest, 0.0, 0.0, p * 18 * 1.5
+    if s.offload == "optimizer":
+        return largest + 2 * p / n, 0.0, 0.0, p * 16 * 1.5
+    return largest + 2 * p / n, 0.0, optim * p / n, 0.0
+
+
+def activation_bytes_per_token_layer(s: Setup) -> float:
+    """What one decoder layer holds for backward, per token (bytes, bf16)."""
+    if s.checkpointing:
+        return 2.0 * s.hidden
+    per = 24.0 * s.hidden + 4.0 * s.kv_heads * s.head_dim + 8.0 * s.intermediate + 2.0 * s.seq
+    if s.attn == "eager":
+        per += 6.0 * s.heads * s.seq
+    if s.method in ("lora", "qlora"):
+        per += 2.0 * s.lora_rank * 7  # each adapted linear keeps its rank-r intermediate (7 linears)
+    return per
+
+
+def held_activations(s: Setup) -> float:
+    """Activations alive at the end of the forward pass."""
+    return s.micro_batch * s.seq * (s.layers * activation_bytes_per_token_layer(s) + 8.0 * s.hidden)
+
+
+def activations(s: Setup) -> float:
+    """The activation component of the peak: what the forward pass holds, plus with checkpointing the one layer
+    being recomputed during backward."""
+    held = held_activations(s)
+    if s.checkpointing:
+        held += s.micro_batch * s.seq * activation_bytes_per_token_layer(replace(s, checkpointing=False))
+    return held
+
+
+def held_after_forward(s: Setup) -> float:
+    """What the end of the forward pass holds for backward: activations plus the fp32 logits the loss keeps
+    (the quantity the fake-tensor simulation measures)."""
+    return held_activations(s) + s.micro_batch * s.seq * 4.0 * s.vocab
+
+
+def logits(s: Setup) -> float:
+    tokens = s.micro_batch * s.seq
+    per_token = 10.0 * s.vocab
+    if s.chunked_loss:
+        per_token = 2.0 * s.vocab  # fused / chunked cross-entropy: bf16 logits, fp32 only chunk by chunk
+    return tokens * per_token
+
+
+def memory(s: Setup, gpu_bytes: float) -> Memory:
+    weights, grads, opt, host = model_states(s)
+    act = activations(s)
+    lg = logits(s)
+    margin = CONTEXT_BYTES + FRAGMENTATION * (weights + grads + opt + act + lg)
+    return Memory(
+        weights=weights, gradients=grads, optimizer=opt, activations=act, logits=lg, margin=margin, cpu=host
+    )

@@ -1,0 +1,127 @@
+"""Exact parameter counts: instantiate the model on the meta device (no memory, ~1 s even for 70B).
+
+Counting the modules a model actually builds is exact for every architecture transformers knows, LoRA
+included (peft applied to the meta model gives its exact trainable count). Where transformers is missing or
+does not know the model type, the analytic count of ``model_shape`` is used and said to be so.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
+from pitstop.profile import ModelInfo
+
+
+@dataclass
+class ParamCounts:
+    total: int
+    embedding: int
+    trainable: int
+    largest_module: int  # the biggest single module's own parameters (what ZeRO-3 gathers at once)
+    exact: bool  # counted from the built model, not from a formula
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding
+
+
+def presets() -> dict[str, dict[str, Any]]:
+    text = resources.files("pitstop.plan").joinpath("presets.json").read_text()
+    return dict(json.loads(text))
+
+
+def resolve_model(spec: str | Path) -> tuple[str, dict[str, Any]]:
+    """(name, config dict) from a preset name, a config.json, or a model folder."""
+    known = presets()
+    key = str(spec).lower()
+    if key in known:
+        return key, {k: v for k, v in known[key].items() if not k.startswith("_")}
+    path = Path(spec)
+    if path.exists():
+        return path.stem if path.is_file() else path.name, load_model_config(path)
+    raise ModelConfigError(
+        f"{spec}: neither a config.json, a model folder, nor a preset ({', '.join(sorted(known))})"
+    )
+
+
+def _meta_model(config: dict[str, Any]) -> Any:
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(**config)
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+def count_params(
+    config: dict[str, Any], method: str = "full", rank: int = 16, targets: str | list[str] = "all-linear"
+) -> ParamCounts:
+    """Total, embedding, trainable and largest-module parameter counts for full / LoRA / QLoRA training."""
+    try:
+        model = _meta_model(config)
+    except Exception:
+        return _analytic(config, method, rank)
+    embed = model.get_input_embeddings()
+    embedding = embed.weight.numel() if embed is not None else 0
+    total = sum(p.numel() for p in model.parameters())
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    trainable = total
+    if method in ("lora", "qlora"):
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError:
+            raise ModelConfigError("LoRA planning needs peft: pip install 'pitstop[hf]'") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            peft_model = get_peft_model(model, LoraConfig(r=rank, target_modules=targets))
+        trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    return ParamCounts(
+        total=total, embedding=embedding, trainable=trainable, largest_module=largest, exact=True
+    )
+
+
+def _analytic(config: dict[str, Any], method: str, rank: int) -> ParamCounts:
+    info: ModelInfo = model_info_from_config(config)
+    total = info.params_total or 0
+    trainable = total
+    if method in ("lora", "qlora") and info.n_layers and info.hidden_size:
+        cfg = config.get("text_config") or config
+        inter = int(cfg.get("intermediate_size") or 4 * info.hidden_size)
+        q = (info.n_heads or 1) * (info.head_dim or 1)
+        kv = int(cfg.get("num_key_value_heads") or info.n_heads or 1) * (info.head_dim or 1)
+        d = info.hidden_size
+        per_layer = rank * ((d + q) + 2 * (d + kv) + (q + d) + 2 * (d + inter) + (inter + d))
+        trainable = info.n_layers * per_layer
+    largest = max(info.params_embedding or 0, 1)
+    return ParamCounts(
+        total=total,
+        embedding=info.params_embedding or 0,
+        trainable=trainable,
+        largest_module=largest,
+        exact=False,
+    )
+
+
+def shape_of(config: dict[str, Any]) -> dict[str, int]:
+    """The dimensions the activation formula needs."""
+    cfg = config.get("text_config") or config
+    d = int(cfg.get("hidden_size") or cfg["n_embd"])
+    heads = int(cfg.get("num_attention_heads") or cfg["n_head"])
+    head_dim = int(cfg.get("head_dim") or d // heads)
+    return {
+        "layers": int(cfg.get("num_hidden_layers") or cfg["n_layer"]),
+        "hidden": d,
+        "intermediate": int(cfg.get("intermediate_size") or cfg.get("n_inner") or 4 * d),
+        "heads": heads,
+        "head_dim": head_dim,
+        "kv_heads": int(cfg.get("num_key_value_heads") or heads),
+        "vocab": int(cfg["vocab_size"]),
+        "experts_active": int(cfg.get("num_experts_per_tok") or 1),
+    }
