@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from tests.factories import gpu_samples, profile, steps, well_tuned
+from tests.factories import LLAMA_1B, gpu_samples, profile, steps, well_tuned
 
 from pitstop.catalogue import CAUSES
 from pitstop.diagnose import diagnose
-from pitstop.profile import AttentionInfo, DataLoaderInfo
+from pitstop.plan.from_run import setup_for_run
+from pitstop.plan.memory import GIB
+from pitstop.plan.planner import largest_micro_batch
+from pitstop.profile import AttentionInfo, DataLoaderInfo, ModelInfo
 
 
 def finding(p, cause):  # type: ignore[no-untyped-def]
@@ -137,6 +142,42 @@ def test_small_batch_quiet_when_memory_is_full_or_data_explains_idle() -> None:
     assert (
         finding(profile("cuda", steps(wall=0.1, data=0.05), util=35.0, mem_frac=0.2), "small_batch") is None
     )
+
+
+def _llama_1b_full_shape() -> ModelInfo:
+    return replace(LLAMA_1B, intermediate_size=8192, n_kv_heads=8)
+
+
+def test_small_batch_suggests_the_planners_largest_micro_batch() -> None:
+    p = profile(
+        "cuda",
+        steps(rows=1, row_len=512),
+        util=35.0,
+        mem_frac=0.2,
+        micro_batch_size=1,
+        grad_accum_steps=8,
+        model=_llama_1b_full_shape(),
+    )
+    f = finding(p, "small_batch")
+    planned = largest_micro_batch(setup_for_run(p.ranks[0].environment, seq=512), 80 * GIB)  # type: ignore[arg-type]
+    assert f is not None and f.evidence["plan_max_micro_batch"] == planned >= 8
+    # the largest size that fits and keeps the effective batch of 8
+    assert "per_device_train_batch_size=8" in f.fix.snippets["hf_trainer"]
+    assert "gradient_accumulation_steps=1" in f.fix.snippets["hf_trainer"]
+    assert f"predicts up to {planned} fits" in f.fix.text
+
+
+def test_small_batch_quiet_when_the_planner_says_no_bigger_batch_fits() -> None:
+    p = profile(
+        "cuda",
+        steps(rows=1, row_len=4096),
+        util=35.0,
+        mem_frac=0.2,
+        micro_batch_size=64,
+        grad_accum_steps=1,
+        model=_llama_1b_full_shape(),
+    )
+    assert finding(p, "small_batch") is None
 
 
 def test_offload_that_is_not_needed_is_high() -> None:

@@ -219,12 +219,22 @@ def pinned(framework: str) -> Fix:
     return Fix(text=text, snippets=snippets, framework=framework)
 
 
-def bigger_batch(framework: str, micro_batch: int | None, accum: int | None) -> Fix:
+def bigger_batch(
+    framework: str, micro_batch: int | None, accum: int | None, planned: int | None = None
+) -> Fix:
+    """``planned`` is the largest micro-batch the planner predicts fits; without it, suggest doubling."""
     mb = micro_batch or 1
     new_mb = mb * 2
-    new_accum = max(1, (accum or 1) // 2)
+    if planned and planned > mb:
+        # the largest size that fits and keeps the effective batch a whole number of micro-batches
+        effective = mb * (accum or 1)
+        new_mb = max(
+            (b for b in range(mb + 1, planned + 1) if effective % b == 0), default=min(planned, mb * 2)
+        )
+    new_accum = max(1, (mb * (accum or 1)) // new_mb)
+    limit = f" (`pitstop plan` predicts up to {planned} fits)" if planned else ""
     text = (
-        f"Raise the micro-batch (e.g. {mb} → {new_mb}) and lower gradient accumulation in proportion "
+        f"Raise the micro-batch (e.g. {mb} → {new_mb}){limit} and lower gradient accumulation in proportion "
         f"({accum or 1} → {new_accum}) so the effective batch stays the same, until memory or throughput stops "
         "improving."
     )

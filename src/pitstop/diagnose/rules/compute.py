@@ -7,6 +7,9 @@ from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.findings import Finding
 from pitstop.hardware import EXPECTED_MFU
 from pitstop.plan.flops import flops_per_token
+from pitstop.plan.from_run import has_shape, setup_for_run
+from pitstop.plan.memory import GIB
+from pitstop.plan.planner import largest_micro_batch
 
 EAGER_SLOWDOWN = {"gpu": 3.0, "cpu": 2.0}
 """How much slower per FLOP eager attention runs than fused kernels: it writes and re-reads the S×S score
@@ -171,6 +174,13 @@ def small_batch(ctx: RuleContext) -> Finding | None:
     if tiny is not None:
         evidence["tiny_kernel_frac"] = round(tiny, 3)
         evidence["launch_bound"] = launch_bound
+    planned = planned_micro_batch(ctx)
+    if planned is not None:
+        evidence["plan_max_micro_batch"] = planned
+        if planned <= (ctx.env.micro_batch_size or 1):
+            return (
+                None  # the planner says a bigger micro-batch would not fit: the idle time has another cause
+            )
     confidence = 0.7 if mem is not None or ctx.traces else 0.5
     if m.source_of_util == "nvidia-smi" and m.data_wait_frac is None:
         confidence = 0.4  # a log cannot tell a small batch from a slow input pipeline
@@ -192,8 +202,19 @@ def small_batch(ctx: RuleContext) -> Finding | None:
         est_speedup=est,
         speedup_basis=f"GPU busy share ({m.source_of_util}, measured); filling the idle share gives at most 1/util "
         "(capped at 4×)",
-        fix=fixes.bigger_batch(ctx.framework, ctx.env.micro_batch_size, ctx.env.grad_accum_steps),
+        fix=fixes.bigger_batch(ctx.framework, ctx.env.micro_batch_size, ctx.env.grad_accum_steps, planned),
     )
+
+
+def planned_micro_batch(ctx: RuleContext) -> int | None:
+    """The largest micro-batch `pitstop plan` predicts for this run's model, sequence length and GPU, or None
+    when the run did not reveal enough of them."""
+    seq = ctx.metrics.seq_len or ctx.env.max_seq_len
+    gpu_bytes = ctx.env.gpu_memory_bytes or (ctx.gpu.memory_gib * GIB if ctx.gpu else None)
+    setup = setup_for_run(ctx.env, seq=round(seq or 0), gpus=ctx.profile.world_size)
+    if setup is None or not has_shape(setup) or not gpu_bytes:
+        return None
+    return largest_micro_batch(setup, gpu_bytes)
 
 
 def host_sync(ctx: RuleContext) -> Finding | None:

@@ -8,32 +8,18 @@ from pitstop.diagnose import fixes
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.metrics import rank_metrics
 from pitstop.findings import Finding
-from pitstop.plan.memory import Setup, model_states
-from pitstop.profile import ModelInfo
+from pitstop.plan.from_run import setup_for_run
+from pitstop.plan.memory import model_states
+from pitstop.profile import Environment
 
 GPU_MEMORY_USABLE = 0.6  # leave the rest for activations, workspace and fragmentation
 
 
-def states_without_offload(model: ModelInfo, gpus: int, zero: int) -> float | None:
+def states_without_offload(env: Environment, gpus: int) -> float | None:
     """Bytes per GPU the weights, gradients and optimizer would take on the GPU: the planner's model
     (DeepSpeed's accounting), so `doctor` and `plan` agree on what fits."""
-    total = model.params_total
-    if not total:
-        return None
-    trainable = model.params_trainable if model.params_trainable is not None else total
-    embedding = (model.hidden_size or 0) * (model.vocab_size or 0)
-    setup = Setup.for_shape(
-        dict.fromkeys(("layers", "hidden", "intermediate", "heads", "head_dim", "kv_heads", "vocab"), 0),
-        total_params=total,
-        lora_params=trainable,
-        embedding_params=embedding,
-        largest_module=embedding,  # the embedding is the largest module ZeRO-3 gathers in a decoder
-        seq=0,
-        gpus=max(gpus, 1),
-        zero=min(max(zero, 0), 3),
-        method="full" if trainable >= total else "lora",
-    )
-    return sum(model_states(setup)[:3])
+    setup = setup_for_run(env, gpus=gpus)
+    return None if setup is None else sum(model_states(setup)[:3])
 
 
 def offload_bound(ctx: RuleContext) -> Finding | None:
@@ -48,7 +34,7 @@ def offload_bound(ctx: RuleContext) -> Finding | None:
     gpu_mem = ctx.env.gpu_memory_bytes or (ctx.gpu.memory_gib * 2**30 if ctx.gpu else None)
     evidence: dict[str, object] = {"offload": offload, "zero_stage": ctx.env.zero_stage, "world_size": gpus}
     fits = False
-    need = states_without_offload(model, gpus, ctx.env.zero_stage or 0)
+    need = states_without_offload(ctx.env, gpus)
     if need is not None and gpu_mem:
         fits = need <= GPU_MEMORY_USABLE * gpu_mem
         evidence["model_states_gib_per_gpu"] = round(need / 2**30, 2)
