@@ -16,6 +16,14 @@ SCRIPTS = ROOT / "tests" / "scripts"
 SHARED = ROOT.parent / "shared" / "data"
 
 
+@pytest.fixture(autouse=True)
+def history_file(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test records into its own history file (via $PITSTOP_HISTORY), never into the user's home."""
+    path = tmp_path_factory.mktemp("history") / "history.sqlite3"
+    monkeypatch.setenv("PITSTOP_HISTORY", str(path))
+    return path
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED.is_dir():

@@ -1,0 +1,242 @@
+"""``pitstop history``: list, show and compare stored runs; ``check`` fails a CI job on a regression."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from pitstop.cli.errors import UserError
+from pitstop.history import HistoryError, HistoryStore, RunRecord, open_store
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+history_app = typer.Typer(
+    help="Every measured result, kept in SQLite: list, show, compare runs and catch regressions.",
+    no_args_is_help=True,
+)
+
+HistoryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--history",
+        help="The history file (default: $PITSTOP_HISTORY, else pitstop/history.sqlite3 in the user data folder).",
+    ),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.secho(f"pitstop: {message}", err=True, fg="red")
+    return typer.Exit(code)
+
+
+@contextmanager
+def _store(path: Path | None) -> Iterator[HistoryStore]:
+    """The history, opened for reading; its errors become one line and exit code 2."""
+    try:
+        with open_store(path, create=False) as store:
+            yield store
+    except (HistoryError, UserError) as exc:
+        raise _fail(str(exc), getattr(exc, "code", 2)) from None
+
+
+def _require(store: HistoryStore, run_id: int) -> RunRecord:
+    found = store.get(run_id)
+    if found is None:
+        raise HistoryError(f"no run #{run_id} in {store.path}")
+    return found
+
+
+def _when(created_at: str, short: bool = False) -> str:
+    """Local time; ``short`` drops the year (for the list, where width is dear)."""
+    try:
+        local = datetime.fromisoformat(created_at).astimezone()
+        return local.strftime("%m-%d %H:%M" if short else "%Y-%m-%d %H:%M")
+    except ValueError:
+        return created_at
+
+
+def _short(text: str | None, width: int = 40) -> str:
+    if not text:
+        return "–"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    return Console()
+
+
+@history_app.command("list")
+def list_runs(
+    limit: Annotated[int, typer.Option(min=1, help="How many runs, newest first.")] = 20,
+    kind: Annotated[str | None, typer.Option(help="Only this kind: doctor, tune, analyze, demo…")] = None,
+    label: Annotated[str | None, typer.Option(help="Only runs with this label.")] = None,
+    json_out: JsonFlag = False,
+    history: HistoryOpt = None,
+) -> None:
+    """The newest runs: when, what, which setup (fingerprint), and how fast."""
+    from pitstop.history.compare import format_metric
+
+    with _store(history) as store:
+        runs = store.list(limit=limit, kind=kind, label=label)
+    if json_out:
+        typer.echo(json.dumps([r.to_dict() for r in runs], indent=1))
+        return
+    if not runs:
+        typer.echo(f"no runs recorded in {store.path}")
+        return
+    from rich.table import Table
+
+    table = Table(caption=str(store.path), show_edge=False)
+    table.add_column("id", justify="right", no_wrap=True)
+    table.add_column("when", no_wrap=True, min_width=11)
+    table.add_column("kind", min_width=6)
+    table.add_column("label", min_width=6)
+    table.add_column("command", overflow="ellipsis")
+    table.add_column("fingerprint", no_wrap=True, min_width=12)
+    table.add_column("real tok/s", justify="right", no_wrap=True)
+    table.add_column("MFU", justify="right", no_wrap=True)
+    for r in runs:
+        table.add_row(
+            str(r.id),
+            _when(r.created_at, short=True),
+            r.kind,
+            r.label or "–",
+            _short(r.command),
+            r.fingerprint,
+            format_metric("real_tokens_per_s", r.real_tokens_per_s),
+            format_metric("mfu", r.mfu),
+        )
+    _console().print(table)
+
+
+@history_app.command()
+def show(
+    run_id: Annotated[int, typer.Argument(metavar="ID", help="The run id (see `pitstop history list`).")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the stored document as JSON.")] = False,
+    history: HistoryOpt = None,
+) -> None:
+    """One stored run: its setup, its numbers, and (with --json) the whole stored document."""
+    from pitstop.history.compare import METRIC_NAMES, flatten, format_metric
+
+    with _store(history) as store:
+        run = _require(store, run_id)
+    if json_out:
+        typer.echo(json.dumps(run.result, indent=1))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"run #{run.id}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    rows = [
+        ("when", _when(run.created_at)),
+        ("kind", run.kind),
+        ("label", run.label or "–"),
+        ("git commit", run.git_commit or "–"),
+        ("command", run.command or "–"),
+        ("fingerprint", run.fingerprint),
+    ]
+    rows += [(f"  {k}", "–" if v is None else str(v)) for k, v in flatten(run.fingerprint_fields).items()]
+    rows += [(METRIC_NAMES[name], format_metric(name, run.metric(name))) for name in METRIC_NAMES]
+    doc = run.result or {}
+    if isinstance(doc.get("findings"), list):
+        causes = [str(f.get("cause")) for f in doc["findings"] if isinstance(f, dict)]
+        rows.append(("findings", ", ".join(causes) or "none"))
+    best = doc.get("best")
+    if isinstance(best, dict) and isinstance(best.get("speedup"), int | float):
+        fixes = best.get("fixes") or ([best["fix"]] if best.get("fix") else [])
+        rows.append(("best", f"×{best['speedup']:.2f} with {', '.join(map(str, fixes)) or '?'}"))
+    for field, value in rows:
+        table.add_row(field, value)
+    _console().print(table)
+
+
+@history_app.command()
+def compare(
+    a: Annotated[int, typer.Argument(metavar="A", help="The first run id (the reference).")],
+    b: Annotated[int, typer.Argument(metavar="B", help="The second run id.")],
+    history: HistoryOpt = None,
+) -> None:
+    """Two runs side by side: setup fields that differ are highlighted; metrics show the ratio B/A."""
+    from rich.table import Table
+
+    from pitstop.history.compare import METRIC_NAMES, fingerprint_diff, flatten, format_metric, metric_rows
+
+    with _store(history) as store:
+        run_a, run_b = _require(store, a), _require(store, b)
+    differ = fingerprint_diff(run_a.fingerprint_fields, run_b.fingerprint_fields)
+    table = Table(title=f"run #{a} vs run #{b}")
+    for name in ("", f"A  #{a}", f"B  #{b}", "B/A"):
+        table.add_column(name, justify="left" if not name or name.startswith("A") else "right")
+    table.add_row("kind", run_a.kind, run_b.kind, "")
+    table.add_row("label", run_a.label or "–", run_b.label or "–", "")
+    table.add_row("fingerprint", run_a.fingerprint, run_b.fingerprint, "")
+    flat_a, flat_b = flatten(run_a.fingerprint_fields), flatten(run_b.fingerprint_fields)
+    for key in sorted(set(flat_a) | set(flat_b)):
+        style = "bold yellow" if key in differ else None
+        mark = "≠" if key in differ else ""
+        table.add_row(f"  {key}", str(flat_a.get(key, "–")), str(flat_b.get(key, "–")), mark, style=style)
+    for row in metric_rows(run_a, run_b):
+        ratio = "–" if row.ratio is None else f"×{row.ratio:.2f}"
+        table.add_row(
+            METRIC_NAMES[row.name], format_metric(row.name, row.a), format_metric(row.name, row.b), ratio
+        )
+    _console().print(table)
+    if differ:
+        typer.secho(
+            f"pitstop: warning: the runs have different setups ({', '.join(differ)} differ); "
+            "the numbers are not directly comparable",
+            err=True,
+            fg="yellow",
+        )
+
+
+@history_app.command("check")
+def check_run(
+    baseline: Annotated[
+        str,
+        typer.Option(help="A run id, or a label: the newest run with it and the same setup is the baseline."),
+    ],
+    max_drop: Annotated[str, typer.Option("--max-drop", help="The largest drop allowed: 5% or 0.05.")] = "5%",
+    run_id: Annotated[
+        int | None, typer.Option("--run", help="The run to check (default: the latest run).")
+    ] = None,
+    metric: Annotated[
+        str, typer.Option(help="real_tokens_per_s, tokens_per_s, step_time_s or mfu.")
+    ] = "real_tokens_per_s",
+    history: HistoryOpt = None,
+) -> None:
+    """Exit 1 when a run is slower than its baseline by more than --max-drop (for CI); 0 when it is not.
+
+    Exit 2 when there is nothing to compare: no runs, an unknown id, or no baseline with the same setup.
+    """
+    from pitstop.history.compare import check, find_baseline, fingerprint_diff, parse_max_drop
+
+    with _store(history) as store:
+        allowed = parse_max_drop(max_drop)
+        if run_id is None:
+            latest = store.latest()
+            if latest is None:
+                raise HistoryError(f"no runs recorded in {store.path}")
+            run = latest
+        else:
+            run = _require(store, run_id)
+        base = find_baseline(store, run, baseline)
+        verdict = check(run, base, metric, allowed)
+    message = verdict.message()
+    if base.fingerprint != run.fingerprint:  # only when asked for by id; said on the same one line
+        differ = ", ".join(fingerprint_diff(base.fingerprint_fields, run.fingerprint_fields))
+        message += f" (note: baseline run #{base.id} has a different setup: {differ})"
+    if verdict.regression:
+        raise _fail(f"regression: {message}", 1)
+    typer.echo(f"ok: {message}")

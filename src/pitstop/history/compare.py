@@ -1,0 +1,152 @@
+"""Comparing stored runs and catching regressions. Pure functions, apart from finding a baseline."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pitstop.history.documents import METRIC_COLUMNS
+from pitstop.history.errors import HistoryError
+from pitstop.history.store import HistoryStore, RunRecord
+
+METRIC_NAMES = {
+    "real_tokens_per_s": "real tokens/s",
+    "tokens_per_s": "tokens/s",
+    "step_time_s": "step time",
+    "mfu": "MFU",
+}
+LOWER_IS_BETTER = frozenset({"step_time_s"})
+
+
+def parse_max_drop(text: str) -> float:
+    """``"5%"`` or ``"0.05"`` → 0.05. A bare number above 1 is refused: ``5`` could mean 5% or 500%."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise HistoryError(f"--max-drop '{text}' is not a percentage (e.g. 5% or 0.05)") from None
+    if not math.isfinite(value) or not 0 <= value < 1:
+        raise HistoryError(f"--max-drop '{text}' must be between 0% and 100% (e.g. 5% or 0.05)")
+    return value
+
+
+def format_metric(name: str, value: float | None) -> str:
+    if value is None:
+        return "–"
+    if name == "mfu":
+        return f"{value:.1%}"
+    if name == "step_time_s":
+        return f"{value:.3g} s"
+    return f"{value:,.0f}"
+
+
+def flatten(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"versions": {"torch": "2.5"}}`` → ``{"versions.torch": "2.5"}``."""
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The fingerprint fields whose values differ, as ``{field: (a, b)}`` (a missing field is ``None``)."""
+    flat_a, flat_b = flatten(a), flatten(b)
+    keys = sorted(set(flat_a) | set(flat_b))
+    return {k: (flat_a.get(k), flat_b.get(k)) for k in keys if flat_a.get(k) != flat_b.get(k)}
+
+
+@dataclass
+class MetricRow:
+    name: str
+    a: float | None
+    b: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        """B / A, or ``None`` where either is unknown or A is zero."""
+        if self.a is None or self.b is None or self.a == 0:
+            return None
+        return self.b / self.a
+
+
+def metric_rows(a: RunRecord, b: RunRecord) -> list[MetricRow]:
+    return [MetricRow(name, a.metric(name), b.metric(name)) for name in METRIC_COLUMNS]
+
+
+def slowdown(baseline: float, value: float, metric: str) -> float:
+    """How much slower ``value`` is than ``baseline``, as a fraction of the baseline's speed (< 0: faster).
+
+    For a time (lower is better) the drop is in the matching speed, 1 / time, so ``--max-drop`` means the
+    same for every metric.
+    """
+    if metric in LOWER_IS_BETTER:
+        return 1.0 - baseline / value
+    return 1.0 - value / baseline
+
+
+@dataclass
+class Verdict:
+    """The outcome of ``check``: a regression when the drop exceeds what is allowed."""
+
+    run: RunRecord
+    baseline: RunRecord
+    metric: str
+    drop: float
+    max_drop: float
+
+    @property
+    def regression(self) -> bool:
+        return self.drop > self.max_drop
+
+    def message(self) -> str:
+        name = METRIC_NAMES.get(self.metric, self.metric)
+        label = f" ({self.baseline.label})" if self.baseline.label else ""
+        if abs(self.drop) < 0.0005:
+            way = "the same speed"
+        else:
+            way = f"{self.drop:.1%} slower" if self.drop > 0 else f"{-self.drop:.1%} faster"
+        verdict = "more than" if self.regression else "within"
+        return (
+            f"run #{self.run.id}: {name} {format_metric(self.metric, self.run.metric(self.metric))} vs "
+            f"{format_metric(self.metric, self.baseline.metric(self.metric))} in baseline run "
+            f"#{self.baseline.id}{label}: {way}, {verdict} the {self.max_drop:.0%} allowed"
+        )
+
+
+def check(run: RunRecord, baseline: RunRecord, metric: str, max_drop: float) -> Verdict:
+    """Compare ``run`` with ``baseline`` on ``metric``; raises when either lacks it."""
+    if metric not in METRIC_COLUMNS:
+        raise HistoryError(f"unknown metric '{metric}'; known: {', '.join(METRIC_COLUMNS)}")
+    if run.id == baseline.id:
+        raise HistoryError(f"run #{run.id} cannot be its own baseline")
+    value, base = run.metric(metric), baseline.metric(metric)
+    for record, v in ((run, value), (baseline, base)):
+        if v is None or v <= 0:
+            raise HistoryError(f"run #{record.id} has no {METRIC_NAMES[metric]} to compare")
+    assert value is not None and base is not None
+    return Verdict(run, baseline, metric, slowdown(base, value, metric), max_drop)
+
+
+def find_baseline(store: HistoryStore, run: RunRecord, baseline: str) -> RunRecord:
+    """``baseline`` as a run id, else the newest run of that label with the same fingerprint and kind.
+
+    The kind must match too: a tune result (with its fixes applied) is no baseline for a doctor run.
+    """
+    label = baseline.strip()
+    run_id = label.removeprefix("#")
+    if run_id.isdigit():
+        found = store.get(int(run_id))
+        if found is not None:
+            return found
+    found = store.latest(kind=run.kind, label=label, fingerprint=run.fingerprint, exclude=run.id)
+    if found is not None:
+        return found
+    also = f"no run #{run_id}, and " if run_id.isdigit() else ""
+    raise HistoryError(
+        f"{also}no {run.kind} run labelled '{label}' with fingerprint {run.fingerprint} "
+        f"(the setup of run #{run.id}) in {store.path}"
+    )

@@ -1,0 +1,91 @@
+"""What a history row takes from a ``pitstop.run/1`` or ``pitstop.tune/1`` document."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from pitstop.history.errors import HistoryError
+from pitstop.history.fingerprint import fingerprint_fields
+
+SCHEMA_TUNE = "pitstop.tune/1"
+METRIC_COLUMNS = ("real_tokens_per_s", "tokens_per_s", "step_time_s", "mfu")
+
+
+@dataclass
+class Summary:
+    """The indexed columns of one stored result."""
+
+    command: str | None
+    fingerprint_fields: dict[str, Any]
+    metrics: dict[str, float | None]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _command(value: Any) -> str | None:
+    if isinstance(value, list):
+        return shlex.join(str(part) for part in value)
+    return value if isinstance(value, str) and value else None
+
+
+def _is_run(doc: dict[str, Any]) -> bool:
+    from pitstop.diagnose import SCHEMA_RUN
+
+    if "schema" in doc:
+        return doc["schema"] == SCHEMA_RUN
+    return isinstance(doc.get("metrics"), dict) and isinstance(doc.get("environment"), dict)
+
+
+def _is_tune(doc: dict[str, Any]) -> bool:
+    if "schema" in doc:
+        return doc["schema"] == SCHEMA_TUNE
+    return isinstance(doc.get("baseline_run"), dict)
+
+
+def summarize(doc: Any) -> Summary:
+    """The command, fingerprint and headline metrics of a run or tune document.
+
+    A tune document is fingerprinted by its baseline window. Its throughput is the best configuration's
+    (the baseline's when no fix helped); the other metrics were measured only for the baseline, so they
+    are stored only when the baseline is the result.
+    """
+    if not isinstance(doc, dict):
+        raise HistoryError(
+            f"a result to record is a pitstop.run/1 or {SCHEMA_TUNE} object, not a {type(doc).__name__}"
+        )
+    if _is_tune(doc):
+        run = doc.get("baseline_run")
+        if not isinstance(run, dict) or not _is_run(run):
+            raise HistoryError(f"{SCHEMA_TUNE} document without a pitstop.run/1 'baseline_run'")
+        best = doc.get("best") or {}
+        baseline = doc.get("baseline") or {}
+        best_tps = _number(best.get("real_tokens_per_s")) if isinstance(best, dict) else None
+        run_metrics = run.get("metrics") or {}
+        if best_tps is not None:
+            metrics: dict[str, float | None] = dict.fromkeys(METRIC_COLUMNS)
+            metrics["real_tokens_per_s"] = best_tps
+        else:
+            metrics = {name: _number(run_metrics.get(name)) for name in METRIC_COLUMNS}
+            base_tps = _number(baseline.get("real_tokens_per_s")) if isinstance(baseline, dict) else None
+            if base_tps is not None:
+                metrics["real_tokens_per_s"] = base_tps
+        return Summary(
+            _command(run.get("command")) or _command(doc.get("command")), fingerprint_fields(run), metrics
+        )
+    if _is_run(doc):
+        run_metrics = doc.get("metrics") or {}
+        return Summary(
+            _command(doc.get("command")),
+            fingerprint_fields(doc),
+            {name: _number(run_metrics.get(name)) for name in METRIC_COLUMNS},
+        )
+    raise HistoryError(
+        f"not a pitstop.run/1 or {SCHEMA_TUNE} document (schema: {doc.get('schema', 'none')!r})"
+    )

@@ -1,0 +1,395 @@
+"""The SQLite file that keeps every measured result, safe for many writers at once.
+
+Safety first: a file is inspected from its raw header before SQLite opens it, so a text file, a truncated
+or foreign database, or one written by a newer pitstop is refused with a one-line ``HistoryError`` and left
+exactly as it was. Writers (ranks, parallel jobs) share the file through WAL, a busy timeout, ``BEGIN
+IMMEDIATE`` transactions and a retry loop, so none of them loses a record.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import random
+import sqlite3
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pitstop.history.documents import METRIC_COLUMNS, summarize
+from pitstop.history.errors import HistoryError
+from pitstop.history.fingerprint import canonical_json, fingerprint_of
+from pitstop.history.gitinfo import git_head, resolve_label
+from pitstop.history.paths import resolve_path
+
+APPLICATION_ID = 0x50495453  # "PITS": marks the file as a pitstop history
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0
+_MAGIC = b"SQLite format 3\x00"
+_HEADER = 100
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    created_at TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    label TEXT,
+    git_commit TEXT,
+    command TEXT,
+    fingerprint TEXT NOT NULL,
+    fingerprint_json TEXT NOT NULL,
+    real_tokens_per_s REAL,
+    tokens_per_s REAL,
+    step_time_s REAL,
+    mfu REAL,
+    result_json TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS runs_by_fingerprint ON runs (fingerprint, label, id)",
+)
+_SUMMARY_COLUMNS = (
+    "id, created_at, kind, label, git_commit, command, fingerprint, fingerprint_json, "
+    + ", ".join(METRIC_COLUMNS)
+)
+
+T = TypeVar("T")
+
+
+@dataclass
+class RunRecord:
+    """One stored result. ``result`` (the whole document) is loaded by ``get`` only."""
+
+    id: int
+    created_at: str
+    kind: str
+    label: str | None
+    git_commit: str | None
+    command: str | None
+    fingerprint: str
+    fingerprint_fields: dict[str, Any]
+    real_tokens_per_s: float | None
+    tokens_per_s: float | None
+    step_time_s: float | None
+    mfu: float | None
+    result: dict[str, Any] | None = None
+
+    def metric(self, name: str) -> float | None:
+        if name not in METRIC_COLUMNS:
+            raise HistoryError(f"unknown metric '{name}'; known: {', '.join(METRIC_COLUMNS)}")
+        value: float | None = getattr(self, name)
+        return value
+
+    def to_dict(self, with_result: bool = False) -> dict[str, Any]:
+        out = {k: v for k, v in vars(self).items() if k != "result"}
+        if with_result:
+            out["result"] = self.result
+        return out
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> RunRecord:
+        keys = row.keys()
+        return cls(
+            id=row["id"],
+            created_at=row["created_at"],
+            kind=row["kind"],
+            label=row["label"],
+            git_commit=row["git_commit"],
+            command=row["command"],
+            fingerprint=row["fingerprint"],
+            fingerprint_fields=json.loads(row["fingerprint_json"]),
+            real_tokens_per_s=row["real_tokens_per_s"],
+            tokens_per_s=row["tokens_per_s"],
+            step_time_s=row["step_time_s"],
+            mfu=row["mfu"],
+            result=json.loads(row["result_json"]) if "result_json" in keys else None,
+        )
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _retry(action: Callable[[], T], timeout: float = BUSY_TIMEOUT_S) -> T:
+    """Run ``action``, again after a short random pause while another writer holds the lock."""
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        try:
+            return action()
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause * (0.5 + random.random()))
+        pause = min(pause * 2, 0.25)
+
+
+def _header_problem(path: Path) -> str | None:
+    """Why the raw bytes of ``path`` cannot be a pitstop history, or ``None``. Reads; never writes."""
+    with path.open("rb") as f:
+        header = f.read(_HEADER)
+    size = path.stat().st_size
+    if not header:
+        return None  # an empty file: a new history
+    if len(header) < _HEADER or not header.startswith(_MAGIC):
+        return "not an SQLite database"
+    app_id, user_version = struct.unpack(">I", header[68:72])[0], struct.unpack(">I", header[60:64])[0]
+    schema_cookie = struct.unpack(">I", header[40:44])[0]
+    if app_id not in (0, APPLICATION_ID) or (app_id == 0 and schema_cookie != 0):
+        return "an SQLite database of another program, not a pitstop history"
+    if app_id == APPLICATION_ID and user_version > SCHEMA_VERSION:
+        return _too_new(user_version)
+    page_size = struct.unpack(">H", header[16:18])[0]
+    page_size = 65536 if page_size == 1 else page_size
+    pages, change, valid_for = struct.unpack(">I", header[28:32])[0], header[24:28], header[92:96]
+    busy = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
+    if pages and change == valid_for and not busy and size < pages * page_size:
+        return f"truncated or corrupt SQLite file ({size} bytes; its header says {pages * page_size})"
+    return None
+
+
+def _describe(path: Path, exc: sqlite3.DatabaseError) -> str:
+    if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+        return f"{path}: still locked by another process after {BUSY_TIMEOUT_S:.0f} s ({exc})"
+    return f"{path}: not a usable pitstop history ({exc}); left untouched"
+
+
+def _too_new(version: int) -> str:
+    return (
+        f"written by a newer pitstop (history schema {version}; this one reads up to {SCHEMA_VERSION}); "
+        "upgrade pitstop or use another --history"
+    )
+
+
+def _check_file(path: Path) -> None:
+    if path.is_dir():
+        raise HistoryError(f"{path}: is a folder, not a history file")
+    for attempt in range(3):
+        problem = _header_problem(path)
+        if problem is None:
+            return
+        if "truncated" not in problem or attempt == 2:
+            raise HistoryError(f"{path}: {problem}; left untouched")
+        time.sleep(0.05)  # a writer may be extending the file right now: look again
+
+
+def _identity(conn: sqlite3.Connection) -> tuple[int, int, int]:
+    """``(application_id, user_version, schema objects)``, read from one snapshot."""
+    own = not conn.in_transaction
+    if own:  # one read transaction: another process may initialise the file between two reads
+        conn.execute("BEGIN")
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    finally:
+        if own and conn.in_transaction:
+            conn.execute("COMMIT")
+    return app_id, version, objects
+
+
+class HistoryStore:
+    """A pitstop history file. ``create=False`` opens for reading: a missing file reads as empty."""
+
+    def __init__(self, path: Path | str | None = None, *, create: bool = True) -> None:
+        self.path = resolve_path(path)
+        self._conn: sqlite3.Connection | None = None
+        exists = self.path.exists()
+        if exists:
+            _check_file(self.path)
+        elif not create:
+            return
+        else:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise HistoryError(f"{self.path}: cannot create its folder ({exc.strerror or exc})") from None
+        try:
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise HistoryError(f"{self.path}: cannot open ({exc})") from None
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            ready = self._prepare(conn, create)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise HistoryError(_describe(self.path, exc)) from None
+        except BaseException:
+            conn.close()
+            raise
+        if ready:
+            self._conn = conn
+        else:
+            conn.close()
+
+    def _prepare(self, conn: sqlite3.Connection, create: bool) -> bool:
+        """Check what the file is; initialise an empty one when writing. True when it holds a history."""
+
+        def verify(app_id: int, version: int, objects: int) -> bool:
+            if app_id == APPLICATION_ID:
+                if version > SCHEMA_VERSION:
+                    raise HistoryError(f"{self.path}: {_too_new(version)}")
+                return version == SCHEMA_VERSION
+            if objects:
+                raise HistoryError(
+                    f"{self.path}: an SQLite database of another program, not a pitstop history; left untouched"
+                )
+            return False
+
+        if verify(*_retry(lambda: _identity(conn))):
+            if create:
+                self._use_wal(conn)
+            return True
+        if not create:
+            return False
+
+        def initialise() -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if not verify(*_identity(conn)):  # another process may have won the race
+                    for statement in _SCHEMA:  # one by one: executescript would commit early
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+        _retry(initialise)
+        self._use_wal(conn)
+        return True
+
+    @staticmethod
+    def _use_wal(conn: sqlite3.Connection) -> None:
+        """WAL lets readers and one writer work at once; the mode stays with the file."""
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            _retry(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
+        conn.execute(
+            "PRAGMA synchronous = NORMAL"
+        )  # with WAL: never corrupt; a power cut may drop the last commit
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def add(
+        self, result: dict[str, Any], kind: str, label: str | None = None, cwd: Path | None = None
+    ) -> int:
+        """Store ``result`` and return its run id. ``label``: see ``resolve_label``."""
+        if not kind or not isinstance(kind, str):
+            raise HistoryError("a recorded run needs a kind (doctor, tune, analyze, demo, …)")
+        summary = summarize(result)
+        conn = self._writable()
+        _, commit = git_head(cwd)
+        values = (
+            datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            kind,
+            resolve_label(label, cwd),
+            commit,
+            summary.command,
+            fingerprint_of(summary.fingerprint_fields),
+            canonical_json(summary.fingerprint_fields),
+            *(summary.metrics[name] for name in METRIC_COLUMNS),
+            json.dumps(result, default=str),
+        )
+        sql = (
+            "INSERT INTO runs (created_at, kind, label, git_commit, command, fingerprint, fingerprint_json, "
+            f"{', '.join(METRIC_COLUMNS)}, result_json) VALUES ({', '.join('?' * len(values))})"
+        )
+
+        def insert() -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row_id = conn.execute(sql, values).lastrowid
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            assert row_id is not None
+            return row_id
+
+        return self._guard(lambda: _retry(insert))
+
+    def _writable(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise HistoryError(f"{self.path}: opened for reading only")
+        return self._conn
+
+    def _guard(self, action: Callable[[], T]) -> T:
+        try:
+            return action()
+        except sqlite3.DatabaseError as exc:
+            raise HistoryError(_describe(self.path, exc)) from None
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> builtins.list[sqlite3.Row]:
+        conn = self._conn
+        if conn is None:
+            return []
+        return self._guard(lambda: _retry(lambda: conn.execute(sql, params).fetchall()))
+
+    def list(
+        self, limit: int | None = 20, kind: str | None = None, label: str | None = None
+    ) -> builtins.list[RunRecord]:
+        """The newest runs first, optionally only one kind or label."""
+        where, params = self._filters(kind=kind, label=label)
+        sql = f"SELECT {_SUMMARY_COLUMNS} FROM runs{where} ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params += (limit,)
+        return [RunRecord.from_row(r) for r in self._query(sql, params)]
+
+    def get(self, run_id: int) -> RunRecord | None:
+        """One run with its whole document, or ``None``."""
+        rows = self._query(f"SELECT {_SUMMARY_COLUMNS}, result_json FROM runs WHERE id = ?", (run_id,))
+        return RunRecord.from_row(rows[0]) if rows else None
+
+    def latest(
+        self,
+        kind: str | None = None,
+        label: str | None = None,
+        fingerprint: str | None = None,
+        exclude: int | None = None,
+    ) -> RunRecord | None:
+        """The most recent run matching every given filter (with its document), or ``None``."""
+        where, params = self._filters(kind=kind, label=label, fingerprint=fingerprint)
+        if exclude is not None:
+            where += (" AND" if where else " WHERE") + " id != ?"
+            params += (exclude,)
+        rows = self._query(f"SELECT id FROM runs{where} ORDER BY id DESC LIMIT 1", params)
+        return self.get(rows[0]["id"]) if rows else None
+
+    def count(self) -> int:
+        rows = self._query("SELECT count(*) FROM runs")
+        return int(rows[0][0]) if rows else 0
+
+    @staticmethod
+    def _filters(**values: str | None) -> tuple[str, tuple[Any, ...]]:
+        used = {k: v for k, v in values.items() if v is not None}
+        if not used:
+            return "", ()
+        return " WHERE " + " AND ".join(f"{k} = ?" for k in used), tuple(used.values())
+
+    # -- lifetime -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_store(path: Path | str | None = None, *, create: bool = True) -> HistoryStore:
+    """The history at ``path`` (default: ``default_path()``); use it as a context manager."""
+    return HistoryStore(path, create=create)
