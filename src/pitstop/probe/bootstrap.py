@@ -31,8 +31,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
     def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
         self.name = name
-        self.callback = callback
+        self.callbacks = [callback]
         self.fired = False
+
+    def callback(self, module: ModuleType) -> None:
+        for callback in self.callbacks:
+            callback(module)
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
@@ -60,8 +64,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None
     ) -> importlib.machinery.ModuleSpec | None:
         for finder in sys.meta_path:
-            if finder is self:
-                continue
+            if isinstance(finder, _AfterImport):
+                continue  # the others wrap a real finder too; asking them would go round in circles
             find = getattr(finder, "find_spec", None)
             if find is None:
                 continue
@@ -91,13 +95,30 @@ def _install(config: ProbeConfig) -> None:
         )
 
 
+def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
+    """Run ``callback(module)`` once ``name`` is imported (now, if it already is)."""
+    if name in sys.modules:
+        callback(sys.modules[name])
+        return
+    waiting = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name), None)
+    if waiting is not None and not waiting.fired:
+        waiting.callbacks.append(callback)
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
 def arm(environ: dict[str, str] | None = None) -> bool:
-    """Arm the probe if the runner asked for it. Returns whether it was armed."""
+    """Arm the fixes `pitstop tune` asked for, and the probe if the runner asked for it. Returns whether
+    the probe was armed."""
+    from pitstop.fixes.request import FixRequest
+
+    request = FixRequest.from_env(environ)
+    if request is not None:
+        from pitstop.fixes.apply import arm_fixes
+
+        arm_fixes(request, after_import)
     config = ProbeConfig.from_env(environ)
     if config is None:
         return False
-    if "torch" in sys.modules:
-        _install(config)
-    else:
-        sys.meta_path.insert(0, _AfterImport("torch", lambda _module: _install(config)))
+    after_import("torch", lambda _module: _install(config))
     return True

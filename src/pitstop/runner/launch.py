@@ -133,8 +133,10 @@ def run_observed(
     on_tick: Callable[[Path], None] | None = None,
     out_dir: Path | None = None,
     timeout_s: float | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Launch:
-    """Run ``command`` under the probe and wait for it. Never raises for the command's own failures."""
+    """Run ``command`` under the probe and wait for it. Never raises for the command's own failures.
+    ``extra_env`` is added to the command's environment (`pitstop tune` passes its fix requests so)."""
     out = out_dir or Path(tempfile.mkdtemp(prefix="pitstop-"))
     out.mkdir(parents=True, exist_ok=True)
     config.out_dir = out
@@ -145,6 +147,7 @@ def run_observed(
         launch.start_error = str(exc)
         return launch
     env = child_environment(config, prepare_injection(out))
+    env.update(extra_env or {})
     log = None
     if quiet:
         launch.log_path = out / "command.log"

@@ -1,0 +1,94 @@
+"""Collate wrappers that remove padding from the batches a job already builds, without touching its code.
+
+Both keep every example and every labelled token of the batch, so a Hugging Face causal-LM loss (the mean
+over labelled tokens) is the same:
+
+* :class:`TrimPadding` cuts the columns that are padding in every row of a right-padded batch. Causal
+  attention never lets a real token see a later position, so the real tokens compute exactly what they did.
+* :class:`PackBatch` concatenates the batch's examples into one padding-free row, with positions restarting
+  per example and attention kept inside each example (``pitstop.data.PackingCollator``).
+
+Both are module-level classes so DataLoader workers can pickle them under any start method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+PACKABLE_KEYS = {"input_ids", "attention_mask", "labels"}
+
+
+def right_padded_lengths(batch: Any) -> tuple[Any, Any] | None:
+    """(input_ids, real lengths) when the batch is a mapping with a 2-D attention mask whose ones form a
+    prefix of every row; None otherwise (left padding, no mask, 4-D masks: left alone)."""
+    if not isinstance(batch, MutableMapping) and not (
+        hasattr(batch, "keys") and hasattr(batch, "__setitem__")
+    ):
+        return None
+    ids, mask = batch.get("input_ids"), batch.get("attention_mask")
+    if not all(hasattr(x, "dim") for x in (ids, mask)) or ids.dim() != 2 or mask.shape != ids.shape:
+        return None
+    real = mask != 0
+    if ids.shape[1] > 1 and bool((real[:, 1:] & ~real[:, :-1]).any()):
+        return None  # a real token after a pad: not right padding
+    return ids, real.sum(dim=1)
+
+
+class TrimPadding:
+    def __init__(self, inner: Callable[[Any], Any]) -> None:
+        self.inner = inner
+
+    def __call__(self, samples: Any) -> Any:
+        return trim_padding(self.inner(samples))
+
+
+def trim_padding(batch: Any) -> Any:
+    found = right_padded_lengths(batch)
+    if found is None:
+        return batch
+    ids, lengths = found
+    rows, width = ids.shape
+    keep = int(lengths.max()) if rows else width
+    if keep >= width:
+        return batch
+    tensors = {k: v for k, v in batch.items() if hasattr(v, "dim")}
+    if any(v.dim() > 2 and width in v.shape[1:] for v in tensors.values()):
+        return batch  # a 4-D mask or per-position features we cannot cut consistently
+    for key, value in tensors.items():
+        if value.dim() == 2 and value.shape == (rows, width):
+            batch[key] = value[:, :keep].contiguous()
+    return batch
+
+
+class PackBatch:
+    def __init__(self, inner: Callable[[Any], Any], attn: str, pad_token_id: int = 0) -> None:
+        self.inner = inner
+        self.attn = attn
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, samples: Any) -> Any:
+        return pack_batch(self.inner(samples), self.attn, self.pad_token_id)
+
+
+def pack_batch(batch: Any, attn: str, pad_token_id: int = 0) -> Any:
+    """One padding-free row holding the batch's examples; the batch unchanged when it is not a plain
+    right-padded causal-LM batch (input_ids, attention_mask, labels and nothing else)."""
+    from pitstop.data.collate import PackingCollator
+
+    found = right_padded_lengths(batch)
+    if found is None or set(batch.keys()) != PACKABLE_KEYS:
+        return batch
+    ids, lengths = found
+    labels = batch["labels"]
+    if labels.shape != ids.shape:
+        return batch
+    import torch
+
+    lens = [int(n) for n in lengths]
+    row = {
+        "input_ids": torch.cat([ids[b, :n] for b, n in enumerate(lens)]),
+        "labels": torch.cat([labels[b, :n] for b, n in enumerate(lens)]),
+        "seq_lens": [n for n in lens if n],
+    }
+    return PackingCollator(attn, pad_token_id)([row])

@@ -1,0 +1,108 @@
+"""What `pitstop tune` asks of one trial process, passed down in environment variables, and what the
+process reports back: which fixes it applied, which it could not, and the first steps' losses."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_FIXES = "PITSTOP_FIXES"  # comma-separated fix ids to apply in this process
+ENV_ATTN = "PITSTOP_FIX_ATTN"  # the attention implementation the model will run (for packed masks)
+ENV_ATTN_TARGET = "PITSTOP_FIX_ATTN_TARGET"  # what the attention fix switches to: sdpa, flash_attention_2
+ENV_SCRATCH = "PITSTOP_SCRATCH"  # where the job's checkpoints and logs go during trials
+ENV_LOSS_STEPS = "PITSTOP_LOSS_STEPS"  # record the losses of this many first optimizer steps
+ENV_REPORT = "PITSTOP_FIX_REPORT"  # folder for the per-process reports
+ENV_MICRO_BATCH_FACTOR = "PITSTOP_MICRO_BATCH_FACTOR"  # the most the micro-batch may grow
+
+
+@dataclass
+class FixRequest:
+    fixes: frozenset[str] = frozenset()
+    attn: str | None = None
+    attn_target: str = "sdpa"
+    scratch: Path | None = None
+    loss_steps: int = 0
+    report_dir: Path | None = None
+    micro_batch_factor: int = 4
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> FixRequest | None:
+        """The request of the runner, or None when this process was not asked for anything."""
+        env = os.environ if environ is None else environ
+        fixes = frozenset(f for f in env.get(ENV_FIXES, "").split(",") if f)
+        scratch = env.get(ENV_SCRATCH)
+        loss_steps = int(env.get(ENV_LOSS_STEPS, "0") or 0)
+        if not fixes and not scratch and not loss_steps:
+            return None
+        report = env.get(ENV_REPORT)
+        return cls(
+            fixes=fixes,
+            attn=env.get(ENV_ATTN) or None,
+            attn_target=env.get(ENV_ATTN_TARGET) or "sdpa",
+            scratch=Path(scratch) if scratch else None,
+            loss_steps=loss_steps,
+            report_dir=Path(report) if report else None,
+            micro_batch_factor=int(env.get(ENV_MICRO_BATCH_FACTOR, "4") or 4),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        env = {ENV_FIXES: ",".join(sorted(self.fixes)), ENV_ATTN_TARGET: self.attn_target}
+        if self.attn:
+            env[ENV_ATTN] = self.attn
+        if self.scratch is not None:
+            env[ENV_SCRATCH] = str(self.scratch)
+        if self.loss_steps:
+            env[ENV_LOSS_STEPS] = str(self.loss_steps)
+        if self.report_dir is not None:
+            env[ENV_REPORT] = str(self.report_dir)
+        env[ENV_MICRO_BATCH_FACTOR] = str(self.micro_batch_factor)
+        return env
+
+
+@dataclass
+class FixReport:
+    """One process's account, rewritten whole (atomically) whenever it changes."""
+
+    path: Path | None
+    applied: dict[str, str] = field(default_factory=dict)  # fix -> what was changed
+    skipped: dict[str, str] = field(default_factory=dict)  # fix -> why it could not be applied
+    losses: list[float] = field(default_factory=list)
+    redirected: list[str] = field(default_factory=list)
+
+    def apply(self, fix: str, what: str) -> None:
+        if self.applied.get(fix) != what:
+            self.applied[fix] = what
+            self.skipped.pop(fix, None)
+            self.save()
+
+    def skip(self, fix: str, why: str) -> None:
+        if fix not in self.applied and self.skipped.get(fix) != why:
+            self.skipped[fix] = why
+            self.save()
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        payload = {
+            "rank": int(os.environ.get("RANK", "0")),
+            "applied": self.applied,
+            "skipped": self.skipped,
+            "losses": self.losses,
+            "redirected": self.redirected,
+        }
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(payload))
+            tmp.replace(self.path)
+
+
+def read_reports(folder: Path) -> list[dict]:
+    """Every process's report (rank 0 first)."""
+    reports = []
+    for path in sorted(folder.glob("fixes-*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            reports.append(json.loads(path.read_text()))
+    return sorted(reports, key=lambda r: r.get("rank", 0))
