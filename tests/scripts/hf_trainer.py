@@ -25,6 +25,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
     p.add_argument("--attn", default="sdpa")
     p.add_argument("--pad-to", type=int, default=None)
     p.add_argument("--slow-ms", type=float, default=0.0)
@@ -52,6 +53,7 @@ def main() -> int:
         common = dict(
             output_dir=out,
             per_device_train_batch_size=args.batch,
+            gradient_accumulation_steps=args.accum,
             max_steps=args.steps,
             learning_rate=1e-3,
             logging_steps=1000,

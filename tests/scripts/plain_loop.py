@@ -29,7 +29,10 @@ def main() -> int:
     p.add_argument("--crash-before-step", action="store_true")
     p.add_argument("--no-optimizer", action="store_true")
     p.add_argument("--exit-code", type=int, default=0)
+    p.add_argument("--spawn", action="store_true", help="start DataLoader workers with spawn, not fork")
     args = p.parse_args()
+    if args.spawn:
+        torch.multiprocessing.set_start_method("spawn", force=True)
 
     torch.manual_seed(args.seed)
     data = examples(512, args.seed)

@@ -21,6 +21,8 @@ def run_analyze(
     model: str | None,
     json_out: Path | None,
     configs_only: bool,
+    history: Path | None = None,
+    record: bool = False,
 ) -> int:
     check_json_target(json_out)
     console = Console(stderr=True)
@@ -33,4 +35,8 @@ def run_analyze(
     diagnosis = diagnose(profile)
     write_json(diagnosis, json_out, {"inputs": inputs.kinds})
     render(diagnosis)
+    if record and diagnosis.metrics.real_tokens_per_s is not None:
+        from pitstop.cli.remember import remember
+
+        remember(diagnosis.to_dict() | {"inputs": inputs.kinds}, "analyze", history)
     return 0

@@ -21,6 +21,13 @@ app = typer.Typer(
 )
 
 
+HistoryOpt = Annotated[
+    Path | None,
+    typer.Option("--history", help="The history database (default: $PITSTOP_HISTORY or per-user)."),
+]
+NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not record this result in the history.")]
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     typer.secho(f"pitstop: {message}", err=True, fg="red")
     return typer.Exit(code)
@@ -47,6 +54,8 @@ def doctor(
         bool | None, typer.Option("--quiet/--verbose", help="Hide / show the command's output.")
     ] = None,
     timeout: Annotated[float | None, typer.Option(help="Stop the command after this many seconds.")] = None,
+    history: HistoryOpt = None,
+    no_history: NoHistoryOpt = False,
 ) -> None:
     """Run a training command, measure a short window of steps, and diagnose it.
 
@@ -57,7 +66,13 @@ def doctor(
     try:
         if demo:
             code = run_demo(
-                steps=steps, warmup=warmup, fixed=fixed, json_out=json_out, quiet=quiet is not False
+                steps=steps,
+                warmup=warmup,
+                fixed=fixed,
+                json_out=json_out,
+                quiet=quiet is not False,
+                history=history,
+                record=not no_history,
             )
         else:
             if fixed:
@@ -72,6 +87,8 @@ def doctor(
                 json_out=json_out,
                 quiet=bool(quiet),
                 timeout=timeout,
+                history=history,
+                record=not no_history,
             )
     except UserError as exc:
         raise fail(str(exc), exc.code) from None
@@ -82,6 +99,64 @@ GpuOpt = Annotated[str | None, typer.Option(help="The GPU of the run (e.g. H100-
 GpusOpt = Annotated[int | None, typer.Option(min=1, help="How many GPUs the run uses.")]
 ModelOpt = Annotated[str | None, typer.Option(help="The model's config.json (or its folder), for FLOPs.")]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the diagnosis as JSON (pitstop.run/1).")]
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def tune(
+    command: Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")] = None,
+    demo: Annotated[
+        bool, typer.Option("--demo", help="Tune the built-in, deliberately slow example.")
+    ] = False,
+    budget: Annotated[str, typer.Option(help="Total time for all windows (e.g. 10m, 90s).")] = "10m",
+    steps: Annotated[int, typer.Option(min=2, help="Optimizer steps measured per window.")] = 30,
+    warmup: Annotated[int, typer.Option(min=0, help="Optimizer steps before measuring, per window.")] = 5,
+    try_: Annotated[
+        list[str] | None, typer.Option("--try", help="Also try these fixes (comma-separated).")
+    ] = None,
+    only: Annotated[list[str] | None, typer.Option(help="Try only these fixes.")] = None,
+    skip: Annotated[list[str] | None, typer.Option(help="Never try these fixes.")] = None,
+    keep_outputs: Annotated[
+        bool,
+        typer.Option("--keep-outputs", help="Let trials write checkpoints and logs where the job says."),
+    ] = False,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the result as JSON (pitstop.tune/1).")
+    ] = None,
+    history: HistoryOpt = None,
+    no_history: NoHistoryOpt = False,
+) -> None:
+    """Try the diagnosed fixes on your own job, one short window each; keep what measurably helps.
+
+    pitstop tune -- python train.py --my-args
+    """
+    from pitstop.cli.doctor import demo_command
+    from pitstop.cli.tune import parse_budget, parse_fixes, run_tune
+    from pitstop.tune.session import TuneOptions
+
+    try:
+        if demo and command:
+            raise UserError("--demo runs the built-in example: give it no command")
+        if not demo and not command:
+            raise UserError("no command given: pitstop tune -- python train.py [args]")
+        options = TuneOptions(
+            steps=steps,
+            warmup=warmup,
+            budget_s=parse_budget(budget),
+            also=parse_fixes("--try", try_ or []),
+            only=parse_fixes("--only", only or []),
+            skip=parse_fixes("--skip", skip or []),
+            keep_outputs=keep_outputs,
+        )
+        if demo:
+            from pitstop.demo.prepare import ensure_demo_assets
+
+            ensure_demo_assets()
+        result = run_tune(demo_command(False) if demo else list(command or []), options, json_out)
+        from pitstop.cli.remember import remember
+
+        remember(result.to_dict(), "tune", history, not no_history)
+    except UserError as exc:
+        raise fail(str(exc), exc.code) from None
 
 
 @app.command()
@@ -97,12 +172,23 @@ def analyze(
     gpus: GpusOpt = None,
     model: ModelOpt = None,
     json_out: JsonOpt = None,
+    history: HistoryOpt = None,
+    no_history: NoHistoryOpt = False,
 ) -> None:
     """Diagnose a run from what it left behind: profiler traces, nvidia-smi logs, Trainer outputs, configs."""
     from pitstop.cli.analyze import run_analyze
 
     raise typer.Exit(
-        run_analyze(paths, gpu=gpu, gpus=gpus, model=model, json_out=json_out, configs_only=False)
+        run_analyze(
+            paths,
+            gpu=gpu,
+            gpus=gpus,
+            model=model,
+            json_out=json_out,
+            configs_only=False,
+            history=history,
+            record=not no_history,
+        )
     )
 
 
@@ -237,6 +323,15 @@ def version() -> None:
     from pitstop import __version__
 
     typer.echo(__version__)
+
+
+def _add_history() -> None:
+    from pitstop.cli.history import history_app
+
+    app.add_typer(history_app, name="history")
+
+
+_add_history()
 
 
 def main() -> None:

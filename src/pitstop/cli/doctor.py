@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
+from pitstop.cli.remember import remember
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
 from pitstop.report.terminal import render
@@ -92,11 +93,14 @@ def run_doctor(
     json_out: Path | None,
     quiet: bool,
     timeout: float | None,
+    history: Path | None = None,
+    record: bool = False,
 ) -> int:
     check_json_target(json_out)
     diagnosis = measure(command, None if full else steps, warmup, quiet, "measuring", timeout)
     write_json(diagnosis, json_out)  # first: a closed terminal must not lose the result
     render(diagnosis)
+    remember(diagnosis.to_dict(), "doctor", history, record)
     return diagnosis.profile.exit_code or 0
 
 
@@ -104,7 +108,15 @@ def demo_command(fixed: bool) -> list[str]:
     return [sys.executable, "-m", "pitstop.demo.train"] + (["--fixed"] if fixed else [])
 
 
-def run_demo(steps: int, warmup: int, fixed: bool, json_out: Path | None, quiet: bool) -> int:
+def run_demo(
+    steps: int,
+    warmup: int,
+    fixed: bool,
+    json_out: Path | None,
+    quiet: bool,
+    history: Path | None = None,
+    record: bool = False,
+) -> int:
     from pitstop.demo.prepare import ensure_demo_assets
 
     check_json_target(json_out)
@@ -115,11 +127,13 @@ def run_demo(steps: int, warmup: int, fixed: bool, json_out: Path | None, quiet:
     if not fixed:
         write_json(slow, json_out)
         render(slow)
+        remember(slow.to_dict(), "demo", history, record)
         return 0
     fast = measure(demo_command(True), steps, warmup, quiet, "demo: with the fixes")
     comparison = compare(slow, fast)
     write_json(slow, json_out, {"demo_comparison": comparison, "fixed": fast.to_dict()})
     render(slow)
+    remember(slow.to_dict(), "demo", history, record)
     out = Console()
     left = ", ".join(f"{f.cause} ({f.severity})" for f in fast.findings) or "no finding"
     out.print(

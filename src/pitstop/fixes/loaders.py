@@ -15,7 +15,7 @@ from typing import Any
 from pitstop.fixes.collate import PackBatch, TrimPadding
 from pitstop.fixes.request import FixReport, FixRequest
 
-LOADER_FIXES = ("pretokenize", "workers", "trim_padding", "pack_batch", "group_by_length")
+LOADER_FIXES = ("pack", "pretokenize", "workers", "trim_padding", "pack_batch", "group_by_length")
 MAX_GROUPED_EXAMPLES = 2_000_000  # reading every example's length beyond this costs more than a trial
 
 
@@ -121,6 +121,54 @@ def _pretokenize(params: dict[str, Any], report: FixReport) -> None:
     )
 
 
+def _same_sampler_over(params: dict[str, Any]) -> None:
+    """A new dataset of another length needs its sampler rebuilt: random stays random, in order stays."""
+    from torch.utils.data import RandomSampler, SequentialSampler
+
+    sampler = params.get("sampler")
+    if isinstance(sampler, RandomSampler):
+        params["sampler"] = RandomSampler(params["dataset"], generator=sampler.generator)
+    elif isinstance(sampler, SequentialSampler):
+        params["sampler"] = SequentialSampler(params["dataset"])
+
+
+def _pack(params: dict[str, Any], request: FixRequest, report: FixReport) -> None:
+    import torch
+    from torch.utils.data import IterableDataset, RandomSampler, SequentialSampler, default_collate
+
+    from pitstop.data.collate import PackingCollator
+    from pitstop.fixes.pretokenize import PackedExamples, build_packed
+
+    dataset = params["dataset"]
+    if isinstance(dataset, PackedExamples):
+        return
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__") or not len(dataset):
+        report.skip("pack", "the dataset is a stream")
+        return
+    sampler = params.get("sampler")
+    if params.get("batch_sampler") is not None or (
+        sampler is not None and not isinstance(sampler, RandomSampler | SequentialSampler)
+    ):
+        report.skip("pack", "the loader has its own sampler, kept as it is")
+        return
+    collate = params.get("collate_fn") or default_collate
+    built = build_packed(
+        dataset, collate, int(params.get("batch_size") or 1), int(torch.initial_seed() % 2**31)
+    )
+    if isinstance(built, str):
+        report.skip("pack", built)
+        return
+    packed, seconds = built
+    attn = request.attn_target if "attention" in request.fixes else (request.attn or "sdpa")
+    params["dataset"] = packed
+    params["collate_fn"] = PackingCollator(attn, pad_token_id=packed.pad_token_id)
+    _same_sampler_over(params)
+    report.apply(
+        "pack",
+        f"{len(dataset):,} examples packed into {len(packed):,} rows, in {seconds:.1f} s ({attn} masks)",
+    )
+
+
 def _workers(params: dict[str, Any], report: FixReport) -> None:
     import torch
     from torch.utils.data import IterableDataset
@@ -172,7 +220,9 @@ def patch_dataloader(request: FixRequest, report: FixReport) -> None:
         except TypeError:
             original(loader, *args, **kwargs)
             return
-        if "pretokenize" in wanted:
+        if "pack" in wanted:
+            _pack(params, request, report)
+        elif "pretokenize" in wanted:
             _pretokenize(params, report)
         if "group_by_length" in wanted:
             _grouped(params, report)

@@ -150,6 +150,8 @@ def _rewrite(args: Any, request: FixRequest, report: FixReport) -> None:
     if "bf16" in fixes:
         args.bf16, args.fp16 = True, False
         report.apply("bf16", "TrainingArguments(bf16=True)")
-    if "no_checkpointing" in fixes and getattr(args, "gradient_checkpointing", False):
-        args.gradient_checkpointing = False
-        report.apply("no_checkpointing", "TrainingArguments(gradient_checkpointing=False)")
+    if "no_checkpointing" in fixes:
+        for name in ("gradient_checkpointing", "activation_checkpointing"):  # renamed in transformers 5
+            if getattr(args, name, False):
+                setattr(args, name, False)
+                report.apply("no_checkpointing", f"TrainingArguments({name}=False)")

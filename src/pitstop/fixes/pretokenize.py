@@ -80,10 +80,10 @@ def _same(a: Any, b: Any) -> bool:
     )
 
 
-def build_cache(
+def collate_each(
     dataset: Any, collate: Callable[[list[Any]], Any], batch_size: int, seed: int
-) -> tuple[CachedRows, StackRows, float] | str:
-    """The cached dataset, its collate and the seconds the build took; or why it cannot be cached."""
+) -> tuple[list[dict[str, Any]], StackRows] | str:
+    """Every example through the job's collate on its own, checked against its batches; or why not."""
     import random
 
     import torch
@@ -91,7 +91,6 @@ def build_cache(
     n = len(dataset)
     if n > MAX_EXAMPLES:
         return f"{n:,} examples: cache them once with `pitstop data cache`"
-    started = time.perf_counter()
     first = collate([dataset[0]])
     if not isinstance(first, Mapping) or not all(
         isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[0] == 1 for v in first.values()
@@ -108,4 +107,67 @@ def build_cache(
         picked = rng.sample(range(n), min(batch_size, n))
         if not _same(collate([dataset[i] for i in picked]), stack([rows[i] for i in picked])):
             return "the collate does not build each row on its own (cached rows differ from its batches)"
+    return rows, stack
+
+
+def build_cache(
+    dataset: Any, collate: Callable[[list[Any]], Any], batch_size: int, seed: int
+) -> tuple[CachedRows, StackRows, float] | str:
+    """The cached dataset, its collate and the seconds the build took; or why it cannot be cached."""
+    started = time.perf_counter()
+    built = collate_each(dataset, collate, batch_size, seed)
+    if isinstance(built, str):
+        return built
+    rows, stack = built
     return CachedRows(rows), stack, time.perf_counter() - started
+
+
+class PackedExamples:
+    """Whole examples packed into rows of at most ``max_len`` tokens (best-fit decreasing), as
+    ``{"input_ids", "labels", "seq_lens"}`` for ``pitstop.data.PackingCollator``."""
+
+    def __init__(self, ids: list[Any], labels: list[Any], max_len: int, pad_token_id: int) -> None:
+        from pitstop.data import plan_packing
+
+        self.ids, self.labels = ids, labels
+        self.pad_token_id = pad_token_id
+        self.bins = plan_packing([len(x) for x in ids], max_len).bins
+
+    def __len__(self) -> int:
+        return len(self.bins)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        members = self.bins[i]
+        return {
+            "input_ids": torch.cat([self.ids[j] for j in members]),
+            "labels": torch.cat([self.labels[j] for j in members]),
+            "seq_lens": [len(self.ids[j]) for j in members],
+        }
+
+
+def build_packed(
+    dataset: Any, collate: Callable[[list[Any]], Any], batch_size: int, seed: int
+) -> tuple[PackedExamples, float] | str:
+    """The job's examples, each collated alone, stripped of padding and packed into rows as long as the
+    job's rows (its fixed padded length, or its longest example)."""
+    started = time.perf_counter()
+    built = collate_each(dataset, collate, batch_size, seed)
+    if isinstance(built, str):
+        return built
+    rows, stack = built
+    if not rows or not set(rows[0]) <= {"input_ids", "attention_mask", "labels"}:
+        return "the job's rows carry more than input_ids, attention_mask and labels"
+    ids, labels = [], []
+    pad_token_id = 0
+    for row in rows:
+        n = _real_width(row)
+        if n < row["input_ids"].shape[1]:
+            pad_token_id = int(row["input_ids"][0, n])  # the job's own pad id: the probe counts by it
+        if "attention_mask" in row and bool((row["attention_mask"][0, :n] == 0).any()):
+            return "the job's rows are not right-padded"
+        ids.append(row["input_ids"][0, :n])
+        labels.append(row.get("labels", row["input_ids"])[0, :n])
+    max_len = stack.fixed_width or max(len(x) for x in ids)
+    return PackedExamples(ids, labels, max_len, pad_token_id), time.perf_counter() - started

@@ -1,0 +1,179 @@
+"""``pitstop tune``: run the tune loop with progress on stderr, then the table and the changes to make."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.syntax import Syntax
+from rich.table import Table
+
+from pitstop.cli.errors import UserError
+from pitstop.tune.candidates import CANDIDATES, unknown_fixes
+from pitstop.tune.session import TuneError, TuneOptions, TuneResult, tune
+from pitstop.tune.window import Window
+
+
+def parse_budget(text: str) -> float:
+    """'10m', '90s', '1h', '600' → seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise UserError(f"--budget: {text!r} is not a duration (e.g. 10m, 90s, 1h)")
+    value = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    if value < 30:
+        raise UserError("--budget: at least 30s (a baseline window alone takes longer)")
+    return value
+
+
+def parse_fixes(option: str, values: list[str]) -> list[str]:
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    bad = unknown_fixes(names)
+    if bad:
+        raise UserError(f"{option}: unknown fix {bad[0]!r}; known: {', '.join(CANDIDATES)}")
+    return names
+
+
+class RichProgress:
+    """One bar per window, counting its optimizer steps, and a line per finished window."""
+
+    def __init__(self, console: Console, total_steps: int) -> None:
+        self.console = console
+        self.total_steps = total_steps
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} steps"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        self.task: TaskID | None = None
+
+    def __enter__(self) -> RichProgress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def window(self, label: str, index: int, total: int) -> None:
+        if self.task is not None:
+            self.bar.remove_task(self.task)
+        self.task = self.bar.add_task(f"window {index}/{total}: {label}", total=self.total_steps)
+
+    def step(self, step: int) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, completed=min(step, self.total_steps))
+
+    def done(self, label: str, window: Window) -> None:
+        if window.ok:
+            spread = f" ±{window.spread:.1%}" if window.spread is not None else ""
+            text = f"{window.real_tokens_per_s:,.0f} real tokens/s{spread} ({window.seconds:.0f} s)"
+        else:
+            text = f"[red]{window.error}[/red]"
+        self.console.print(f"  {label}: {text}", soft_wrap=True)
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "–" if v is None else format(v, fmt)
+
+
+def result_table(result: TuneResult) -> Table:
+    b = result.baseline
+    table = Table(title="pitstop tune: measured on your job", title_justify="left")
+    for name, justify in (
+        ("fix", "left"),
+        ("computation", "left"),
+        ("real tokens/s", "right"),
+        ("speed-up", "right"),
+        ("verdict", "left"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    drift = f"drift {b.drift:+.1%}" if b.drift is not None else "measured once"
+    table.add_row("baseline", "", f"{b.real_tokens_per_s:,.0f}", f"±{b.spread:.1%}", drift)
+    for v in result.verdicts:
+        speed = "–" if v.speedup is None else f"×{v.speedup:.2f} ±{(v.spread or 0):.0%}"
+        verdict = "[green]kept[/green]" if v.kept else f"[red]{v.status}[/red]"
+        table.add_row(
+            v.fix,
+            "preserved" if v.preserves_computation else "changed",
+            _num(v.real_tokens_per_s, ",.0f"),
+            speed,
+            verdict,
+        )
+    for fix, _why in result.not_tried:
+        table.add_row(fix, "", "–", "–", "not tried")
+    if result.best is not None and len(result.best.fixes) > 1:
+        best = result.best
+        table.add_row(
+            "[bold]" + " + ".join(best.fixes) + "[/bold]",
+            "",
+            f"[bold]{best.real_tokens_per_s:,.0f}[/bold]",
+            f"[bold]×{best.speedup:.2f}[/bold]",
+            "together, measured" if best.verified else "best single fix",
+        )
+    return table
+
+
+def render(result: TuneResult, console: Console | None = None) -> None:
+    out = console or Console()
+    out.print(result_table(result))
+    for v in result.verdicts:
+        if not v.kept and v.speedup is None:
+            out.print(f"  [dim]{v.fix}: {v.status}: {v.reason}[/dim]", soft_wrap=True)
+    for fix, why in result.not_tried:
+        out.print(f"  [dim]{fix}: not tried: {why}[/dim]", soft_wrap=True)
+    for note in result.notes:
+        out.print(f"[yellow]note:[/yellow] {note}", soft_wrap=True)
+    best = result.best
+    if best is None:
+        out.print("No fix measurably sped up this job; keep it as it is.")
+        return
+    out.print(
+        f"\n[bold]Keep: {', '.join(best.fixes)}[/bold] — ×{best.speedup:.2f} "
+        f"({result.baseline.real_tokens_per_s:,.0f} → {best.real_tokens_per_s:,.0f} real tokens/s). "
+        "The changes, in your framework:",
+        soft_wrap=True,
+    )
+    for change in best.changes:
+        out.print(f"\n[bold]{change.fix}[/bold]: {change.text}", soft_wrap=True)
+        out.print(
+            Syntax(change.snippet, "python", theme="ansi_dark", background_color="default", word_wrap=True)
+        )
+    if result.redirected:
+        out.print(
+            f"\n[dim]During trials the job's files went to a scratch folder (removed): {result.redirected[0]}[/dim]"
+        )
+
+
+def write_json(result: TuneResult, path: Path | None) -> None:
+    if path is None:
+        return
+    try:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(result.to_dict(), indent=1, default=str))
+        tmp.replace(path)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}", 1) from None
+
+
+def run_tune(command: list[str], options: TuneOptions, json_out: Path | None) -> TuneResult:
+    if json_out is not None and not json_out.parent.exists():
+        raise UserError(f"cannot write {json_out}: folder {json_out.parent} does not exist")
+    console = Console(stderr=True)
+    console.print(
+        f"pitstop tune: {' '.join(command)}\n"
+        f"  windows of {options.warmup} + {options.steps} optimizer steps, budget {options.budget_s / 60:.0f} min",
+        soft_wrap=True,
+    )
+    try:
+        with RichProgress(console, options.warmup + options.steps) as progress:
+            result = tune(command, options, progress)
+    except TuneError as exc:
+        raise UserError(str(exc), 1) from None
+    write_json(result, json_out)
+    render(result)
+    return result

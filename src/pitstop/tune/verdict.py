@@ -1,0 +1,133 @@
+"""Turning windows into decisions: speed-up against the baseline with its uncertainty, the loss check for
+fixes that should preserve the computation, kept or rejected and why."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pitstop.tune.candidates import Candidate
+from pitstop.tune.window import Window
+
+MIN_GAIN = 0.03  # below this a fix is not worth a change to the job, however sure the measurement
+LOSS_RTOL = 1e-3  # fp32 on CPU: kernels and summation order move losses by ~1e-6
+LOSS_RTOL_GPU = 2e-2  # TF32 / reduced-precision kernels on a GPU
+
+
+@dataclass
+class Baseline:
+    real_tokens_per_s: float
+    spread: float  # relative uncertainty, drift between the two baseline windows included
+    start: float
+    end: float | None
+    losses: list[float]
+    losses_reproducible: bool | None  # whether the two baseline windows had the same first losses
+
+    @property
+    def drift(self) -> float | None:
+        return None if self.end is None else self.end / self.start - 1.0
+
+
+def make_baseline(first: Window, last: Window | None, tol: float) -> Baseline:
+    assert first.real_tokens_per_s is not None
+    start = first.real_tokens_per_s
+    end = last.real_tokens_per_s if last is not None and last.ok else None
+    errors = [w.spread or 0.0 for w in (first, last) if w is not None and w.ok]
+    rate = start if end is None else (start + end) / 2
+    drift = 0.0 if end is None else abs(end - start) / 2 / rate
+    spread = math.sqrt(sum(e * e for e in errors) / len(errors) + drift * drift)
+    reproducible = None
+    if last is not None and first.losses and last.losses:
+        reproducible = losses_match(first.losses, last.losses, tol)[0]
+    return Baseline(rate, spread, start, end, first.losses, reproducible)
+
+
+def losses_match(a: list[float], b: list[float], rtol: float) -> tuple[bool, float]:
+    """Whether the first losses agree, and the largest relative difference."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return False, math.inf
+    worst = max(abs(x - y) / max(abs(x), 1e-8) for x, y in zip(a[:n], b[:n], strict=True))
+    return worst <= rtol, worst
+
+
+@dataclass
+class Verdict:
+    fix: str
+    title: str
+    preserves_computation: bool
+    why_tried: str
+    real_tokens_per_s: float | None
+    speedup: float | None
+    spread: float | None  # uncertainty of the speed-up, relative
+    kept: bool
+    reason: str
+    applied: str | None
+    loss_max_rel_diff: float | None = None
+    status: str = ""  # one or two words for the table: kept, within noise, slower, not applicable, failed…
+    window_spread: float | None = None  # the window's own relative standard error, without the baseline's
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "fix": self.fix,
+            "title": self.title,
+            "preserves_computation": self.preserves_computation,
+            "why_tried": self.why_tried,
+            "real_tokens_per_s": self.real_tokens_per_s,
+            "speedup": self.speedup,
+            "spread": self.spread,
+            "kept": self.kept,
+            "status": self.status,
+            "reason": self.reason,
+            "applied": self.applied,
+            "loss_max_rel_diff": self.loss_max_rel_diff,
+        }
+
+
+def judge(candidate: Candidate, why: str, window: Window, base: Baseline, tol: float) -> Verdict:
+    fix = candidate.fix
+    verdict = Verdict(
+        fix,
+        candidate.title,
+        candidate.preserves_computation,
+        why,
+        None,
+        None,
+        None,
+        False,
+        "",
+        window.applied.get(fix),
+    )
+    if not window.ok:
+        verdict.status = "out of memory" if (window.error or "").startswith("out of memory") else "failed"
+        verdict.reason = f"{window.error}"
+        return verdict
+    if fix not in window.applied:
+        verdict.status = "not applicable"
+        verdict.reason = window.skipped.get(fix, "nothing in the job to apply it to")
+        return verdict
+    rate = window.real_tokens_per_s
+    assert rate is not None
+    verdict.real_tokens_per_s = rate
+    verdict.window_spread = window.spread
+    verdict.speedup = rate / base.real_tokens_per_s
+    verdict.spread = math.sqrt((window.spread or 0.0) ** 2 + base.spread**2)
+    if window.losses and base.losses:
+        same, worst = losses_match(base.losses, window.losses, tol)
+        verdict.loss_max_rel_diff = worst
+        if candidate.preserves_computation and base.losses_reproducible is not False and not same:
+            verdict.status = "changed the losses"
+            verdict.reason = (
+                f"changed the first losses by up to {worst:.1e} (relative) although it should preserve them"
+            )
+            return verdict
+    gain = verdict.speedup - 1.0
+    needed = max(MIN_GAIN, 2.0 * verdict.spread)
+    if gain <= needed:
+        verdict.status = "within noise" if gain > -needed else "slower"
+        verdict.reason = f"{gain:+.1%}; a fix is kept above +{needed:.1%} (3% or twice the uncertainty)"
+        return verdict
+    verdict.kept = True
+    verdict.status = "kept"
+    verdict.reason = f"{gain:+.1%}, more than twice its uncertainty (±{verdict.spread:.1%})"
+    return verdict
