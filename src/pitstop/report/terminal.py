@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections.abc import Iterable
+
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.syntax import Syntax
@@ -11,6 +15,7 @@ from rich.text import Text
 from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.metrics import rank_metrics
 from pitstop.findings import Finding
+from pitstop.profile import RankProfile
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 # Okabe–Ito colours: distinguishable with the common colour-vision deficiencies
@@ -123,22 +128,80 @@ def _gpu_log_row(d: Diagnosis, grid: Table) -> None:
     cells = []
     for r in ranks[:8]:
         utils = [s.util for s in r.gpu_samples if s.util is not None]
-        spark = sparkline(utils)
+        spark = sparkline(utils, 32, lo=0.0, hi=100.0)
         mean = sum(utils) / len(utils) if utils else 0.0
         cells.append(f"GPU {r.rank}: {mean:.0f}% mean  {spark}")
     grid.add_row("GPU log", "\n".join(cells))
 
 
-def sparkline(values: list[float], width: int = 32) -> str:
-    """A compact utilization picture (0–100%) for the terminal."""
-    if not values:
+SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 60
+
+
+def sparkline(
+    values: Iterable[float | None], width: int = SPARK_WIDTH, lo: float | None = None, hi: float | None = None
+) -> str:
+    """Values as one line of block characters, at most ``width`` wide, for a trend at a glance.
+
+    None and NaN are skipped. Longer series are averaged in ``width`` buckets, so a spike in a long run
+    shows as a bump rather than vanishing by sampling. The scale runs from ``lo`` to ``hi`` (the data's
+    own min and max where not given); a flat series draws at mid height.
+    """
+    data = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not data or width <= 0:
         return ""
-    blocks = " ▁▂▃▄▅▆▇█"
-    step = max(1, len(values) // width)
-    means = [sum(values[i : i + step]) / len(values[i : i + step]) for i in range(0, len(values), step)][
-        :width
-    ]
-    return "".join(blocks[min(8, int(v / 100 * 8 + 0.5))] for v in means)
+    if len(data) > width:
+        n = len(data)
+        data = [statistics.fmean(data[i * n // width : (i + 1) * n // width]) for i in range(width)]
+    low = min(data) if lo is None else lo
+    span = (max(data) if hi is None else hi) - low
+    top = len(SPARK_BLOCKS) - 1
+    if span <= 0:
+        return SPARK_BLOCKS[top // 2] * len(data)
+    return "".join(SPARK_BLOCKS[min(top, max(0, round((v - low) / span * top)))] for v in data)
+
+
+def _lead_rank(d: Diagnosis) -> RankProfile | None:
+    """Rank 0, else the lowest rank that measured steps (pictures show one rank, not a blend)."""
+    ranks = sorted((r for r in d.profile.ranks if r.steps), key=lambda r: r.rank)
+    return ranks[0] if ranks else None
+
+
+def _window_utils(rank: RankProfile) -> list[float]:
+    """GPU utilization samples inside the measured window (all of them where the window is unknown)."""
+    start, end = rank.window_start_t, rank.window_end_t
+    inside = (s for s in rank.gpu_samples if start is None or end is None or start <= s.t <= end)
+    return [s.util for s in inside if s.util is not None and math.isfinite(s.util)]
+
+
+def _picture_rows(d: Diagnosis, grid: Table) -> None:
+    """GPU utilization and real tokens/s per step, each as a sparkline (only where there is data)."""
+    rank = _lead_rank(d)
+    if rank is None:
+        return
+    whose = f" (rank {rank.rank})" if d.profile.world_size > 1 else ""
+    utils = _window_utils(rank)
+    if len(utils) >= 2:
+        line = Text(sparkline(utils, lo=0.0, hi=100.0), style="#0072B2")
+        line.append(
+            f"  min {min(utils):.0f}% · mean {statistics.fmean(utils):.0f}% · max {max(utils):.0f}%{whose}"
+        )
+        grid.add_row("GPU util", line)
+    rates, what = _step_rates(rank)
+    if len(rates) >= 2:
+        line = Text(sparkline(rates, lo=0.0), style="#009E73")
+        line.append(f"  {min(rates):,.0f}–{max(rates):,.0f} {what}{whose}")
+        grid.add_row("Tokens/s", line)
+
+
+def _step_rates(rank: RankProfile) -> tuple[list[float], str]:
+    """Real tokens/s of each measured step; all tokens/s where padding was not counted."""
+    for field_name, what in (("real_tokens", "real tokens/s"), ("tokens", "tokens/s")):
+        counts = [(getattr(s, field_name), s.wall_s) for s in rank.steps]
+        rates = [c / w for c, w in counts if c is not None and w > 0]
+        if rates:
+            return rates, what
+    return [], ""
 
 
 def _headline(d: Diagnosis) -> Table:
@@ -175,6 +238,7 @@ def _headline(d: Diagnosis) -> Table:
             if m.step_time_p10_s is not None and m.step_time_p90_s is not None:
                 thr += f" (p10–p90 {m.step_time_p10_s:.3f}–{m.step_time_p90_s:.3f})"
         grid.add_row("Throughput", thr)
+    _picture_rows(d, grid)
     if m.forward_frac is not None:
         grid.add_row("Step time", breakdown_bar(d))
     _trace_rows(d, grid)
