@@ -23,8 +23,13 @@ def run_analyze(
     configs_only: bool,
     history: Path | None = None,
     record: bool = False,
+    html: Path | None = None,
+    tensorboard: Path | None = None,
 ) -> int:
+    from pitstop.cli.report import check_target, write_html, write_tensorboard
+
     check_json_target(json_out)
+    check_target(html)
     console = Console(stderr=True)
     inputs = Inputs(paths=paths, gpu=gpu, gpus=gpus, model=model, configs_only=configs_only)
     try:
@@ -34,6 +39,8 @@ def run_analyze(
         raise UserError(str(exc), 2) from None
     diagnosis = diagnose(profile)
     write_json(diagnosis, json_out, {"inputs": inputs.kinds})
+    write_html(diagnosis.to_dict() | {"inputs": inputs.kinds}, html)
+    write_tensorboard(diagnosis.to_dict(), tensorboard)
     render(diagnosis)
     if record and diagnosis.metrics.real_tokens_per_s is not None:
         from pitstop.cli.remember import remember

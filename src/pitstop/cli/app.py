@@ -21,6 +21,13 @@ app = typer.Typer(
 )
 
 
+HtmlOpt = Annotated[
+    Path | None, typer.Option("--html", help="Also write a self-contained HTML report with plots.")
+]
+TensorboardOpt = Annotated[
+    Path | None,
+    typer.Option("--tensorboard", help="Also write the per-step metrics as TensorBoard scalars here."),
+]
 HistoryOpt = Annotated[
     Path | None,
     typer.Option("--history", help="The history database (default: $PITSTOP_HISTORY or per-user)."),
@@ -54,6 +61,8 @@ def doctor(
         bool | None, typer.Option("--quiet/--verbose", help="Hide / show the command's output.")
     ] = None,
     timeout: Annotated[float | None, typer.Option(help="Stop the command after this many seconds.")] = None,
+    html: HtmlOpt = None,
+    tensorboard: TensorboardOpt = None,
     history: HistoryOpt = None,
     no_history: NoHistoryOpt = False,
 ) -> None:
@@ -73,6 +82,8 @@ def doctor(
                 quiet=quiet is not False,
                 history=history,
                 record=not no_history,
+                html=html,
+                tensorboard=tensorboard,
             )
         else:
             if fixed:
@@ -89,6 +100,8 @@ def doctor(
                 timeout=timeout,
                 history=history,
                 record=not no_history,
+                html=html,
+                tensorboard=tensorboard,
             )
     except UserError as exc:
         raise fail(str(exc), exc.code) from None
@@ -122,6 +135,8 @@ def tune(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the result as JSON (pitstop.tune/1).")
     ] = None,
+    html: HtmlOpt = None,
+    tensorboard: TensorboardOpt = None,
     history: HistoryOpt = None,
     no_history: NoHistoryOpt = False,
 ) -> None:
@@ -151,10 +166,35 @@ def tune(
             from pitstop.demo.prepare import ensure_demo_assets
 
             ensure_demo_assets()
+        from pitstop.cli.report import check_target, write_html, write_tensorboard
+
+        check_target(html)
         result = run_tune(demo_command(False) if demo else list(command or []), options, json_out)
+        write_html(result.to_dict(), html)
+        write_tensorboard(result.to_dict(), tensorboard)
         from pitstop.cli.remember import remember
 
         remember(result.to_dict(), "tune", history, not no_history)
+    except UserError as exc:
+        raise fail(str(exc), exc.code) from None
+
+
+@app.command()
+def report(
+    path: Annotated[
+        Path, typer.Argument(help="A saved result: --json of doctor, analyze, tune, or history.")
+    ],
+    html: HtmlOpt = None,
+    tensorboard: TensorboardOpt = None,
+) -> None:
+    """Render a saved result as a self-contained HTML report (plots included) or TensorBoard scalars.
+
+    pitstop report run.json --html report.html
+    """
+    from pitstop.cli.report import run_report
+
+    try:
+        raise typer.Exit(run_report(path, html, tensorboard))
     except UserError as exc:
         raise fail(str(exc), exc.code) from None
 
@@ -172,6 +212,8 @@ def analyze(
     gpus: GpusOpt = None,
     model: ModelOpt = None,
     json_out: JsonOpt = None,
+    html: HtmlOpt = None,
+    tensorboard: TensorboardOpt = None,
     history: HistoryOpt = None,
     no_history: NoHistoryOpt = False,
 ) -> None:
@@ -188,6 +230,8 @@ def analyze(
             configs_only=False,
             history=history,
             record=not no_history,
+            html=html,
+            tensorboard=tensorboard,
         )
     )
 

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from pitstop.cli.errors import UserError
 from pitstop.cli.remember import remember
+from pitstop.cli.report import check_target, write_html, write_tensorboard
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
 from pitstop.report.terminal import render
@@ -95,10 +96,15 @@ def run_doctor(
     timeout: float | None,
     history: Path | None = None,
     record: bool = False,
+    html: Path | None = None,
+    tensorboard: Path | None = None,
 ) -> int:
     check_json_target(json_out)
+    check_target(html)
     diagnosis = measure(command, None if full else steps, warmup, quiet, "measuring", timeout)
     write_json(diagnosis, json_out)  # first: a closed terminal must not lose the result
+    write_html(diagnosis.to_dict(), html)
+    write_tensorboard(diagnosis.to_dict(), tensorboard)
     render(diagnosis)
     remember(diagnosis.to_dict(), "doctor", history, record)
     return diagnosis.profile.exit_code or 0
@@ -116,14 +122,19 @@ def run_demo(
     quiet: bool,
     history: Path | None = None,
     record: bool = False,
+    html: Path | None = None,
+    tensorboard: Path | None = None,
 ) -> int:
     from pitstop.demo.prepare import ensure_demo_assets
 
     check_json_target(json_out)
+    check_target(html)
     console = Console(stderr=True)
     with console.status("preparing the demo (tokenizer trained once, then cached)"):
         ensure_demo_assets()
     slow = measure(demo_command(False), steps, warmup, quiet, "demo: naive fine-tune")
+    write_html(slow.to_dict(), html)
+    write_tensorboard(slow.to_dict(), tensorboard)
     if not fixed:
         write_json(slow, json_out)
         render(slow)

@@ -166,6 +166,12 @@ def compare(
     a: Annotated[int, typer.Argument(metavar="A", help="The first run id (the reference).")],
     b: Annotated[int, typer.Argument(metavar="B", help="The second run id.")],
     history: HistoryOpt = None,
+    json_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--json", help="Also write both runs as JSON (pitstop.history/1; `pitstop report` renders it)."
+        ),
+    ] = None,
 ) -> None:
     """Two runs side by side: setup fields that differ are highlighted; metrics show the ratio B/A."""
     from rich.table import Table
@@ -174,6 +180,12 @@ def compare(
 
     with _store(history) as store:
         run_a, run_b = _require(store, a), _require(store, b)
+    if json_file is not None:
+        doc = {"schema": "pitstop.history/1", "runs": [run_a.to_dict(), run_b.to_dict()]}
+        try:
+            json_file.write_text(json.dumps(doc, indent=1, default=str))
+        except OSError as exc:
+            raise _fail(f"cannot write {json_file}: {exc.strerror or exc}") from None
     differ = fingerprint_diff(run_a.fingerprint_fields, run_b.fingerprint_fields)
     table = Table(title=f"run #{a} vs run #{b}")
     for name in ("", f"A  #{a}", f"B  #{b}", "B/A"):

@@ -1,0 +1,47 @@
+"""A self-contained HTML report of any saved pitstop result: a run (doctor, analyze), a tune result, or
+history runs. One file, no network: CSS, the copy-button script and the SVG plots are all inline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pitstop.report.html.page import page
+
+
+class ReportError(ValueError):
+    """The document is not one pitstop can render."""
+
+
+def render_html(doc: Any) -> str:
+    from pitstop import __version__
+
+    footer = f"pitstop {__version__} · self-contained report: no network, no external files"
+    if isinstance(doc, dict) and doc.get("schema") == "pitstop.run/1":
+        from pitstop.report.html.run import run_sections
+
+        source = doc.get("source") or "run"
+        env = doc.get("environment", {})
+        subtitle = f"{source} · {env.get('framework') or 'unknown framework'} on {env.get('gpu_name') or env.get('device') or 'unknown device'}"
+        return page("pitstop: why this run is slow", subtitle, run_sections(doc), footer)
+    if isinstance(doc, dict) and doc.get("schema") == "pitstop.tune/1":
+        from pitstop.report.html.tune import tune_sections
+
+        return page(
+            "pitstop tune: measured on your job",
+            " ".join(doc.get("command") or []),
+            tune_sections(doc),
+            footer,
+        )
+    runs = doc.get("runs") if isinstance(doc, dict) and doc.get("schema") == "pitstop.history/1" else doc
+    if (
+        isinstance(runs, list)
+        and runs
+        and all(isinstance(r, dict) and "id" in r and "fingerprint" in r for r in runs)
+    ):
+        from pitstop.report.html.history import history_sections
+
+        return page("pitstop history", f"{len(runs)} runs", history_sections(runs), footer)
+    schema = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+    raise ReportError(
+        f"not a pitstop result (schema {schema!r}); expected pitstop.run/1, pitstop.tune/1 or history runs"
+    )
