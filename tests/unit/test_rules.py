@@ -12,7 +12,7 @@ from pitstop.diagnose import diagnose
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import GIB
 from pitstop.plan.planner import largest_micro_batch
-from pitstop.profile import AttentionInfo, DataLoaderInfo, ModelInfo
+from pitstop.profile import AttentionInfo, DataLoaderInfo, RunProfile
 
 
 def finding(p, cause):  # type: ignore[no-untyped-def]
@@ -144,20 +144,21 @@ def test_small_batch_quiet_when_memory_is_full_or_data_explains_idle() -> None:
     )
 
 
-def _llama_1b_full_shape() -> ModelInfo:
-    return replace(LLAMA_1B, intermediate_size=8192, n_kv_heads=8)
+def idle_llama_1b(row_len: int, micro_batch: int, accumulation: int) -> RunProfile:
+    """A GPU busy 35% of the time, training Llama-3.2-1B (its full shape, so the planner can size it)."""
+    return profile(
+        "cuda",
+        steps(rows=1, row_len=row_len),
+        util=35.0,
+        mem_frac=0.2,
+        micro_batch_size=micro_batch,
+        grad_accum_steps=accumulation,
+        model=replace(LLAMA_1B, intermediate_size=8192, n_kv_heads=8),
+    )
 
 
 def test_small_batch_suggests_the_planners_largest_micro_batch() -> None:
-    p = profile(
-        "cuda",
-        steps(rows=1, row_len=512),
-        util=35.0,
-        mem_frac=0.2,
-        micro_batch_size=1,
-        grad_accum_steps=8,
-        model=_llama_1b_full_shape(),
-    )
+    p = idle_llama_1b(512, micro_batch=1, accumulation=8)
     f = finding(p, "small_batch")
     planned = largest_micro_batch(setup_for_run(p.ranks[0].environment, seq=512), 80 * GIB)  # type: ignore[arg-type]
     assert f is not None and f.evidence["plan_max_micro_batch"] == planned >= 8
@@ -168,16 +169,7 @@ def test_small_batch_suggests_the_planners_largest_micro_batch() -> None:
 
 
 def test_small_batch_quiet_when_the_planner_says_no_bigger_batch_fits() -> None:
-    p = profile(
-        "cuda",
-        steps(rows=1, row_len=4096),
-        util=35.0,
-        mem_frac=0.2,
-        micro_batch_size=64,
-        grad_accum_steps=1,
-        model=_llama_1b_full_shape(),
-    )
-    assert finding(p, "small_batch") is None
+    assert finding(idle_llama_1b(4096, micro_batch=64, accumulation=1), "small_batch") is None
 
 
 def test_offload_that_is_not_needed_is_high() -> None:

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
+from pitstop.cli.progress import steps_bar
 from pitstop.cli.remember import remember
 from pitstop.cli.report import check_target, write_html, write_tensorboard
 from pitstop.diagnose import Diagnosis, diagnose
@@ -48,14 +48,7 @@ def measure(
     config = ProbeConfig(warmup=warmup, steps=steps, stop_when_done=steps is not None, announce=not quiet)
     total = warmup + (steps or 0)
     if quiet:
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} steps"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress:
+        with steps_bar(console) as progress:
             task = progress.add_task(label, total=total or None)
 
             def tick(out: Path) -> None:

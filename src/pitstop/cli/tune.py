@@ -7,11 +7,12 @@ import re
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import TaskID
 from rich.syntax import Syntax
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
+from pitstop.cli.progress import steps_bar
 from pitstop.tune.candidates import CANDIDATES, unknown_fixes
 from pitstop.tune.session import TuneError, TuneOptions, TuneResult, tune
 from pitstop.tune.window import Window
@@ -42,14 +43,7 @@ class RichProgress:
     def __init__(self, console: Console, total_steps: int) -> None:
         self.console = console
         self.total_steps = total_steps
-        self.bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} steps"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        )
+        self.bar = steps_bar(console)
         self.task: TaskID | None = None
 
     def __enter__(self) -> RichProgress:
