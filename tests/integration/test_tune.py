@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SCRIPTS, run_pitstop
+from tests.conftest import SCRIPTS, SHARED, run_pitstop
 
 pytestmark = pytest.mark.slow
 
@@ -148,3 +148,25 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         assert proc.returncode != 0
         lines = proc.stderr.strip().splitlines()
         assert message in lines[-1] and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(not (SHARED / "datasets").exists(), reason="needs ../shared/data/datasets")
+def test_a_trainer_script_written_without_pitstop(tmp_path: Path) -> None:
+    """tests/scripts/external/hf_trainer_alpaca.py was written independently: a Trainer with
+    DataCollatorForLanguageModeling (padding to each batch's longest). Grouping and packing cut padding."""
+    doc, _ = tune(
+        tmp_path,
+        "--",
+        sys.executable,
+        str(SCRIPTS / "external" / "hf_trainer_alpaca.py"),
+        "--max-steps",
+        "100000",
+    )
+    fixes = by_fix(doc)
+    assert doc["framework"] == "hf_trainer"
+    assert (
+        "examples packed into" in fixes["pack"]["applied"]
+    )  # the collate's own pad id, learned from its batches
+    for fix in ("pack", "group_by_length"):
+        assert fixes[fix]["speedup"] > 1.0, fixes[fix]
+    assert fixes["trim_padding"]["loss_max_rel_diff"] < 1e-3

@@ -225,3 +225,21 @@ def test_request_travels_through_the_environment(tmp_path: Any) -> None:
     back = FixRequest.from_env(request.to_env())
     assert back == request
     assert FixRequest.from_env({}) is None
+
+
+def test_cache_learns_the_jobs_pad_id_from_its_batches() -> None:
+    def pad_with_seven(examples: list[dict[str, str]]) -> dict[str, Any]:
+        rows = [word_ids(e["text"]) for e in examples]
+        n = max(len(r) for r in rows)
+        ids = torch.tensor([r + [7] * (n - len(r)) for r in rows])
+        mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows])
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+    data = TextRows(40)
+    built = build_cache(data, pad_with_seven, batch_size=6, seed=3)
+    assert not isinstance(built, str), built
+    cached, stack, _ = built
+    assert stack.pad_values["input_ids"] == 7
+    picked = [0, 5, 9, 33]
+    want, got = pad_with_seven([data[i] for i in picked]), stack([cached[i] for i in picked])
+    assert all(torch.equal(want[k], got[k]) for k in want)

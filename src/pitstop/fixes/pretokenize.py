@@ -101,13 +101,31 @@ def collate_each(
         return f"the cache would take {per_row * n / 2**30:.1f} GiB: build it with `pitstop data cache`"
     rows = [dict(first)] + [dict(collate([dataset[i]])) for i in range(1, n)]
     widths = {int(r["input_ids"].shape[1]) for r in rows} if "input_ids" in first else {0}
-    stack = StackRows(PAD_VALUES, next(iter(widths)) if len(widths) == 1 else None)
     rng = random.Random(seed)
-    for _ in range(CHECK_BATCHES):
-        picked = rng.sample(range(n), min(batch_size, n))
-        if not _same(collate([dataset[i] for i in picked]), stack([rows[i] for i in picked])):
+    checks = [rng.sample(range(n), min(batch_size, n)) for _ in range(CHECK_BATCHES)]
+    batches = [collate([dataset[i] for i in picked]) for picked in checks]
+    pad_values = dict(PAD_VALUES)
+    if len(widths) > 1:  # padded per batch: learn the job's pad values where its batches pad
+        pad_values.update(learned_pad_values(batches))
+    stack = StackRows(pad_values, next(iter(widths)) if len(widths) == 1 else None)
+    for picked, batch in zip(checks, batches, strict=True):
+        if not _same(batch, stack([rows[i] for i in picked])):
             return "the collate does not build each row on its own (cached rows differ from its batches)"
     return rows, stack
+
+
+def learned_pad_values(batches: list[Any]) -> dict[str, int]:
+    """Each key's value at the padded positions of the job's own batches (its pad token id, -100, 0…)."""
+    found: dict[str, int] = {}
+    for batch in batches:
+        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        if mask is None:
+            continue
+        padded = mask == 0
+        for key, value in batch.items():
+            if key not in found and getattr(value, "shape", None) == mask.shape and bool(padded.any()):
+                found[key] = int(value[padded][0])
+    return found
 
 
 def build_cache(

@@ -79,7 +79,8 @@ class FixReport:
             self.save()
 
     def skip(self, fix: str, why: str) -> None:
-        if fix not in self.applied and self.skipped.get(fix) != why:
+        """The first reason stands: later loaders (a framework's rebuild of the same one) say less."""
+        if fix not in self.applied and fix not in self.skipped:
             self.skipped[fix] = why
             self.save()
 
