@@ -243,3 +243,27 @@ def test_cache_learns_the_jobs_pad_id_from_its_batches() -> None:
     picked = [0, 5, 9, 33]
     want, got = pad_with_seven([data[i] for i in picked]), stack([cached[i] for i in picked])
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_trial_outputs_keep_their_layout_under_scratch(tmp_path: Any) -> None:
+    from pitstop.fixes.outputs import redirected
+
+    scratch = tmp_path / "scratch"
+    assert redirected("/home/me/run/best.pt", scratch) == scratch / "saved" / "home/me/run/best.pt"
+    assert redirected("out/step-20", scratch) == scratch / "saved" / "out/step-20"
+    inside = scratch / "trainer_output" / "x.pt"
+    assert redirected(inside, scratch) == inside
+
+
+def test_a_loader_fix_that_fails_leaves_the_loader_as_it_was(restore_dataloader: None, tmp_path: Any) -> None:
+    def refuses_one_example(rows: list[dict[str, str]]) -> dict[str, Any]:
+        if len(rows) < 2:
+            raise RuntimeError("needs a whole batch")
+        return pad_collate(None)(rows)
+
+    report = FixReport(tmp_path / "r.json")
+    patch_dataloader(FixRequest(fixes=frozenset({"pack"})), report)
+    data = TextRows(12)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, collate_fn=refuses_one_example)
+    assert loader.dataset is data and "needs a whole batch" in report.skipped["pack"]
+    assert next(iter(loader))["input_ids"].shape[0] == 4

@@ -92,3 +92,12 @@ def test_report_cli_errors_are_one_line(tmp_path: Path) -> None:
         assert message in proc.stderr and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r.html").exists()
+
+
+def test_hand_made_history_cannot_inject_and_damaged_documents_are_refused() -> None:
+    runs = [{"id": "<b>1</b>", "fingerprint": "x", "real_tokens_per_s": 1.0, "created_at": ""}]
+    assert "<b>1</b>" not in render_html(runs)
+    broken = diagnose(profile("cpu")).to_dict()
+    broken["findings"] = [{"title": "no cause key"}]
+    with pytest.raises(ReportError, match="incomplete or damaged"):
+        render_html(broken)

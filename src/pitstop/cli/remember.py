@@ -16,10 +16,10 @@ def remember(doc: dict[str, Any], kind: str, path: Path | None, enabled: bool = 
     from pitstop.history import HistoryError, record, resolve_path
 
     console = Console(stderr=True)
-    where = resolve_path(path)
     try:
+        where = resolve_path(path)
         run_id = record(doc, kind, where)
-    except (HistoryError, OSError, sqlite3.Error) as exc:
+    except (HistoryError, OSError, RuntimeError, sqlite3.Error) as exc:  # RuntimeError: no home folder
         console.print(f"[yellow]pitstop: not recorded in the history: {exc}[/yellow]", soft_wrap=True)
         return None
     console.print(

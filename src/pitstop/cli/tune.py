@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import TaskID
 from rich.syntax import Syntax
 from rich.table import Table
@@ -67,8 +68,8 @@ class RichProgress:
             spread = f" ±{window.spread:.1%}" if window.spread is not None else ""
             text = f"{window.real_tokens_per_s:,.0f} real tokens/s{spread} ({window.seconds:.0f} s)"
         else:
-            text = f"[red]{window.error}[/red]"
-        self.console.print(f"  {label}: {text}", soft_wrap=True)
+            text = f"[red]{escape(window.error or '')}[/red]"
+        self.console.print(f"  {escape(label)}: {text}", soft_wrap=True)
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -117,11 +118,11 @@ def render(result: TuneResult, console: Console | None = None) -> None:
     out.print(result_table(result))
     for v in result.verdicts:
         if not v.kept and v.speedup is None:
-            out.print(f"  [dim]{v.fix}: {v.status}: {v.reason}[/dim]", soft_wrap=True)
+            out.print(f"  [dim]{v.fix}: {v.status}: {escape(v.reason)}[/dim]", soft_wrap=True)
     for fix, why in result.not_tried:
-        out.print(f"  [dim]{fix}: not tried: {why}[/dim]", soft_wrap=True)
+        out.print(f"  [dim]{fix}: not tried: {escape(why)}[/dim]", soft_wrap=True)
     for note in result.notes:
-        out.print(f"[yellow]note:[/yellow] {note}", soft_wrap=True)
+        out.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
     best = result.best
     if best is None:
         out.print("No fix measurably sped up this job; keep it as it is.")
@@ -133,13 +134,13 @@ def render(result: TuneResult, console: Console | None = None) -> None:
         soft_wrap=True,
     )
     for change in best.changes:
-        out.print(f"\n[bold]{change.fix}[/bold]: {change.text}", soft_wrap=True)
+        out.print(f"\n[bold]{change.fix}[/bold]: {escape(change.text)}", soft_wrap=True)
         out.print(
             Syntax(change.snippet, "python", theme="ansi_dark", background_color="default", word_wrap=True)
         )
     if result.redirected:
         out.print(
-            f"\n[dim]During trials the job's files went to a scratch folder (removed): {result.redirected[0]}[/dim]"
+            f"\n[dim]During trials the job's files went to a scratch folder (removed): {escape(result.redirected[0])}[/dim]"
         )
 
 

@@ -54,10 +54,12 @@ def arm_fixes(request: FixRequest, after_import: AfterImport) -> FixReport:
         from pitstop.fixes.models import patch_checkpointing
 
         patch_checkpointing(module, request, report)
+        if request.scratch is not None:
+            outputs.redirect_save_pretrained(module, request.scratch, report)
 
     after_import("torch", _guarded("torch", report, on_torch))
     after_import("transformers.training_args", _guarded("trainer", report, on_training_args))
-    if "no_checkpointing" in request.fixes:
+    if "no_checkpointing" in request.fixes or request.scratch is not None:
         after_import("transformers.modeling_utils", _guarded("no_checkpointing", report, on_modeling_utils))
     if request.scratch is not None:
         scratch = request.scratch

@@ -220,16 +220,27 @@ def patch_dataloader(request: FixRequest, report: FixReport) -> None:
         except TypeError:
             original(loader, *args, **kwargs)
             return
+        steps: list[tuple[str, Any]] = []
         if "pack" in wanted:
-            _pack(params, request, report)
+            steps.append(("pack", lambda: _pack(params, request, report)))
         elif "pretokenize" in wanted:
-            _pretokenize(params, report)
+            steps.append(("pretokenize", lambda: _pretokenize(params, report)))
         if "group_by_length" in wanted:
-            _grouped(params, report)
+            steps.append(("group_by_length", lambda: _grouped(params, report)))
         if "workers" in wanted:
-            _workers(params, report)
-        if wanted & {"trim_padding", "pack_batch"}:
-            _collate(params, request, report)
+            steps.append(("workers", lambda: _workers(params, report)))
+        for fix in ("pack_batch", "trim_padding"):
+            if fix in wanted:
+                steps.append((fix, lambda: _collate(params, request, report)))
+                break
+        for fix, step in steps:
+            before = dict(params)
+            try:
+                step()
+            except Exception as exc:  # a fix that cannot handle this loader leaves it as it was
+                params.clear()
+                params.update(before)
+                report.skip(fix, f"could not be applied: {type(exc).__name__}: {exc}")
         original(loader, **params)
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]

@@ -3,7 +3,7 @@
 * ``attention``: at the first forward of a Hugging Face model, ``set_attn_implementation`` switches it
   (and its sub-models) to SDPA, or FlashAttention where it is installed and the model is on a GPU.
 * ``bf16``: the model's forward runs under bf16 autocast (Trainer: ``bf16=True``).
-* ``no_checkpointing``: ``gradient_checkpointing_enable`` becomes a no-op (Trainer:
+* ``no_checkpointing``: ``gradient_checkpointing_enable`` / ``activation_checkpointing_enable`` become no-ops (Trainer:
   ``gradient_checkpointing=False``).
 * ``micro_batch``: the Trainer's micro-batch grows by the largest factor that divides its gradient
   accumulation, which shrinks by the same factor, so each optimizer step sees the same examples.
@@ -103,10 +103,13 @@ def patch_checkpointing(modeling_utils: Any, request: FixRequest, report: FixRep
         return
     model_class = modeling_utils.PreTrainedModel
 
-    def gradient_checkpointing_enable(model: Any, *args: Any, **kwargs: Any) -> None:
-        report.apply("no_checkpointing", f"gradient_checkpointing_enable() on {type(model).__name__} skipped")
+    for name in ("gradient_checkpointing_enable", "activation_checkpointing_enable"):  # renamed in v5
+        if hasattr(model_class, name):
 
-    model_class.gradient_checkpointing_enable = gradient_checkpointing_enable
+            def skipped(model: Any, *args: Any, _name: str = name, **kwargs: Any) -> None:
+                report.apply("no_checkpointing", f"{_name}() on {type(model).__name__} skipped")
+
+            setattr(model_class, name, skipped)
 
 
 def largest_factor(accumulation: int, limit: int) -> int:

@@ -111,8 +111,8 @@ def propose(
                 continue
             if fix in ("pack_batch", "pack") and not hf_model:
                 continue  # the packed batch needs a model that takes position_ids and 4-D masks
-            if fix == "micro_batch" and accumulation < 2 and env.framework not in ("hf_trainer", "trl"):
-                continue
+            if fix == "micro_batch" and env.framework not in ("hf_trainer", "trl"):
+                continue  # a plain loop's accumulation is its own code: nothing to trade from outside
             picked[fix] = Proposal(candidate, f"{finding.cause} ({finding.severity})")
     if env.gradient_checkpointing and "no_checkpointing" not in picked:
         used = diagnosis.metrics.gpu_mem_used_frac
@@ -120,7 +120,7 @@ def propose(
             picked["no_checkpointing"] = Proposal(
                 CANDIDATES["no_checkpointing"], "checkpointing on with memory to spare"
             )
-    if accumulation >= 2 and "micro_batch" not in picked:
+    if accumulation >= 2 and "micro_batch" not in picked and env.framework in ("hf_trainer", "trl"):
         picked["micro_batch"] = Proposal(
             CANDIDATES["micro_batch"], f"gradient accumulation of {accumulation}"
         )

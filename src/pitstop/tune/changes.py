@@ -30,7 +30,8 @@ def change_for(fix: str, framework: str | None, detail: str | None, attn_target:
                 fix,
                 "Tokenize the dataset once, before training, not in the collate.",
                 "train = train.map(tokenize, batched=True, num_proc=8)  # datasets caches the result\n"
-                "trainer = Trainer(..., train_dataset=train, data_collator=DataCollatorWithPadding(tokenizer))",
+                "trainer = Trainer(..., train_dataset=train,\n"
+                '                  data_collator=DataCollatorForSeq2Seq(tokenizer, padding="longest"))',
             )
         return Change(
             fix,
@@ -38,10 +39,10 @@ def change_for(fix: str, framework: str | None, detail: str | None, attn_target:
             + (detail or "cached")
             + "), not in the collate.",
             "# once, for every run: pitstop data cache train.jsonl --tokenizer tok.json --out cache/\n"
-            "from pitstop.data import PackedDataset, PackingCollator, build_cache\n"
+            "from pitstop.data import CachedExamples, build_cache\n"
             'cache = build_cache("train.jsonl", tokenizer="tok.json", out="cache/")\n'
-            "loader = DataLoader(PackedDataset(cache, max_len=2048), batch_size=8,\n"
-            "                    collate_fn=PackingCollator(model.config._attn_implementation))",
+            "loader = DataLoader(CachedExamples(cache), batch_size=8, collate_fn=pad_batch)  "
+            "# token ids: your collate only pads",
         )
     if fix == "workers":
         if trainer:
@@ -62,9 +63,9 @@ def change_for(fix: str, framework: str | None, detail: str | None, attn_target:
             return Change(
                 fix,
                 "Pad each batch to its longest example, not to a fixed length.",
-                "from transformers import DataCollatorWithPadding\n"
-                "trainer = Trainer(..., data_collator=DataCollatorWithPadding(tokenizer))  "
-                "# and tokenize without padding='max_length'",
+                "from transformers import DataCollatorForSeq2Seq\n"
+                'collator = DataCollatorForSeq2Seq(tokenizer, padding="longest")  # pads labels with -100 too\n'
+                "trainer = Trainer(..., data_collator=collator)  # and tokenize without padding='max_length'",
             )
         return Change(
             fix,
@@ -153,7 +154,7 @@ def change_for(fix: str, framework: str | None, detail: str | None, attn_target:
             "Turn activation checkpointing off: memory allows it.",
             f"args = {config}(..., activation_checkpointing=False)  # gradient_checkpointing before 5.0"
             if trainer
-            else "# remove model.gradient_checkpointing_enable()",
+            else "# remove model.gradient_checkpointing_enable() (activation_checkpointing_enable() in transformers 5)",
         )
     raise KeyError(fix)
 

@@ -23,6 +23,7 @@ from pitstop.tune.verdict import (
     Baseline,
     Verdict,
     judge,
+    losses_match,
     make_baseline,
 )
 from pitstop.tune.window import Window, run_window
@@ -130,6 +131,7 @@ class Session:
         self.index = 0
         self.total = 0
         self.combination_notes: list[str] = []
+        self.tol = LOSS_RTOL
 
     def left_s(self) -> float:
         return self.options.budget_s - (time.monotonic() - self.started)
@@ -141,12 +143,14 @@ class Session:
         request = FixRequest(
             fixes=frozenset(fixes),
             attn=self.attn,
-            attn_target=self.attn_target,
-            scratch=self.scratch,
+            attn_target=flash_or_sdpa(self.attn_target, fixes),
+            # each window its own: a job that resumes from its last checkpoint must not resume another trial's
+            scratch=None if self.scratch is None else self.scratch / f"window-{self.index}",
             loss_steps=LOSS_STEPS,
         )
-        # a window may take three times the baseline's before it is stopped (and never past the budget)
+        # a window may take three times the baseline's before it is stopped, and never runs past the budget
         timeout = max(60.0, 3 * self.window_s) if self.window_s else max(self.left_s(), 60.0)
+        timeout = max(min(timeout, self.left_s()), 30.0)
         window = run_window(
             self.command, request, self.options.steps, self.options.warmup, timeout, self.progress.step
         )
@@ -177,12 +181,13 @@ class Session:
         diagnosis = scout.diagnosis
         env = diagnosis.profile.environment
         self.attn = env.attn_implementation
-        self.attn_target = attention_target(env.on_gpu)
-        tol = LOSS_RTOL_GPU if env.on_gpu else LOSS_RTOL
+        self.attn_target = attention_target(env.on_gpu, env.param_dtype, env.autocast_dtype)
+        tol = self.tol = LOSS_RTOL_GPU if env.on_gpu else LOSS_RTOL
         proposals = propose(diagnosis, opts.also, opts.only, opts.skip)
         self.total = 3 + len(proposals)
         first = self.run("baseline")
-        if not first.ok:
+        fallback = not first.ok
+        if fallback:
             first = scout
         windows: list[tuple[Proposal, Window]] = []
         not_tried: list[tuple[str, str]] = []
@@ -209,6 +214,14 @@ class Session:
             redirected=self.redirected,
         )
         result.notes += self.combination_notes
+        if fallback:
+            result.notes.append(
+                "the baseline window failed; the diagnosis window stands in for it (a first window can run slow)"
+            )
+        if not baseline.losses:
+            result.notes.append(
+                "the job's losses could not be read: fixes meant to preserve them were not checked"
+            )
         if baseline.losses_reproducible is False:
             result.notes.append(
                 "the job's first losses differ between two identical runs (unseeded?): losses were not compared"
@@ -230,6 +243,9 @@ class Session:
         first = kept[0]
         fixes = [first.fix]
         rate, spread = first.real_tokens_per_s or 0.0, first.window_spread or 0.0
+        # the speed-up is chained: the best fix's against the baseline, times each accepted step's gain
+        # over the window right before it, so drift between distant windows does not enter
+        speedup, variance = first.speedup or 1.0, (first.spread or 0.0) ** 2
         maybe = sorted(
             (
                 v
@@ -255,7 +271,12 @@ class Session:
             if self.left_s() < self.window_s * 1.5:
                 self.combination_notes.append(f"{v.fix} not tried together with {' + '.join(fixes)}: budget")
                 continue
-            trial = self.run(" + ".join([*fixes, v.fix]), (*fixes, v.fix))
+            together = (*fixes, v.fix)
+            trial = self.run(" + ".join(together), together)
+            problem = self._combination_problem(trial, together, baseline)
+            if problem:
+                self.combination_notes.append(f"adding {v.fix} to {' + '.join(fixes)}: {problem}, left out")
+                continue
             gain = (trial.real_tokens_per_s or 0.0) / rate - 1.0 if trial.ok else None
             uncertainty = ((trial.spread or 0.0) ** 2 + spread**2) ** 0.5
             if gain is None or gain <= max(MIN_GAIN, 2.0 * uncertainty):
@@ -263,22 +284,49 @@ class Session:
                 self.combination_notes.append(f"adding {v.fix} to {' + '.join(fixes)}: {outcome}, left out")
                 continue
             fixes.append(v.fix)
+            speedup *= 1.0 + gain
+            variance += uncertainty**2
             rate = trial.real_tokens_per_s or rate
             spread = trial.spread or 0.0
             details.update(trial.applied)
-        changes = [change_for(f, framework, details.get(f), self.attn_target) for f in fixes]
-        total_spread = (spread**2 + baseline.spread**2) ** 0.5
-        return Best(fixes, rate, rate / baseline.real_tokens_per_s, total_spread, changes, True)
+        target = flash_or_sdpa(self.attn_target, tuple(fixes))
+        changes = [change_for(f, framework, details.get(f), target) for f in fixes]
+        best_rate = baseline.real_tokens_per_s * speedup
+        return Best(fixes, best_rate, speedup, variance**0.5, changes, True)
+
+    def _combination_problem(self, trial: Window, fixes: tuple[str, ...], baseline: Baseline) -> str | None:
+        """Why a combination's window cannot count: a fix that did not apply in it, or losses changed by
+        fixes that each should have preserved them."""
+        if not trial.ok:
+            return None  # its error is reported with the gain check
+        missing = [f for f in fixes if f not in trial.applied]
+        if missing:
+            return f"{', '.join(missing)} did not apply together with the others"
+        preserving = all(CANDIDATES[f].preserves_computation for f in fixes)
+        if preserving and baseline.losses_reproducible is not False and trial.losses and baseline.losses:
+            same, worst = losses_match(baseline.losses, trial.losses, self.tol)
+            if not same:
+                return f"together they changed the first losses by up to {worst:.1e}"
+        return None
 
 
-def attention_target(on_gpu: bool) -> str:
-    """FlashAttention 2 where it is installed and the job runs on a GPU; SDPA otherwise."""
+def attention_target(on_gpu: bool, param_dtype: str | None = None, autocast_dtype: str | None = None) -> str:
+    """FlashAttention 2 where it is installed and the job runs on a GPU; SDPA otherwise. FlashAttention
+    takes fp16 / bf16 only: an fp32 job gets it only together with the bf16 fix (``flash_or_sdpa``)."""
     if on_gpu:
         import importlib.util
 
         if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
+            half = {param_dtype, autocast_dtype} & {"bf16", "fp16"}
+            return "flash_attention_2" if half else "flash_attention_2_with_bf16"
     return "sdpa"
+
+
+def flash_or_sdpa(target: str, fixes: tuple[str, ...]) -> str:
+    """The attention an fp32 job can take: FlashAttention when the bf16 fix comes with it, SDPA otherwise."""
+    if target == "flash_attention_2_with_bf16":
+        return "flash_attention_2" if "bf16" in fixes else "sdpa"
+    return target
 
 
 def tune(command: list[str], options: TuneOptions, progress: Progress) -> TuneResult:

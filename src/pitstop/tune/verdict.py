@@ -76,6 +76,7 @@ class Verdict:
             "real_tokens_per_s": self.real_tokens_per_s,
             "speedup": self.speedup,
             "spread": self.spread,
+            "window_spread": self.window_spread,
             "kept": self.kept,
             "status": self.status,
             "reason": self.reason,

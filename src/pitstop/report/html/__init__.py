@@ -13,6 +13,15 @@ class ReportError(ValueError):
 
 
 def render_html(doc: Any) -> str:
+    try:
+        return _render(doc)
+    except ReportError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ReportError(f"the document is incomplete or damaged ({type(exc).__name__}: {exc})") from None
+
+
+def _render(doc: Any) -> str:
     from pitstop import __version__
 
     footer = f"pitstop {__version__} · self-contained report: no network, no external files"

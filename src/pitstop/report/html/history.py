@@ -17,7 +17,7 @@ def history_sections(runs: list[dict[str, Any]]) -> list[str]:
         by_setup: dict[str, tuple[list[float], list[float]]] = {}
         for r in measured:
             xs, ys = by_setup.setdefault(f"setup {r.get('fingerprint') or '?'}", ([], []))
-            xs.append(float(r["id"]))
+            xs.append(float(r["id"]) if isinstance(r["id"], int | float) else float(len(xs)))
             ys.append(r["real_tokens_per_s"])
         if max(len(xs) for xs, _ in by_setup.values()) > 1:
             plots.append(
@@ -37,7 +37,7 @@ def history_sections(runs: list[dict[str, Any]]) -> list[str]:
     first = measured[0]["real_tokens_per_s"] if measured else None
     rows = [
         [
-            str(r["id"]),
+            escape(str(r["id"])),
             escape(r.get("created_at") or ""),
             escape(r.get("kind") or ""),
             escape(r.get("label") or ""),
