@@ -36,6 +36,15 @@ def test_packed_rows_count_examples_and_skip_the_padded_tail() -> None:
     assert (no_pad_id.real_tokens, no_pad_id.examples) == (5, 2)
 
 
+def test_packed_tail_is_found_without_a_pad_token_id() -> None:
+    # PackingCollator's rows: examples with their first label ignored, then a tail of one repeated id
+    ids = torch.tensor([[5, 6, 7, 8, 9, 3, 3], [5, 6, 7, 8, 9, 4, 2]])
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1], [0, 1, 2, 0, 1, 0, 1]])
+    labels = torch.tensor([[-100, 6, 7, -100, 9, -100, -100], [-100, 6, 7, -100, 9, -100, 2]])
+    c = count_batch({"input_ids": ids, "position_ids": pos, "labels": labels})
+    assert (c.tokens, c.real_tokens, c.examples) == (14, 12, 5)  # row 2 ends in a real, labelled example
+
+
 def test_pad_token_id_without_mask() -> None:
     ids = torch.tensor([[4, 5, 0, 0]])
     assert count_batch({"input_ids": ids}, pad_token_id=0).real_tokens == 2

@@ -74,6 +74,26 @@ def _nbytes(batch: Any) -> int:
     return 0
 
 
+def packed_tail(ids: Any, positions: Any, labels: Any) -> tuple[int, int]:
+    """(tokens, rows) of padding at the end of packed rows: the last run of positions from 0, when it is one
+    token repeated and carries no label. Host tensors only (reading device ones would sync every step)."""
+    if ids.dim() != 2 or ids.device.type != "cpu" or not _is_int_tensor(labels) or labels.shape != ids.shape:
+        return 0, 0
+    if positions.shape != ids.shape or ids.shape[1] < 2:
+        return 0, 0
+    tokens = rows = 0
+    for b in range(ids.shape[0]):
+        starts = (positions[b] == 0).nonzero()
+        if starts.numel() < 2:
+            continue  # one example in the row: nothing to tell it from padding
+        last = int(starts[-1])
+        seg_ids, seg_labels = ids[b, last:], labels[b, last:]
+        if bool((seg_labels == IGNORE_INDEX).all()) and bool((seg_ids == seg_ids[0]).all()):
+            tokens += ids.shape[1] - last
+            rows += 1
+    return tokens, rows
+
+
 def count_batch(batch: Any, pad_token_id: int | None = None) -> BatchCounts:
     """Count one micro-batch. Unknown quantities stay None."""
     fields = _fields(batch)
@@ -98,10 +118,14 @@ def count_batch(batch: Any, pad_token_id: int | None = None) -> BatchCounts:
     elif pad_token_id is not None:
         counts.real_tokens = _count(ids != pad_token_id)
     elif _is_int_tensor(positions) and positions.shape[-1] == ids.shape[-1]:
-        counts.real_tokens = counts.tokens  # flattened / packed rows without a pad token carry no padding
+        # flattened / packed rows without a pad token: only a padded tail can be padding
+        tail = packed_tail(ids, positions, labels)
+        counts.real_tokens = counts.tokens - tail[0]
     if _is_int_tensor(positions) and positions.shape == ids.shape:
         starts = positions == 0  # each example restarts its positions at 0 (a padded tail may too)
         counts.examples = _count(starts if pad_token_id is None else starts & (ids != pad_token_id))
+        if pad_token_id is None and counts.real_tokens is not None and isinstance(counts.examples, int):
+            counts.examples -= packed_tail(ids, positions, labels)[1]
     elif counts.real_tokens is not None:
         counts.examples = rows
     if _is_int_tensor(labels) and labels.shape == ids.shape:
