@@ -6,8 +6,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from pitstop.cli.doctor import check_json_target, write_json
 from pitstop.cli.errors import UserError
+from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import diagnose
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.load import Inputs, load_run
@@ -19,17 +19,10 @@ def run_analyze(
     gpu: str | None,
     gpus: int | None,
     model: str | None,
-    json_out: Path | None,
     configs_only: bool,
-    history: Path | None = None,
-    record: bool = False,
-    html: Path | None = None,
-    tensorboard: Path | None = None,
+    outputs: Outputs,
 ) -> int:
-    from pitstop.cli.report import check_target, write_html, write_tensorboard
-
-    check_json_target(json_out)
-    check_target(html)
+    outputs.check()
     console = Console(stderr=True)
     inputs = Inputs(paths=paths, gpu=gpu, gpus=gpus, model=model, configs_only=configs_only)
     try:
@@ -38,12 +31,9 @@ def run_analyze(
     except IngestError as exc:
         raise UserError(str(exc), 2) from None
     diagnosis = diagnose(profile)
-    write_json(diagnosis, json_out, {"inputs": inputs.kinds})
-    write_html(diagnosis.to_dict() | {"inputs": inputs.kinds}, html)
-    write_tensorboard(diagnosis.to_dict(), tensorboard)
+    doc = diagnosis.to_dict() | {"inputs": inputs.kinds}
+    outputs.write(doc)
     render(diagnosis)
-    if record and diagnosis.metrics.real_tokens_per_s is not None:
-        from pitstop.cli.remember import remember
-
-        remember(diagnosis.to_dict() | {"inputs": inputs.kinds}, "analyze", history)
+    if diagnosis.metrics.real_tokens_per_s is not None:  # only a measured throughput belongs in the history
+        outputs.remember(doc, "analyze")
     return 0

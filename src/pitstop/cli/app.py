@@ -71,19 +71,13 @@ def doctor(
     pitstop doctor -- python train.py --my-args
     """
     from pitstop.cli.doctor import run_demo, run_doctor
+    from pitstop.cli.outputs import Outputs
 
+    outputs = Outputs(json_out, html, tensorboard, history, record=not no_history)
     try:
         if demo:
             code = run_demo(
-                steps=steps,
-                warmup=warmup,
-                fixed=fixed,
-                json_out=json_out,
-                quiet=quiet is not False,
-                history=history,
-                record=not no_history,
-                html=html,
-                tensorboard=tensorboard,
+                steps=steps, warmup=warmup, fixed=fixed, quiet=quiet is not False, outputs=outputs
             )
         else:
             if fixed:
@@ -95,13 +89,9 @@ def doctor(
                 steps=steps,
                 warmup=warmup,
                 full=full,
-                json_out=json_out,
                 quiet=bool(quiet),
                 timeout=timeout,
-                history=history,
-                record=not no_history,
-                html=html,
-                tensorboard=tensorboard,
+                outputs=outputs,
             )
     except UserError as exc:
         raise fail(str(exc), exc.code) from None
@@ -166,15 +156,10 @@ def tune(
             from pitstop.demo.prepare import ensure_demo_assets
 
             ensure_demo_assets()
-        from pitstop.cli.report import check_target, write_html, write_tensorboard
+        from pitstop.cli.outputs import Outputs
 
-        check_target(html)
-        result = run_tune(demo_command(False) if demo else list(command or []), options, json_out)
-        write_html(result.to_dict(), html)
-        write_tensorboard(result.to_dict(), tensorboard)
-        from pitstop.cli.remember import remember
-
-        remember(result.to_dict(), "tune", history, not no_history)
+        outputs = Outputs(json_out, html, tensorboard, history, record=not no_history)
+        run_tune(demo_command(False) if demo else list(command or []), options, outputs)
     except UserError as exc:
         raise fail(str(exc), exc.code) from None
 
@@ -219,21 +204,10 @@ def analyze(
 ) -> None:
     """Diagnose a run from what it left behind: profiler traces, nvidia-smi logs, Trainer outputs, configs."""
     from pitstop.cli.analyze import run_analyze
+    from pitstop.cli.outputs import Outputs
 
-    raise typer.Exit(
-        run_analyze(
-            paths,
-            gpu=gpu,
-            gpus=gpus,
-            model=model,
-            json_out=json_out,
-            configs_only=False,
-            history=history,
-            record=not no_history,
-            html=html,
-            tensorboard=tensorboard,
-        )
-    )
+    outputs = Outputs(json_out, html, tensorboard, history, record=not no_history)
+    raise typer.Exit(run_analyze(paths, gpu=gpu, gpus=gpus, model=model, configs_only=False, outputs=outputs))
 
 
 @app.command()
@@ -252,9 +226,10 @@ def check(
 ) -> None:
     """Check training configs for known causes of slowness before the run starts."""
     from pitstop.cli.analyze import run_analyze
+    from pitstop.cli.outputs import Outputs
 
     raise typer.Exit(
-        run_analyze(paths, gpu=gpu, gpus=gpus, model=model, json_out=json_out, configs_only=True)
+        run_analyze(paths, gpu=gpu, gpus=gpus, model=model, configs_only=True, outputs=Outputs(json_out))
     )
 
 

@@ -11,33 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
+from pitstop.cli.outputs import Outputs
 from pitstop.cli.progress import steps_bar
-from pitstop.cli.remember import remember
-from pitstop.cli.report import check_target, write_html, write_tensorboard
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
 from pitstop.report.terminal import render
 from pitstop.runner.collect import collect
 from pitstop.runner.launch import run_observed
-
-
-def check_json_target(json_out: Path | None) -> None:
-    if json_out is not None and not json_out.parent.exists():
-        raise UserError(f"cannot write {json_out}: folder {json_out.parent} does not exist")
-
-
-def write_json(diagnosis: Diagnosis, json_out: Path | None, extra: dict | None = None) -> None:
-    if json_out is None:
-        return
-    doc = diagnosis.to_dict()
-    if extra:
-        doc.update(extra)
-    try:
-        tmp = json_out.with_name(json_out.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=str))
-        tmp.replace(json_out)
-    except OSError as exc:
-        raise UserError(f"cannot write {json_out}: {exc.strerror or exc}", 1) from None
 
 
 def measure(
@@ -84,22 +64,16 @@ def run_doctor(
     steps: int,
     warmup: int,
     full: bool,
-    json_out: Path | None,
     quiet: bool,
     timeout: float | None,
-    history: Path | None = None,
-    record: bool = False,
-    html: Path | None = None,
-    tensorboard: Path | None = None,
+    outputs: Outputs,
 ) -> int:
-    check_json_target(json_out)
-    check_target(html)
+    outputs.check()
     diagnosis = measure(command, None if full else steps, warmup, quiet, "measuring", timeout)
-    write_json(diagnosis, json_out)  # first: a closed terminal must not lose the result
-    write_html(diagnosis.to_dict(), html)
-    write_tensorboard(diagnosis.to_dict(), tensorboard)
+    doc = diagnosis.to_dict()
+    outputs.write(doc)
     render(diagnosis)
-    remember(diagnosis.to_dict(), "doctor", history, record)
+    outputs.remember(doc, "doctor")
     return diagnosis.profile.exit_code or 0
 
 
@@ -111,33 +85,27 @@ def run_demo(
     steps: int,
     warmup: int,
     fixed: bool,
-    json_out: Path | None,
     quiet: bool,
-    history: Path | None = None,
-    record: bool = False,
-    html: Path | None = None,
-    tensorboard: Path | None = None,
+    outputs: Outputs,
 ) -> int:
     from pitstop.demo.prepare import ensure_demo_assets
 
-    check_json_target(json_out)
-    check_target(html)
+    outputs.check()
     console = Console(stderr=True)
     with console.status("preparing the demo (tokenizer trained once, then cached)"):
         ensure_demo_assets()
     slow = measure(demo_command(False), steps, warmup, quiet, "demo: naive fine-tune")
-    write_html(slow.to_dict(), html)
-    write_tensorboard(slow.to_dict(), tensorboard)
+    doc = slow.to_dict()
     if not fixed:
-        write_json(slow, json_out)
+        outputs.write(doc)
         render(slow)
-        remember(slow.to_dict(), "demo", history, record)
+        outputs.remember(doc, "demo")
         return 0
     fast = measure(demo_command(True), steps, warmup, quiet, "demo: with the fixes")
     comparison = compare(slow, fast)
-    write_json(slow, json_out, {"demo_comparison": comparison, "fixed": fast.to_dict()})
+    outputs.write(doc | {"demo_comparison": comparison, "fixed": fast.to_dict()})
     render(slow)
-    remember(slow.to_dict(), "demo", history, record)
+    outputs.remember(doc, "demo")
     out = Console()
     left = ", ".join(f"{f.cause} ({f.severity})" for f in fast.findings) or "no finding"
     out.print(

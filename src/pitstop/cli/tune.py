@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,6 +11,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
+from pitstop.cli.outputs import Outputs
 from pitstop.cli.progress import steps_bar
 from pitstop.tune.candidates import CANDIDATES, unknown_fixes
 from pitstop.tune.session import TuneError, TuneOptions, TuneResult, tune
@@ -144,20 +143,8 @@ def render(result: TuneResult, console: Console | None = None) -> None:
         )
 
 
-def write_json(result: TuneResult, path: Path | None) -> None:
-    if path is None:
-        return
-    try:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(result.to_dict(), indent=1, default=str))
-        tmp.replace(path)
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror or exc}", 1) from None
-
-
-def run_tune(command: list[str], options: TuneOptions, json_out: Path | None) -> TuneResult:
-    if json_out is not None and not json_out.parent.exists():
-        raise UserError(f"cannot write {json_out}: folder {json_out.parent} does not exist")
+def run_tune(command: list[str], options: TuneOptions, outputs: Outputs) -> TuneResult:
+    outputs.check()
     console = Console(stderr=True)
     console.print(
         f"pitstop tune: {' '.join(command)}\n"
@@ -169,6 +156,8 @@ def run_tune(command: list[str], options: TuneOptions, json_out: Path | None) ->
             result = tune(command, options, progress)
     except TuneError as exc:
         raise UserError(str(exc), 1) from None
-    write_json(result, json_out)
+    doc = result.to_dict()
+    outputs.write(doc)
     render(result)
+    outputs.remember(doc, "tune")
     return result

@@ -30,19 +30,18 @@ import bisect
 import itertools
 import math
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from pitstop.cli.errors import UserError
 from pitstop.diagnose import SCHEMA_RUN
-from pitstop.profile import SCHEMA_PROFILE, GpuSample, HostSample, RankProfile, RunProfile, StepRecord
+from pitstop.profile import SCHEMA_PROFILE, GpuSample, RankProfile, RunProfile, StepRecord
 
 SCHEMA_TUNE = "pitstop.tune/1"  # pitstop.tune.session's, repeated: importing it pulls the tune machinery in
 MISSING_WRITER = "--tensorboard needs the tensorboard package: pip install 'pitstop[tensorboard]'"
 GIB = 2**30
-FLAT_LISTS: dict[str, type] = {"steps": StepRecord, "gpu_samples": GpuSample, "host_samples": HostSample}
 SUMMARY_METRICS = ("real_tokens_per_s", "tokens_per_s", "mfu", "gpu_util")
 
 # (GpuSample field, tag, factor to the tag's unit)
@@ -139,31 +138,17 @@ def _scalars_of(doc: dict[str, Any]) -> tuple[dict[int, _Series], float]:
     if schema == SCHEMA_TUNE:
         return {0: _tune_series(doc)}, time.time()
     if schema == SCHEMA_RUN:
-        profile = _load_profile(doc["profile"]) if isinstance(doc.get("profile"), dict) else None
+        profile = RunProfile.from_dict(doc["profile"]) if isinstance(doc.get("profile"), dict) else None
         return _run_series(profile, doc.get("metrics") or {}), _started_at(profile)
     if schema == SCHEMA_PROFILE:
         from pitstop.diagnose.metrics import compute_metrics
 
-        profile = _load_profile(doc)
+        profile = RunProfile.from_dict(doc)
         return _run_series(profile, compute_metrics(profile).to_dict()), _started_at(profile)
     raise UserError(
         f"not a {SCHEMA_RUN}, {SCHEMA_TUNE} or {SCHEMA_PROFILE} document (schema: {schema!r}): "
         "nothing to write for TensorBoard"
     )
-
-
-def _load_profile(data: dict[str, Any]) -> RunProfile:
-    """``RunProfile.from_dict``, with the flat per-step and per-sample records built directly: from_dict
-    resolves type hints for every record, which makes a 100k-step profile take tens of seconds."""
-    raw_ranks = [r for r in data.get("ranks") or [] if isinstance(r, dict)]
-    light = {**data, "ranks": [{k: v for k, v in r.items() if k not in FLAT_LISTS} for r in raw_ranks]}
-    profile = RunProfile.from_dict(light)
-    for rank, raw in zip(profile.ranks, raw_ranks, strict=True):
-        for key, cls in FLAT_LISTS.items():
-            names = {f.name for f in fields(cls)}
-            records = [cls(**{k: v for k, v in r.items() if k in names}) for r in raw.get(key) or []]
-            setattr(rank, key, records)
-    return profile
 
 
 def _run_series(profile: RunProfile | None, metrics: dict[str, Any]) -> dict[int, _Series]:
