@@ -71,7 +71,7 @@ def predicted_batch() -> int:
 
 def trial(batch: int) -> int:
     """One capped step in this process: exit status 0 if it ran, 3 if it ran out of memory."""
-    from pitstop.fixes import is_out_of_memory
+    from pitstop.plan.batch_finder import is_out_of_memory
 
     _, _, step = job()
     step(1)
@@ -99,7 +99,7 @@ def run(method: str) -> dict[str, Any]:
             raise SystemExit(f"trial {batch} failed: {proc.stderr[-300:]}")
 
     if method == "scan":
-        from pitstop.fixes import is_out_of_memory
+        from pitstop.plan.batch_finder import is_out_of_memory
 
         largest = 0
         for b in range(1, 4096):
@@ -112,7 +112,7 @@ def run(method: str) -> dict[str, Any]:
                 break
         return {"chosen": largest, "trials": len(sizes)}
     if method == "pitstop":
-        from pitstop.fixes import find_batch_size
+        from pitstop.plan.batch_finder import find_batch_size
 
         result = find_batch_size(counted, predicted_batch())
         return {"chosen": result.largest, "trials": result.trial_count, "predicted": predicted_batch()}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-SCHEMA_PROFILE = "pitstop.profile/1"
+from pitstop import schemas
 
 T = TypeVar("T")
 
@@ -280,7 +280,7 @@ class RunProfile:
         return max(len(self.ranks), env_ws or 0, 1)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA_PROFILE, **to_jsonable(self)}
+        return {"schema": schemas.PROFILE, **to_jsonable(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunProfile:

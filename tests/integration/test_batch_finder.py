@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pitstop.fixes import find_batch_size
+from pitstop.plan.batch_finder import find_batch_size
 from tests.conftest import SCRIPTS
 
 pytestmark = pytest.mark.slow

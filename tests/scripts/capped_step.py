@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from pitstop.fixes import is_out_of_memory
+from pitstop.plan.batch_finder import is_out_of_memory
 
 WIDTH, DEPTH, BUDGET = 1024, 4, 80 * 2**20
 

@@ -11,8 +11,8 @@ import pytest
 
 from pitstop.data import cache as cache_mod
 from pitstop.data.cache import build_cache, open_cache
+from pitstop.data.errors import DataError
 from pitstop.demo.prepare import train_tokenizer
-from pitstop.ingest.errors import IngestError
 
 pytest.importorskip("tokenizers")
 
@@ -107,7 +107,7 @@ def test_resumes_after_a_kill_and_is_never_half_open(data: Path, tokenizer: Path
         build_cache(data, tokenizer, out, workers=1, shard_size=5, on_progress=killed_after_two)
     partial = next(out.glob("*.partial"))
     assert len(list(partial.glob("shard-*.done"))) == 2
-    with pytest.raises(IngestError, match="unfinished build"):
+    with pytest.raises(DataError, match="unfinished build"):
         open_cache(out)
     resumed: list[int] = []
     path = build_cache(data, tokenizer, out, workers=1, shard_size=5, on_progress=resumed.append)
@@ -123,10 +123,10 @@ def test_damage_is_detected(data: Path, tokenizer: Path, tmp_path: Path) -> None
     raw = bytearray((path / "tokens.bin").read_bytes())
     raw[10] ^= 0xFF
     (path / "tokens.bin").write_bytes(bytes(raw))
-    with pytest.raises(IngestError, match="checksum"):
+    with pytest.raises(DataError, match="checksum"):
         open_cache(path).verify()
     (path / "tokens.bin").write_bytes(bytes(raw[:-2]))
-    with pytest.raises(IngestError, match="damaged"):
+    with pytest.raises(DataError, match="damaged"):
         open_cache(path)
 
 
@@ -143,7 +143,7 @@ def test_full_disk_fails_cleanly(
         real_write(path, payload)
 
     monkeypatch.setattr(cache_mod, "_write", filling_up)
-    with pytest.raises(IngestError, match="disk full"):
+    with pytest.raises(DataError, match="disk full"):
         build_cache(data, tokenizer, tmp_path / "cache", workers=1, shard_size=10)
     partial = next((tmp_path / "cache").glob("*.partial"))
     assert not list((tmp_path / "cache").glob("*/meta.json"))  # nothing looks complete
@@ -154,7 +154,7 @@ def test_full_disk_fails_cleanly(
 def test_bad_tokenizer_and_bad_data(tmp_path: Path, data: Path) -> None:
     junk = tmp_path / "junk.json"
     junk.write_text("{}")
-    with pytest.raises(IngestError, match="cannot load"):
+    with pytest.raises(DataError, match="cannot load"):
         build_cache(data, junk, tmp_path / "c")
-    with pytest.raises(IngestError, match=r"no tokenizer\.json"):
+    with pytest.raises(DataError, match=r"no tokenizer\.json"):
         build_cache(data, tmp_path / "nowhere", tmp_path / "c")

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from tests.factories import profile, steps
 
+from pitstop import schemas
 from pitstop.diagnose import diagnose
 from pitstop.history import (
     APPLICATION_ID,
-    SCHEMA_VERSION,
     HistoryError,
     check,
     default_path,
@@ -198,7 +198,7 @@ def test_record_a_run_document(history_file: Path) -> None:
     assert abs((datetime.now(timezone.utc) - created).total_seconds()) < 60
     conn = sqlite3.connect(history_file)
     assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == schemas.HISTORY_DB_VERSION
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     indexes = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'index'").fetchall()
     assert any("(fingerprint, label, id)" in sql for (sql,) in indexes)
@@ -380,7 +380,7 @@ def _newer(path: Path) -> None:
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, future TEXT)")
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.execute(f"PRAGMA user_version = {schemas.HISTORY_DB_VERSION + 1}")
     conn.commit()
     conn.close()
 

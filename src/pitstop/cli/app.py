@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from pitstop.cli.errors import UserError
-from pitstop.ingest.errors import IngestError
+from pitstop.errors import PitstopError
 
 app = typer.Typer(
     name="pitstop",
@@ -366,12 +366,9 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.secho("pitstop: interrupted", err=True, fg="red")
         sys.exit(130)
-    except UserError as exc:
+    except PitstopError as exc:
         typer.secho(f"pitstop: {exc}", err=True, fg="red")
         sys.exit(exc.code)
-    except IngestError as exc:
-        typer.secho(f"pitstop: {exc}", err=True, fg="red")
-        sys.exit(2)
     except Exception as exc:  # a bug in pitstop: one line, unless asked for the traceback
         if os.environ.get("PITSTOP_DEBUG"):
             raise

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
+from pitstop.errors import PitstopError
 
-class UserError(Exception):
-    """Bad input, or an outcome to report in one line, with the exit code to leave with."""
 
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
+class UserError(PitstopError):
+    """Bad input on the command line, or an outcome to report in one line, with the exit code."""

@@ -13,15 +13,14 @@ from typing import Any
 
 from rich.console import Console
 
+from pitstop.atomic import write_atomic
 from pitstop.cli.errors import UserError
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and rename: a reader never sees half a file."""
+def write_output(path: Path, text: str) -> None:
+    """Write a requested output atomically; a failure is one line and exit 1."""
     try:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, text)
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}", 1) from None
 
@@ -43,7 +42,7 @@ class Outputs:
     def write(self, doc: Any) -> None:
         console = Console(stderr=True)
         if self.json is not None:
-            write_atomic(self.json, json.dumps(doc, indent=1, default=str))
+            write_output(self.json, json.dumps(doc, indent=1, default=str))
         if self.html is not None:
             from pitstop.report.html import ReportError, render_html
 
@@ -51,7 +50,7 @@ class Outputs:
                 html = render_html(doc)
             except ReportError as exc:
                 raise UserError(str(exc)) from None
-            write_atomic(self.html, html)
+            write_output(self.html, html)
             console.print(f"[dim]report written to {self.html} ({len(html) / 1024:,.0f} KiB)[/dim]")
         if self.tensorboard is not None:
             from pitstop.report.tensorboard import write_tensorboard

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from pitstop.data.errors import DataError
 from pitstop.data.examples import Example, ReadReport, read_examples
 from pitstop.data.tokenize import Renderer, TokenizerInfo, describe_tokenizer, encode_arrays, load_tokenizer
-from pitstop.ingest.errors import IngestError
 
 CACHE_FORMAT = 1
 SHARD_SIZE = 20_000
@@ -114,13 +114,13 @@ def _write(path: Path, data: bytes | Any) -> None:
         os.fsync(f.fileno())
 
 
-def _disk_full(exc: OSError, where: Path) -> IngestError:
+def _disk_full(exc: OSError, where: Path) -> DataError:
     if exc.errno == errno.ENOSPC:
-        return IngestError(
+        return DataError(
             f"disk full while writing the cache in {where}; finished shards are kept there and a "
             "rerun resumes after space is freed"
         )
-    return IngestError(f"cannot write the cache in {where}: {exc.strerror or exc}")
+    return DataError(f"cannot write the cache in {where}: {exc.strerror or exc}")
 
 
 def build_cache(
@@ -136,7 +136,7 @@ def build_cache(
     """Tokenize ``data`` into ``out/<key>/`` (or reuse it when it exists) and return that folder."""
     source = Path(data)
     if not source.exists():
-        raise IngestError(f"{source}: no such file or folder")
+        raise DataError(f"{source}: no such file or folder")
     info = describe_tokenizer(tokenizer)
     load_tokenizer(info)  # fail here, in one line, rather than in every worker
     key = cache_key(source, info, template, skip_bad)
@@ -173,7 +173,7 @@ def build_cache(
                 on_progress(len(lengths))
     if report.examples == 0:
         shutil.rmtree(partial, ignore_errors=True)
-        raise IngestError(
+        raise DataError(
             f"{source}: no usable examples" + (f" ({report.first_error})" if report.first_error else "")
         )
     try:
@@ -264,7 +264,7 @@ class TokenCache:
     def verify(self) -> None:
         """Full check: the tokens' SHA-256 (reads every byte; opening only checks sizes and offsets)."""
         if hashlib.sha256(np.asarray(self.tokens).tobytes()).hexdigest() != self.meta.tokens_sha256:
-            raise IngestError(f"{self.path}: token checksum mismatch (the cache was modified or damaged)")
+            raise DataError(f"{self.path}: token checksum mismatch (the cache was modified or damaged)")
 
 
 def open_cache(path: str | Path) -> TokenCache:
@@ -276,7 +276,7 @@ def open_cache(path: str | Path) -> TokenCache:
             folder = inside[0]
         elif len(inside) > 1:
             names = ", ".join(sorted(p.name for p in inside))
-            raise IngestError(f"{path}: holds several caches ({names}); name one")
+            raise DataError(f"{path}: holds several caches ({names}); name one")
         else:
             partial = list(folder.glob("*.partial")) if folder.is_dir() else []
             extra = (
@@ -284,14 +284,14 @@ def open_cache(path: str | Path) -> TokenCache:
                 if partial
                 else ""
             )
-            raise IngestError(f"{path}: no complete pitstop cache{extra}")
+            raise DataError(f"{path}: no complete pitstop cache{extra}")
     try:
         raw = json.loads((folder / "meta.json").read_text())
         meta = CacheMeta(**raw)
     except (ValueError, TypeError) as exc:
-        raise IngestError(f"{folder}: unreadable meta.json ({exc})") from None
+        raise DataError(f"{folder}: unreadable meta.json ({exc})") from None
     if meta.format != CACHE_FORMAT:
-        raise IngestError(
+        raise DataError(
             f"{folder}: cache format {meta.format}, this pitstop reads {CACHE_FORMAT}; rebuild it"
         )
     width = np.dtype(meta.token_dtype).itemsize
@@ -303,8 +303,8 @@ def open_cache(path: str | Path) -> TokenCache:
     for name, size in expected.items():
         actual = (folder / name).stat().st_size if (folder / name).is_file() else -1
         if actual != size:
-            raise IngestError(f"{folder}: {name} is {actual} bytes, meta.json says {size}: a damaged cache")
+            raise DataError(f"{folder}: {name} is {actual} bytes, meta.json says {size}: a damaged cache")
     offsets = np.fromfile(folder / "offsets.bin", dtype=np.int64)
     if zlib.crc32(offsets.tobytes()) != meta.offsets_crc32 or offsets[0] != 0 or offsets[-1] != meta.tokens:
-        raise IngestError(f"{folder}: offsets do not match meta.json: a damaged cache")
+        raise DataError(f"{folder}: offsets do not match meta.json: a damaged cache")
     return TokenCache(folder, meta)

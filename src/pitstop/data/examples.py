@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pitstop.ingest.errors import IngestError
+from pitstop.data.errors import DataError
 
 ROLE_NAMES = {
     "human": "user",
@@ -31,7 +31,7 @@ ROLE_NAMES = {
 }
 
 
-class ExampleError(IngestError):
+class ExampleError(DataError):
     """One example cannot be used (a bad line, a missing field): says which one."""
 
 
@@ -112,11 +112,11 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         try:
             import datasets
         except ImportError as exc:
-            raise IngestError("reading a saved dataset folder needs the `datasets` package") from exc
+            raise DataError("reading a saved dataset folder needs the `datasets` package") from exc
         try:
             data = datasets.load_from_disk(str(path))
         except Exception as exc:
-            raise IngestError(f"{path}: not a dataset saved with save_to_disk ({exc})") from None
+            raise DataError(f"{path}: not a dataset saved with save_to_disk ({exc})") from None
         if isinstance(data, datasets.DatasetDict):
             data = data["train"] if "train" in data else next(iter(data.values()))
         for i, row in enumerate(data):
@@ -127,11 +127,11 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         try:
             import pyarrow.parquet as pq
         except ImportError as exc:
-            raise IngestError("reading Parquet needs pyarrow (pip install pyarrow)") from exc
+            raise DataError("reading Parquet needs pyarrow (pip install pyarrow)") from exc
         try:
             table = pq.read_table(path)
         except Exception as exc:
-            raise IngestError(f"{path}: not a Parquet file ({exc})") from None
+            raise DataError(f"{path}: not a Parquet file ({exc})") from None
         for i, row in enumerate(table.to_pylist()):
             yield f"{path} row {i}", row
         return
@@ -148,11 +148,11 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
-            raise IngestError(f"{path}: invalid JSON ({exc})") from None
+            raise DataError(f"{path}: invalid JSON ({exc})") from None
         if isinstance(data, dict):
             data = next((v for v in data.values() if isinstance(v, list)), None)
             if data is None:
-                raise IngestError(f"{path}: a JSON object without a list of examples in it")
+                raise DataError(f"{path}: a JSON object without a list of examples in it")
         for i, row in enumerate(data):
             yield f"{path} item {i}", row
         return
@@ -187,7 +187,7 @@ class ReadReport:
 def read_examples(path: Path, skip_bad: bool = False, report: ReadReport | None = None) -> Iterator[Example]:
     """Examples in file order. A bad one raises ExampleError (with its line), or is counted with skip_bad."""
     if not path.exists():
-        raise IngestError(f"{path}: no such file or folder")
+        raise DataError(f"{path}: no such file or folder")
     report = report if report is not None else ReadReport()
     report.layouts = report.layouts if report.layouts is not None else {}
     index = 0

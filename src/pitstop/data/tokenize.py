@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pitstop.data.errors import DataError
 from pitstop.data.examples import Example
-from pitstop.ingest.errors import IngestError
 
 TEMPLATES = ("auto", "alpaca", "chatml", "tokenizer", "plain")
 ALPACA_HEADER = (
@@ -62,7 +62,7 @@ def describe_tokenizer(spec: str | Path) -> TokenizerInfo:
     path = Path(spec)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
-        raise IngestError(f"{spec}: no tokenizer.json there (pass the file, or a folder that holds it)")
+        raise DataError(f"{spec}: no tokenizer.json there (pass the file, or a folder that holds it)")
     data = file.read_bytes()
     config: dict[str, Any] = {}
     config_path = file.with_name("tokenizer_config.json")
@@ -70,11 +70,11 @@ def describe_tokenizer(spec: str | Path) -> TokenizerInfo:
         try:
             config = json.loads(config_path.read_text())
         except ValueError as exc:
-            raise IngestError(f"{config_path}: invalid JSON ({exc})") from None
+            raise DataError(f"{config_path}: invalid JSON ({exc})") from None
     try:
         spec_json = json.loads(data)
     except ValueError:
-        raise IngestError(f"{file}: not a tokenizer.json (invalid JSON)") from None
+        raise DataError(f"{file}: not a tokenizer.json (invalid JSON)") from None
     vocab = spec_json.get("model", {}).get("vocab") if isinstance(spec_json, dict) else None
     added = spec_json.get("added_tokens", []) if isinstance(spec_json, dict) else []
     size = (len(vocab) if isinstance(vocab, dict | list) else 0) + len(added)
@@ -104,11 +104,11 @@ def load_tokenizer(info: TokenizerInfo) -> Any:
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:  # pragma: no cover - tokenizers comes with the hf extra
-        raise IngestError("tokenizing needs the `tokenizers` package: pip install 'pitstop[hf]'") from exc
+        raise DataError("tokenizing needs the `tokenizers` package: pip install 'pitstop[hf]'") from exc
     try:
         tok = Tokenizer.from_file(str(info.path))
     except Exception as exc:
-        raise IngestError(f"{info.path}: the tokenizers library cannot load it ({exc})") from None
+        raise DataError(f"{info.path}: the tokenizers library cannot load it ({exc})") from None
     tok.no_truncation()
     tok.no_padding()
     return tok
@@ -116,9 +116,9 @@ def load_tokenizer(info: TokenizerInfo) -> Any:
 
 def resolve_template(template: str, info: TokenizerInfo, layout: str) -> str:
     if template not in TEMPLATES:
-        raise IngestError(f"unknown template {template!r}; use one of {', '.join(TEMPLATES)}")
+        raise DataError(f"unknown template {template!r}; use one of {', '.join(TEMPLATES)}")
     if template == "tokenizer" and not info.chat_template:
-        raise IngestError(
+        raise DataError(
             f"{info.path}: the tokenizer has no chat template (tokenizer_config.json chat_template)"
         )
     if template != "auto":
@@ -199,7 +199,7 @@ class Renderer:
                     done = header
             text = self._render(example.turns[: i + 1], False)
             if not text.startswith(done):
-                raise IngestError(
+                raise DataError(
                     "the tokenizer's chat template does not render conversations by prefix; "
                     "use --template chatml or alpaca"
                 )
@@ -209,7 +209,7 @@ class Renderer:
 
 
 def _raise(message: str) -> None:
-    raise IngestError(f"chat template: {message}")
+    raise DataError(f"chat template: {message}")
 
 
 def encode(tokenizer: Any, batch: list[Segments]) -> list[tuple[list[int], list[int]]]:

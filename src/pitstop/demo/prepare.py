@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pitstop.atomic import write_atomic
 from pitstop.demo.corpus import build_pairs
 
 VOCAB_SIZE = 1024
@@ -30,12 +31,6 @@ def cache_root() -> Path:
     return Path(base) / "pitstop"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def ensure_demo_assets() -> DemoAssets:
     pairs = build_pairs()
     lines = (
@@ -46,9 +41,9 @@ def ensure_demo_assets() -> DemoAssets:
     folder.mkdir(parents=True, exist_ok=True)
     assets = DemoAssets(data=folder / "pairs.jsonl", tokenizer=folder / "tokenizer.json")
     if not assets.data.exists():
-        _atomic_write(assets.data, lines)
+        write_atomic(assets.data, lines)
     if not assets.tokenizer.exists():
-        _atomic_write(assets.tokenizer, train_tokenizer(p.instruction + "\n" + p.response for p in pairs))
+        write_atomic(assets.tokenizer, train_tokenizer(p.instruction + "\n" + p.response for p in pairs))
     return assets
 
 

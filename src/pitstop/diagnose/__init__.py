@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pitstop import schemas
 from pitstop.catalogue import CAUSES
 from pitstop.diagnose.context import RuleContext
 from pitstop.diagnose.metrics import Metrics, rank_metrics
 from pitstop.findings import Finding, rank_findings
 from pitstop.profile import RunProfile
-
-SCHEMA_RUN = "pitstop.run/1"
 
 
 @dataclass
@@ -28,7 +27,7 @@ class Diagnosis:
 
         env = self.profile.environment
         return {
-            "schema": SCHEMA_RUN,
+            "schema": schemas.RUN,
             "pitstop_version": __version__,
             "source": self.profile.source,
             "command": self.profile.command,

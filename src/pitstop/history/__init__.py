@@ -25,11 +25,10 @@ from pitstop.history.errors import HistoryError
 from pitstop.history.fingerprint import fingerprint, fingerprint_fields
 from pitstop.history.gitinfo import git_head, resolve_label
 from pitstop.history.paths import default_path, resolve_path
-from pitstop.history.store import APPLICATION_ID, SCHEMA_VERSION, HistoryStore, RunRecord, open_store
+from pitstop.history.store import APPLICATION_ID, HistoryStore, RunRecord, open_store
 
 __all__ = [
     "APPLICATION_ID",
-    "SCHEMA_VERSION",
     "HistoryError",
     "HistoryStore",
     "MetricRow",

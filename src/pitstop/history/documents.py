@@ -7,10 +7,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop import schemas
 from pitstop.history.errors import HistoryError
 from pitstop.history.fingerprint import fingerprint_fields
 
-SCHEMA_TUNE = "pitstop.tune/1"
 METRIC_COLUMNS = ("real_tokens_per_s", "tokens_per_s", "step_time_s", "mfu")
 
 
@@ -36,16 +36,15 @@ def _command(value: Any) -> str | None:
 
 
 def _is_run(doc: dict[str, Any]) -> bool:
-    from pitstop.diagnose import SCHEMA_RUN
 
     if "schema" in doc:
-        return doc["schema"] == SCHEMA_RUN
+        return doc["schema"] == schemas.RUN
     return isinstance(doc.get("metrics"), dict) and isinstance(doc.get("environment"), dict)
 
 
 def _is_tune(doc: dict[str, Any]) -> bool:
     if "schema" in doc:
-        return doc["schema"] == SCHEMA_TUNE
+        return doc["schema"] == schemas.TUNE
     return isinstance(doc.get("baseline_run"), dict)
 
 
@@ -58,12 +57,12 @@ def summarize(doc: Any) -> Summary:
     """
     if not isinstance(doc, dict):
         raise HistoryError(
-            f"a result to record is a pitstop.run/1 or {SCHEMA_TUNE} object, not a {type(doc).__name__}"
+            f"a result to record is a pitstop.run/1 or {schemas.TUNE} object, not a {type(doc).__name__}"
         )
     if _is_tune(doc):
         run = doc.get("baseline_run")
         if not isinstance(run, dict) or not _is_run(run):
-            raise HistoryError(f"{SCHEMA_TUNE} document without a pitstop.run/1 'baseline_run'")
+            raise HistoryError(f"{schemas.TUNE} document without a pitstop.run/1 'baseline_run'")
         best = doc.get("best") or {}
         baseline = doc.get("baseline") or {}
         best_tps = _number(best.get("real_tokens_per_s")) if isinstance(best, dict) else None
@@ -87,5 +86,5 @@ def summarize(doc: Any) -> Summary:
             {name: _number(run_metrics.get(name)) for name in METRIC_COLUMNS},
         )
     raise HistoryError(
-        f"not a pitstop.run/1 or {SCHEMA_TUNE} document (schema: {doc.get('schema', 'none')!r})"
+        f"not a pitstop.run/1 or {schemas.TUNE} document (schema: {doc.get('schema', 'none')!r})"
     )

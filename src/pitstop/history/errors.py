@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pitstop.errors import PitstopError
 
-class HistoryError(ValueError):
+
+class HistoryError(PitstopError, ValueError):
     """The history file cannot be used (not ours, corrupt, too new) or a request about it is wrong."""

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pitstop import schemas
 from pitstop.history.documents import METRIC_COLUMNS, summarize
 from pitstop.history.errors import HistoryError
 from pitstop.history.fingerprint import canonical_json, fingerprint_of
@@ -27,7 +28,6 @@ from pitstop.history.gitinfo import git_head, resolve_label
 from pitstop.history.paths import resolve_path
 
 APPLICATION_ID = 0x50495453  # "PITS": marks the file as a pitstop history
-SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
 _MAGIC = b"SQLite format 3\x00"
 _HEADER = 100
@@ -140,7 +140,7 @@ def _header_problem(path: Path) -> str | None:
     schema_cookie = struct.unpack(">I", header[40:44])[0]
     if app_id not in (0, APPLICATION_ID) or (app_id == 0 and schema_cookie != 0):
         return "an SQLite database of another program, not a pitstop history"
-    if app_id == APPLICATION_ID and user_version > SCHEMA_VERSION:
+    if app_id == APPLICATION_ID and user_version > schemas.HISTORY_DB_VERSION:
         return _too_new(user_version)
     page_size = struct.unpack(">H", header[16:18])[0]
     page_size = 65536 if page_size == 1 else page_size
@@ -159,7 +159,7 @@ def _describe(path: Path, exc: sqlite3.DatabaseError) -> str:
 
 def _too_new(version: int) -> str:
     return (
-        f"written by a newer pitstop (history schema {version}; this one reads up to {SCHEMA_VERSION}); "
+        f"written by a newer pitstop (history schema {version}; this one reads up to {schemas.HISTORY_DB_VERSION}); "
         "upgrade pitstop or use another --history"
     )
 
@@ -231,9 +231,9 @@ class HistoryStore:
 
         def verify(app_id: int, version: int, objects: int) -> bool:
             if app_id == APPLICATION_ID:
-                if version > SCHEMA_VERSION:
+                if version > schemas.HISTORY_DB_VERSION:
                     raise HistoryError(f"{self.path}: {_too_new(version)}")
-                return version == SCHEMA_VERSION
+                return version == schemas.HISTORY_DB_VERSION
             if objects:
                 raise HistoryError(
                     f"{self.path}: an SQLite database of another program, not a pitstop history; left untouched"
@@ -254,7 +254,7 @@ class HistoryStore:
                     for statement in _SCHEMA:  # one by one: executescript would commit early
                         conn.execute(statement)
                     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    conn.execute(f"PRAGMA user_version = {schemas.HISTORY_DB_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop.configs import offload_from_deepspeed
+from pitstop.ds_config import offload_from_deepspeed
 from pitstop.profile import Environment
 
 AXOLOTL_KEYS = {"base_model", "sample_packing", "micro_batch_size", "sequence_len", "adapter", "datasets"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pitstop.errors import PitstopError
 
-class IngestError(Exception):
+
+class IngestError(PitstopError):
     """An artifact cannot be read at all (as opposed to read with a stated limitation)."""

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pitstop.errors import PitstopError
 from pitstop.profile import ModelInfo
 
 TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text"}  # families that tie the output embedding unless told
@@ -19,7 +20,7 @@ GPT2_STYLE = {"gpt2", "gpt_neo", "gpt_bigcode"}
 QKV_BIAS = {"qwen2", "qwen2_moe"}
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(PitstopError, ValueError):
     pass
 
 

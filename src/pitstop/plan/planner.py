@@ -11,13 +11,14 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pitstop import schemas
+from pitstop.errors import PitstopError
 from pitstop.hardware import EXPECTED_MFU, GpuSpec
 from pitstop.plan.flops import FlopsPerToken, flops_per_token
 from pitstop.plan.memory import GIB, Memory, Setup, held_after_forward, memory
 from pitstop.plan.params import ParamCounts
 from pitstop.profile import ModelInfo
 
-SCHEMA_PLAN = "pitstop.plan/1"
 MID_MFU = sum(EXPECTED_MFU) / 2
 PCIE_EFFICIENCY = 0.8
 CPU_ADAM_PARAMS_PER_S = 2.0e9  # DeepSpeed's CPU Adam (AVX-512, one socket): taken as 2e9 parameters a second
@@ -79,7 +80,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         low, high = (m * self.tokens_per_s_at_100pct for m in EXPECTED_MFU)
         doc: dict[str, Any] = {
-            "schema": SCHEMA_PLAN,
+            "schema": schemas.PLAN,
             "model": self.name,
             "gpu": self.gpu.key,
             "gpus": self.setup.gpus,
@@ -131,7 +132,7 @@ class Plan:
         return doc
 
 
-class PlanError(ValueError):
+class PlanError(PitstopError, ValueError):
     """An impossible or unsupported combination, said in one line."""
 
 

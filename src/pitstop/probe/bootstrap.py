@@ -110,11 +110,11 @@ def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
 def arm(environ: dict[str, str] | None = None) -> bool:
     """Arm the fixes `pitstop tune` asked for, and the probe if the runner asked for it. Returns whether
     the probe was armed."""
-    from pitstop.fixes.request import FixRequest
+    from pitstop.trials.request import FixRequest
 
     request = FixRequest.from_env(environ)
     if request is not None:
-        from pitstop.fixes.apply import arm_fixes
+        from pitstop.trials.apply import arm_fixes
 
         arm_fixes(request, after_import)
     config = ProbeConfig.from_env(environ)

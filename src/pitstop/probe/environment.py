@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from pitstop.configs import offload_from_deepspeed
+from pitstop.ds_config import offload_from_deepspeed
 from pitstop.profile import DataLoaderInfo, Environment, ModelInfo
 
 _DTYPE_NAMES = {

@@ -18,9 +18,9 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from pitstop.atomic import write_atomic
 from pitstop.probe import environment as envmod
 from pitstop.probe.batch import count_batch, looks_like_text
 from pitstop.probe.config import ProbeConfig
@@ -308,7 +308,7 @@ class Probe:
             return
         self._last_progress = now
         payload = {"step": index, "warmup": self.config.warmup, "steps": self.config.steps}
-        _atomic_write(self.config.out_dir / "progress.json", json.dumps(payload))
+        write_atomic(self.config.out_dir / "progress.json", json.dumps(payload))
 
     # -- finishing ------------------------------------------------------------------------------------
     def finish(self, reason: str = "window") -> RankProfile:
@@ -390,7 +390,7 @@ class Probe:
     def _write(self, profile: RankProfile) -> None:
         assert self.config.out_dir is not None
         name = f"rank-{profile.rank:05d}-{os.getpid()}.json"
-        _atomic_write(self.config.out_dir / name, json.dumps(to_jsonable(profile)))
+        write_atomic(self.config.out_dir / name, json.dumps(to_jsonable(profile)))
 
     def _at_exit(self) -> None:
         """The run ended (or was interrupted) before the window closed: keep what was measured."""
@@ -399,12 +399,6 @@ class Probe:
         if self.records or self.errors:
             self.config.stop_when_done = False
             self.finish(reason="exit")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _pci_bus_id(props: Any) -> str | None:

@@ -35,11 +35,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pitstop import schemas
 from pitstop.cli.errors import UserError
-from pitstop.diagnose import SCHEMA_RUN
-from pitstop.profile import SCHEMA_PROFILE, GpuSample, RankProfile, RunProfile, StepRecord
+from pitstop.profile import GpuSample, RankProfile, RunProfile, StepRecord
 
-SCHEMA_TUNE = "pitstop.tune/1"  # pitstop.tune.session's, repeated: importing it pulls the tune machinery in
 MISSING_WRITER = "--tensorboard needs the tensorboard package: pip install 'pitstop[tensorboard]'"
 GIB = 2**30
 SUMMARY_METRICS = ("real_tokens_per_s", "tokens_per_s", "mfu", "gpu_util")
@@ -135,18 +134,18 @@ def _scalars_of(doc: dict[str, Any]) -> tuple[dict[int, _Series], float]:
     if not isinstance(doc, dict):
         raise UserError(f"not a pitstop document: a JSON {type(doc).__name__}, not an object")
     schema = doc.get("schema")
-    if schema == SCHEMA_TUNE:
+    if schema == schemas.TUNE:
         return {0: _tune_series(doc)}, time.time()
-    if schema == SCHEMA_RUN:
+    if schema == schemas.RUN:
         profile = RunProfile.from_dict(doc["profile"]) if isinstance(doc.get("profile"), dict) else None
         return _run_series(profile, doc.get("metrics") or {}), _started_at(profile)
-    if schema == SCHEMA_PROFILE:
+    if schema == schemas.PROFILE:
         from pitstop.diagnose.metrics import compute_metrics
 
         profile = RunProfile.from_dict(doc)
         return _run_series(profile, compute_metrics(profile).to_dict()), _started_at(profile)
     raise UserError(
-        f"not a {SCHEMA_RUN}, {SCHEMA_TUNE} or {SCHEMA_PROFILE} document (schema: {schema!r}): "
+        f"not a {schemas.RUN}, {schemas.TUNE} or {schemas.PROFILE} document (schema: {schema!r}): "
         "nothing to write for TensorBoard"
     )
 
@@ -261,7 +260,7 @@ def _started_at(profile: RunProfile | None) -> float:
 
 
 def _run_name(doc: dict[str, Any]) -> str:
-    kind = "tune" if doc.get("schema") == SCHEMA_TUNE else str(doc.get("source") or "run")
+    kind = "tune" if doc.get("schema") == schemas.TUNE else str(doc.get("source") or "run")
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in kind)
     return f"pitstop-{safe}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
 

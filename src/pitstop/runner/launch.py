@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pitstop
+from pitstop.errors import PitstopError
 from pitstop.probe.config import ProbeConfig
 
 INJECT_SOURCE = Path(pitstop.__file__).parent / "probe" / "_inject" / "sitecustomize.py"
@@ -39,7 +40,7 @@ class Launch:
     seconds: float = 0.0
 
 
-class CommandError(Exception):
+class CommandError(PitstopError):
     """The command could not be started at all."""
 
 

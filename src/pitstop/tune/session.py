@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pitstop.fixes.request import FixRequest
+from pitstop import schemas
+from pitstop.errors import PitstopError
+from pitstop.trials.request import FixRequest
 from pitstop.tune.candidates import CANDIDATES, Proposal, exclusive, propose
 from pitstop.tune.changes import Change, change_for
 from pitstop.tune.verdict import (
@@ -28,11 +30,10 @@ from pitstop.tune.verdict import (
 )
 from pitstop.tune.window import Window, run_window
 
-SCHEMA_TUNE = "pitstop.tune/1"
 LOSS_STEPS = 3
 
 
-class TuneError(Exception):
+class TuneError(PitstopError):
     """The job cannot be tuned (its baseline window did not run)."""
 
 
@@ -93,7 +94,7 @@ class TuneResult:
         b = self.baseline
         assert self.baseline_window.diagnosis is not None
         return {
-            "schema": SCHEMA_TUNE,
+            "schema": schemas.TUNE,
             "pitstop_version": __version__,
             "command": self.command,
             "framework": self.framework,

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pitstop.diagnose import Diagnosis, diagnose
-from pitstop.fixes.request import FixRequest, read_reports
 from pitstop.probe.config import ProbeConfig
 from pitstop.profile import RunProfile
 from pitstop.runner.collect import collect
 from pitstop.runner.launch import run_observed
+from pitstop.trials.request import FixRequest, read_reports
 
 CHUNKS = 5  # the window's steps are cut into this many runs of steps to estimate its spread
 OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory", re.IGNORECASE)

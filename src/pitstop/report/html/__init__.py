@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pitstop import schemas
+from pitstop.errors import PitstopError
 from pitstop.report.html.page import page
 
 
-class ReportError(ValueError):
+class ReportError(PitstopError, ValueError):
     """The document is not one pitstop can render."""
 
 
@@ -25,14 +27,14 @@ def _render(doc: Any) -> str:
     from pitstop import __version__
 
     footer = f"pitstop {__version__} · self-contained report: no network, no external files"
-    if isinstance(doc, dict) and doc.get("schema") == "pitstop.run/1":
+    if isinstance(doc, dict) and doc.get("schema") == schemas.RUN:
         from pitstop.report.html.run import run_sections
 
         source = doc.get("source") or "run"
         env = doc.get("environment", {})
         subtitle = f"{source} · {env.get('framework') or 'unknown framework'} on {env.get('gpu_name') or env.get('device') or 'unknown device'}"
         return page("pitstop: why this run is slow", subtitle, run_sections(doc), footer)
-    if isinstance(doc, dict) and doc.get("schema") == "pitstop.tune/1":
+    if isinstance(doc, dict) and doc.get("schema") == schemas.TUNE:
         from pitstop.report.html.tune import tune_sections
 
         return page(

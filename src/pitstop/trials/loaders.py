@@ -12,8 +12,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.fixes.collate import PackBatch, TrimPadding
-from pitstop.fixes.request import FixReport, FixRequest
+from pitstop.trials.collate import PackBatch, TrimPadding
+from pitstop.trials.request import FixReport, FixRequest
 
 LOADER_FIXES = ("pack", "pretokenize", "workers", "trim_padding", "pack_batch", "group_by_length")
 MAX_GROUPED_EXAMPLES = 2_000_000  # reading every example's length beyond this costs more than a trial
@@ -95,8 +95,8 @@ def _grouped(params: dict[str, Any], report: FixReport) -> None:
 def _pretokenize(params: dict[str, Any], report: FixReport) -> None:
     from torch.utils.data import IterableDataset
 
-    from pitstop.fixes.pretokenize import CachedRows, build_cache
     from pitstop.probe.batch import looks_like_text
+    from pitstop.trials.pretokenize import CachedRows, build_cache
 
     dataset, collate = params["dataset"], params.get("collate_fn")
     if isinstance(dataset, CachedRows):
@@ -137,7 +137,7 @@ def _pack(params: dict[str, Any], request: FixRequest, report: FixReport) -> Non
     from torch.utils.data import IterableDataset, RandomSampler, SequentialSampler, default_collate
 
     from pitstop.data.collate import PackingCollator
-    from pitstop.fixes.pretokenize import PackedExamples, build_packed
+    from pitstop.trials.pretokenize import PackedExamples, build_packed
 
     dataset = params["dataset"]
     if isinstance(dataset, PackedExamples):

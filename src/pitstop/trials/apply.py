@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from pitstop.fixes.request import FixReport, FixRequest
+from pitstop.trials.request import FixReport, FixRequest
 
 AfterImport = Callable[[str, Callable[[ModuleType], None]], None]
 
@@ -26,7 +26,7 @@ def _guarded(fix: str, report: FixReport, fn: Callable[[ModuleType], None]) -> C
 
 
 def arm_fixes(request: FixRequest, after_import: AfterImport) -> FixReport:
-    from pitstop.fixes import losses, outputs
+    from pitstop.trials import losses, outputs
 
     path = None
     if request.report_dir is not None:
@@ -35,8 +35,8 @@ def arm_fixes(request: FixRequest, after_import: AfterImport) -> FixReport:
     report.save()
 
     def on_torch(torch: ModuleType) -> None:
-        from pitstop.fixes.loaders import patch_dataloader
-        from pitstop.fixes.models import enable_tf32, on_first_model_forward
+        from pitstop.trials.loaders import patch_dataloader
+        from pitstop.trials.models import enable_tf32, on_first_model_forward
 
         patch_dataloader(request, report)
         on_first_model_forward(request, report)
@@ -46,12 +46,12 @@ def arm_fixes(request: FixRequest, after_import: AfterImport) -> FixReport:
             outputs.redirect_torch_save(request.scratch, report)
 
     def on_training_args(module: ModuleType) -> None:
-        from pitstop.fixes.models import patch_training_arguments
+        from pitstop.trials.models import patch_training_arguments
 
         patch_training_arguments(module, request, report)
 
     def on_modeling_utils(module: ModuleType) -> None:
-        from pitstop.fixes.models import patch_checkpointing
+        from pitstop.trials.models import patch_checkpointing
 
         patch_checkpointing(module, request, report)
         if request.scratch is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from pitstop.fixes.request import FixReport, FixRequest
+from pitstop.trials.request import FixReport, FixRequest
 
 
 def _is_hf_model(module: Any) -> bool:

@@ -12,11 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from pitstop.fixes.collate import pack_batch, right_padded_lengths, trim_padding  # noqa: E402
-from pitstop.fixes.loaders import EpochGroupedBatchSampler, example_length, patch_dataloader  # noqa: E402
-from pitstop.fixes.models import largest_factor, patch_training_arguments  # noqa: E402
-from pitstop.fixes.pretokenize import build_cache, build_packed  # noqa: E402
-from pitstop.fixes.request import FixReport, FixRequest  # noqa: E402
+from pitstop.trials.collate import pack_batch, right_padded_lengths, trim_padding  # noqa: E402
+from pitstop.trials.loaders import EpochGroupedBatchSampler, example_length, patch_dataloader  # noqa: E402
+from pitstop.trials.models import largest_factor, patch_training_arguments  # noqa: E402
+from pitstop.trials.pretokenize import build_cache, build_packed  # noqa: E402
+from pitstop.trials.request import FixReport, FixRequest  # noqa: E402
 
 PAD = 0
 
@@ -246,7 +246,7 @@ def test_cache_learns_the_jobs_pad_id_from_its_batches() -> None:
 
 
 def test_trial_outputs_keep_their_layout_under_scratch(tmp_path: Any) -> None:
-    from pitstop.fixes.outputs import redirected
+    from pitstop.trials.outputs import redirected
 
     scratch = tmp_path / "scratch"
     assert redirected("/home/me/run/best.pt", scratch) == scratch / "saved" / "home/me/run/best.pt"

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pitstop.fixes.request import FixReport
+from pitstop.trials.request import FixReport
 
 
 def redirected(path: Any, scratch: Path) -> Path:

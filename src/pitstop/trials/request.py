@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pitstop.atomic import write_atomic
+
 ENV_FIXES = "PITSTOP_FIXES"  # comma-separated fix ids to apply in this process
 ENV_ATTN = "PITSTOP_FIX_ATTN"  # the attention implementation the model will run (for packed masks)
 ENV_ATTN_TARGET = "PITSTOP_FIX_ATTN_TARGET"  # what the attention fix switches to: sdpa, flash_attention_2
@@ -94,10 +96,8 @@ class FixReport:
             "losses": self.losses,
             "redirected": self.redirected,
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
         with contextlib.suppress(OSError):
-            tmp.write_text(json.dumps(payload))
-            tmp.replace(self.path)
+            write_atomic(self.path, json.dumps(payload))
 
 
 def read_reports(folder: Path) -> list[dict]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pitstop.fixes.request import FixReport
+from pitstop.trials.request import FixReport
 
 
 def record_losses(steps: int, report: FixReport) -> None:

@@ -1,0 +1,11 @@
+"""Every versioned document id pitstop writes, in one place. An id names a form that readers accept forever."""
+
+from __future__ import annotations
+
+from typing import Final
+
+RUN: Final = "pitstop.run/1"  # a diagnosis: findings, metrics, environment, per-rank results, the profile
+PROFILE: Final = "pitstop.profile/1"  # a RunProfile alone (what was measured)
+TUNE: Final = "pitstop.tune/1"  # a tune session: trials, verdict, the changes to keep
+PLAN: Final = "pitstop.plan/1"  # a memory / throughput plan
+HISTORY_DB_VERSION: Final = 1  # the SQLite history's user_version
