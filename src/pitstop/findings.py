@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pitstop.catalogue import cause
+from pitstop.vocabulary import Severity
 
-Severity = Literal["high", "medium", "low"]
-SEVERITY_ORDER: dict[str, int] = {"high": 0, "medium": 1, "low": 2}
+if TYPE_CHECKING:
+    from pitstop.remedies.base import Use
 
 
 @dataclass
 class Fix:
     """A sentence saying what to change, plus code for each framework it applies to.
 
-    ``snippets`` maps a framework id ("hf_trainer", "trl", "pytorch", "lightning", "accelerate",
-    "deepspeed") to a snippet; ``framework`` names the one detected for this run, shown first.
+    ``snippets`` maps a framework (``pitstop.vocabulary.Framework``) to a snippet; ``framework`` names the one
+    detected for this run, shown first. Built by ``pitstop.remedies.advise`` from the remedies in ``uses``.
     """
 
     text: str
     snippets: dict[str, str] = field(default_factory=dict)
     framework: str | None = None
+    uses: tuple[Use, ...] = ()
 
     @property
     def snippet(self) -> str | None:
@@ -46,8 +49,11 @@ class Finding:
 
     def __post_init__(self) -> None:
         cause(self.cause)  # unknown ids fail loudly
-        if self.severity not in SEVERITY_ORDER:
-            raise ValueError(f"bad severity {self.severity!r}")
+        self.severity = Severity(self.severity)
+        if not math.isfinite(self.confidence):
+            raise ValueError(f"{self.cause}: confidence {self.confidence} is not a number")
+        if self.est_speedup is not None and not math.isfinite(self.est_speedup):
+            self.est_speedup = None  # an estimate that is not a number is no estimate
         if self.est_speedup is not None and self.est_speedup < 1.0:
             self.est_speedup = 1.0
 
@@ -72,7 +78,12 @@ class Finding:
             "speedup_basis": self.speedup_basis,
             "evidence": self.evidence,
             "summary": self.summary,
-            "fix": {"text": self.fix.text, "framework": self.fix.framework, "snippets": self.fix.snippets},
+            "fix": {
+                "text": self.fix.text,
+                "framework": self.fix.framework,
+                "snippets": self.fix.snippets,
+                "remedies": [u.to_dict() for u in self.fix.uses],
+            },
         }
 
 
@@ -80,5 +91,5 @@ def rank_findings(findings: list[Finding]) -> list[Finding]:
     """Order by estimated time saved, then severity, then confidence."""
     return sorted(
         findings,
-        key=lambda f: (-f.time_saved_frac, SEVERITY_ORDER[f.severity], -f.confidence),
+        key=lambda f: (-f.time_saved_frac, Severity(f.severity).order, -f.confidence),
     )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pitstop.probe.batch import count_batch, looks_like_text
+from pitstop.data.rawtext import looks_like_text
+from pitstop.probe.batch import count_batch
 
 torch = pytest.importorskip("torch")
 

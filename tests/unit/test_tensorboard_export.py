@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tests.factories import profile, steps
 
-from pitstop.cli.errors import UserError
+from pitstop.report.errors import ReportError
 from pitstop.diagnose import diagnose
 from pitstop.profile import GpuSample, RunProfile
 from pitstop.report.tensorboard import MISSING_WRITER, export_tensorboard, write_tensorboard
@@ -151,7 +151,7 @@ def test_each_export_gets_its_own_folder(tmp_path: Path) -> None:
 
 
 def test_not_a_pitstop_document(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=r"schema: 'pitstop.plan/1'"):
+    with pytest.raises(ReportError, match=r"schema: 'pitstop.plan/1'"):
         write_tensorboard({"schema": "pitstop.plan/1"}, tmp_path)
     assert not any(tmp_path.iterdir())
 
@@ -159,7 +159,7 @@ def test_not_a_pitstop_document(tmp_path: Path) -> None:
 def test_without_a_writer_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("tensorboard.compat.proto", "tensorboard.summary.writer.event_file_writer", "tensorboardX"):
         monkeypatch.setitem(sys.modules, name, None)  # makes `import name` fail
-    with pytest.raises(UserError) as err:
+    with pytest.raises(ReportError) as err:
         write_tensorboard(_tune_doc(), tmp_path / "tb")
     assert str(err.value) == MISSING_WRITER
     assert "\n" not in str(err.value)

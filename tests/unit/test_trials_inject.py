@@ -12,9 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from pitstop.remedies.arming import patch_dataloader, patch_training_arguments  # noqa: E402
+from pitstop.remedies.group_by_length import EpochGroupedBatchSampler, example_length  # noqa: E402
+from pitstop.remedies.micro_batch import largest_factor  # noqa: E402
 from pitstop.trials.collate import pack_batch, right_padded_lengths, trim_padding  # noqa: E402
-from pitstop.trials.loaders import EpochGroupedBatchSampler, example_length, patch_dataloader  # noqa: E402
-from pitstop.trials.models import largest_factor, patch_training_arguments  # noqa: E402
 from pitstop.trials.pretokenize import build_cache, build_packed  # noqa: E402
 from pitstop.trials.request import FixReport, FixRequest  # noqa: E402
 

@@ -10,8 +10,8 @@ from pitstop.cli.errors import UserError
 from pitstop.cli.tune import parse_budget, parse_fixes
 from pitstop.diagnose import diagnose
 from pitstop.profile import AttentionInfo, DataLoaderInfo
-from pitstop.tune.candidates import CANDIDATES, exclusive, propose
-from pitstop.tune.changes import change_for
+from pitstop.remedies import remedy
+from pitstop.tune.proposals import exclusive, kept_change, propose, tunable
 from pitstop.tune.verdict import judge, losses_match, make_baseline
 from pitstop.tune.window import Window, failure_line, throughput
 
@@ -39,7 +39,7 @@ def test_baseline_folds_drift_into_its_uncertainty() -> None:
 
 
 def test_a_clear_gain_is_kept_and_a_small_one_is_noise() -> None:
-    c = CANDIDATES["trim_padding"]
+    c = remedy("trim_padding")
     kept = judge(c, "padding_waste", window(1500.0), base(), 1e-3)  # type: ignore[arg-type]
     assert kept.kept and kept.speedup == pytest.approx(1.5) and kept.status == "kept"
     noise = judge(c, "padding_waste", window(1020.0), base(), 1e-3)  # type: ignore[arg-type]
@@ -52,10 +52,10 @@ def test_a_clear_gain_is_kept_and_a_small_one_is_noise() -> None:
 
 def test_a_fix_that_should_preserve_losses_but_does_not_is_rejected() -> None:
     changed = window(2000.0, fix="attention", losses=[6.9, 6.5, 6.1])
-    v = judge(CANDIDATES["attention"], "slow_attention", changed, base(), 1e-3)  # type: ignore[arg-type]
+    v = judge(remedy("attention"), "slow_attention", changed, base(), 1e-3)  # type: ignore[arg-type]
     assert not v.kept and v.status == "changed the losses" and v.loss_max_rel_diff > 0.05
     # packing whole examples changes the batches on purpose: its losses are shown, not held against it
-    v = judge(CANDIDATES["pack"], "padding_waste", window(2000.0, fix="pack", losses=[6.5]), base(), 1e-3)  # type: ignore[arg-type]
+    v = judge(remedy("pack"), "padding_waste", window(2000.0, fix="pack", losses=[6.5]), base(), 1e-3)  # type: ignore[arg-type]
     assert v.kept
 
 
@@ -63,11 +63,11 @@ def test_failed_and_inapplicable_trials_say_why() -> None:
     crashed = window(
         None, fix="micro_batch", error="out of memory: CUDA out of memory. Tried to allocate 2.00 GiB"
     )
-    v = judge(CANDIDATES["micro_batch"], "small_batch", crashed, base(), 1e-3)  # type: ignore[arg-type]
+    v = judge(remedy("micro_batch"), "small_batch", crashed, base(), 1e-3)  # type: ignore[arg-type]
     assert v.status == "out of memory" and not v.kept
     skipped = window(1000.0)  # the job ran, with nothing to apply the fix to
     skipped.applied, skipped.skipped = {}, {"group_by_length": "examples are not token ids"}
-    v = judge(CANDIDATES["group_by_length"], "padding_waste", skipped, base(), 1e-3)  # type: ignore[arg-type]
+    v = judge(remedy("group_by_length"), "padding_waste", skipped, base(), 1e-3)  # type: ignore[arg-type]
     assert v.status == "not applicable" and v.reason == "examples are not token ids"
 
 
@@ -99,27 +99,27 @@ def test_proposals_follow_the_findings() -> None:
         attention=AttentionInfo(implementation="eager", sdpa_calls=0, sdpa_calls_with_mask=0),
         dataloader=DataLoaderInfo(num_workers=0, batch_size=8, examples_are_text=True),
     )
-    fixes = [p.candidate.fix for p in propose(diagnose(eager_padded_text))]
+    fixes = [p.fix for p in propose(diagnose(eager_padded_text))]
     assert {"attention", "pretokenize", "workers", "trim_padding", "pack"} <= set(fixes)
     assert "bf16" not in fixes and "tf32" not in fixes  # GPU-only, and this is a CPU run
-    only = [p.candidate.fix for p in propose(diagnose(eager_padded_text), only=["attention"])]
+    only = [p.fix for p in propose(diagnose(eager_padded_text), only=["attention"])]
     assert only == ["attention"]
     tried = propose(diagnose(eager_padded_text), also=["no_checkpointing"], skip=["workers"])
-    assert "no_checkpointing" in [p.candidate.fix for p in tried]
-    assert "workers" not in [p.candidate.fix for p in tried]
+    assert "no_checkpointing" in [p.fix for p in tried]
+    assert "workers" not in [p.fix for p in tried]
 
 
 def test_exclusive_fixes_and_changes_for_every_fix_and_framework() -> None:
     assert exclusive("pack", "trim_padding") and exclusive("trim_padding", "pack")
     assert not exclusive("attention", "workers")
-    for fix in CANDIDATES:
+    for fix in tunable():
         for fw in ("pytorch", "hf_trainer", "trl", "lightning", None):
-            change = change_for(fix, fw, None)
+            change = kept_change(fix, fw, None)
             assert change.text and change.snippet
-    micro = change_for(
-        "micro_batch", "hf_trainer", "per_device_train_batch_size 2 → 8, gradient_accumulation_steps 4 → 1"
+    micro = kept_change("micro_batch", "hf_trainer", {"micro": 2, "accum": 4, "new_micro": 8, "new_accum": 1})
+    assert (
+        "per_device_train_batch_size=8" in micro.snippet and "gradient_accumulation_steps=1" in micro.snippet
     )
-    assert "per_device_train_batch_size=8, gradient_accumulation_steps=1" in micro.snippet
 
 
 def test_cli_parsing_errors_are_one_line() -> None:

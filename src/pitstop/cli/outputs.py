@@ -44,7 +44,8 @@ class Outputs:
         if self.json is not None:
             write_output(self.json, json.dumps(doc, indent=1, default=str))
         if self.html is not None:
-            from pitstop.report.html import ReportError, render_html
+            from pitstop.report.errors import ReportError
+            from pitstop.report.html import render_html
 
             try:
                 html = render_html(doc)

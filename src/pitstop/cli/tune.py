@@ -13,7 +13,7 @@ from rich.table import Table
 from pitstop.cli.errors import UserError
 from pitstop.cli.outputs import Outputs
 from pitstop.cli.progress import steps_bar
-from pitstop.tune.candidates import CANDIDATES, unknown_fixes
+from pitstop.tune.proposals import tunable, unknown_fixes
 from pitstop.tune.session import TuneError, TuneOptions, TuneResult, tune
 from pitstop.tune.window import Window
 
@@ -33,7 +33,7 @@ def parse_fixes(option: str, values: list[str]) -> list[str]:
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     bad = unknown_fixes(names)
     if bad:
-        raise UserError(f"{option}: unknown fix {bad[0]!r}; known: {', '.join(CANDIDATES)}")
+        raise UserError(f"{option}: unknown fix {bad[0]!r}; known: {', '.join(tunable())}")
     return names
 
 

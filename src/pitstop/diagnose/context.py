@@ -8,6 +8,7 @@ from pitstop.diagnose.metrics import Metrics, compute_metrics
 from pitstop.findings import Finding
 from pitstop.hardware import GpuSpec, lookup_gpu
 from pitstop.profile import Environment, RunProfile, TraceStats
+from pitstop.vocabulary import Severity
 
 
 @dataclass
@@ -72,13 +73,13 @@ class RuleContext:
         return max(0.0, 1.0 - (m.data_wait_frac or 0.0))
 
 
-def severity_for(value: float, high: float, medium: float) -> str:
+def severity_for(value: float, high: float, medium: float) -> Severity:
     """'high' at or above ``high``, 'medium' at or above ``medium``, else 'low'."""
     if value >= high:
-        return "high"
+        return Severity.HIGH
     if value >= medium:
-        return "medium"
-    return "low"
+        return Severity.MEDIUM
+    return Severity.LOW
 
 
 def amdahl(fraction: float, factor: float) -> float:

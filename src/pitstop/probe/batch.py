@@ -131,20 +131,3 @@ def count_batch(batch: Any, pad_token_id: int | None = None) -> BatchCounts:
     if _is_int_tensor(labels) and labels.shape == ids.shape:
         counts.loss_tokens = _count(labels != IGNORE_INDEX)
     return counts
-
-
-def looks_like_text(samples: Any) -> bool:
-    """Whether raw examples (what a collate function receives) are still text, to be tokenized per batch."""
-    if not isinstance(samples, list | tuple) or not samples:
-        return False
-    first = samples[0]
-    if isinstance(first, str | bytes):
-        return True
-    if isinstance(first, Mapping):
-        values = list(first.values())
-        has_text = any(isinstance(v, str) and len(v) > 0 for v in values)
-        has_ids = any(_is_tensor(v) or (isinstance(v, list) and v and isinstance(v[0], int)) for v in values)
-        return has_text and not has_ids
-    if isinstance(first, list | tuple):
-        return any(isinstance(v, str) for v in first)
-    return False

@@ -114,7 +114,7 @@ def arm(environ: dict[str, str] | None = None) -> bool:
 
     request = FixRequest.from_env(environ)
     if request is not None:
-        from pitstop.trials.apply import arm_fixes
+        from pitstop.remedies.arming import arm_fixes
 
         arm_fixes(request, after_import)
     config = ProbeConfig.from_env(environ)

@@ -21,8 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pitstop.atomic import write_atomic
+from pitstop.data.rawtext import looks_like_text
 from pitstop.probe import environment as envmod
-from pitstop.probe.batch import count_batch, looks_like_text
+from pitstop.probe.batch import count_batch
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml

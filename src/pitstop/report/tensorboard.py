@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import schemas
-from pitstop.cli.errors import UserError
 from pitstop.profile import GpuSample, RankProfile, RunProfile, StepRecord
+from pitstop.report.errors import ReportError
 
 MISSING_WRITER = "--tensorboard needs the tensorboard package: pip install 'pitstop[tensorboard]'"
 GIB = 2**30
@@ -90,7 +90,7 @@ class _EventSink:
 
 
 def _writer_api() -> tuple[Any, Any]:
-    """The lightest real event writer installed and its Event proto; a one-line UserError naming the extra
+    """The lightest real event writer installed and its Event proto; a one-line ReportError naming the extra
     when there is none."""
     try:
         from tensorboard.compat.proto import event_pb2
@@ -100,7 +100,7 @@ def _writer_api() -> tuple[Any, Any]:
             from tensorboardX.event_file_writer import EventFileWriter
             from tensorboardX.proto import event_pb2
         except ImportError:
-            raise UserError(MISSING_WRITER) from None
+            raise ReportError(MISSING_WRITER) from None
     return EventFileWriter, event_pb2
 
 
@@ -132,7 +132,7 @@ def export_tensorboard(doc: dict[str, Any], out_dir: Path, run_name: str | None 
 def _scalars_of(doc: dict[str, Any]) -> tuple[dict[int, _Series], float]:
     """The scalars of each rank's run (rank 0 also holds the summary), and the run's start time."""
     if not isinstance(doc, dict):
-        raise UserError(f"not a pitstop document: a JSON {type(doc).__name__}, not an object")
+        raise ReportError(f"not a pitstop document: a JSON {type(doc).__name__}, not an object")
     schema = doc.get("schema")
     if schema == schemas.TUNE:
         return {0: _tune_series(doc)}, time.time()
@@ -144,7 +144,7 @@ def _scalars_of(doc: dict[str, Any]) -> tuple[dict[int, _Series], float]:
 
         profile = RunProfile.from_dict(doc)
         return _run_series(profile, compute_metrics(profile).to_dict()), _started_at(profile)
-    raise UserError(
+    raise ReportError(
         f"not a {schemas.RUN}, {schemas.TUNE} or {schemas.PROFILE} document (schema: {schema!r}): "
         "nothing to write for TensorBoard"
     )

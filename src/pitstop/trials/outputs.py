@@ -78,3 +78,10 @@ def redirect_lightning(trainer_module: Any, scratch: Path, report: FixReport) ->
         original(trainer, *args, **kwargs)
 
     cls.__init__ = __init__
+
+
+def redirect_output_dir(args: Any, scratch: Path, report: FixReport) -> None:
+    """A TrainingArguments being built during a trial writes its checkpoints into the scratch folder."""
+    report.redirected.append(f"TrainingArguments.output_dir {args.output_dir} → {scratch}")
+    args.output_dir = str(scratch / "trainer_output")
+    report.save()

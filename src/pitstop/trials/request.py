@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pitstop.atomic import write_atomic
 
@@ -73,12 +74,23 @@ class FixReport:
     skipped: dict[str, str] = field(default_factory=dict)  # fix -> why it could not be applied
     losses: list[float] = field(default_factory=list)
     redirected: list[str] = field(default_factory=list)
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # fix -> the advice's parameters
 
-    def apply(self, fix: str, what: str) -> None:
-        if self.applied.get(fix) != what:
+    def apply(self, fix: str, what: str, **params: Any) -> None:
+        """``params``: what the remedy's advice needs to describe this change (e.g. the new micro-batch)."""
+        if self.applied.get(fix) != what or (params and self.params.get(fix) != params):
             self.applied[fix] = what
+            if params:
+                self.params[fix] = params
             self.skipped.pop(fix, None)
             self.save()
+
+    def revoke(self, fix: str, why: str) -> None:
+        """An applied fix found undone later (the job changed it back): it no longer counts as applied."""
+        self.applied.pop(fix, None)
+        self.params.pop(fix, None)
+        self.skipped[fix] = why
+        self.save()
 
     def skip(self, fix: str, why: str) -> None:
         """The first reason stands: later loaders (a framework's rebuild of the same one) say less."""
@@ -95,6 +107,7 @@ class FixReport:
             "skipped": self.skipped,
             "losses": self.losses,
             "redirected": self.redirected,
+            "params": self.params,
         }
         with contextlib.suppress(OSError):
             write_atomic(self.path, json.dumps(payload))

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from pitstop import schemas
 from pitstop.errors import PitstopError
+from pitstop.remedies import RemedyId, remedy
 from pitstop.trials.request import FixRequest
-from pitstop.tune.candidates import CANDIDATES, Proposal, exclusive, propose
-from pitstop.tune.changes import Change, change_for
+from pitstop.tune.proposals import Change, Proposal, exclusive, kept_change, propose
 from pitstop.tune.verdict import (
     LOSS_RTOL,
     LOSS_RTOL_GPU,
@@ -195,12 +195,12 @@ class Session:
         for proposal in proposals:
             # keep room for the closing baseline and the final check
             if self.left_s() < self.window_s * 3:
-                not_tried.append((proposal.candidate.fix, "the time budget ran out"))
+                not_tried.append((str(proposal.fix), "the time budget ran out"))
                 continue
-            windows.append((proposal, self.run(proposal.candidate.fix, (proposal.candidate.fix,))))
+            windows.append((proposal, self.run(str(proposal.fix), (str(proposal.fix),))))
         last = self.run("baseline again") if self.left_s() > self.window_s else None
         baseline = make_baseline(first, last, tol)
-        verdicts = [judge(p.candidate, p.why, w, baseline, tol) for p, w in windows]
+        verdicts = [judge(p.remedy, p.why, w, baseline, tol) for p, w in windows]
         best = self._best(verdicts, baseline, env.framework)
         result = TuneResult(
             command=self.command,
@@ -251,14 +251,14 @@ class Session:
             (
                 v
                 for v in verdicts
-                if v.status == "within noise" or (v.status == "slower" and CANDIDATES[v.fix].helps_with)
+                if v.status == "within noise" or (v.status == "slower" and remedy(v.fix).helps_with)
             ),
             key=lambda v: -(v.speedup or 0.0),
         )
-        details = {v.fix: v.applied for v in verdicts}
+        details: dict[str, dict[str, Any]] = {v.fix: dict(v.applied_params) for v in verdicts}
         remeasured = False
         for v in kept[1:] + maybe:
-            candidate = CANDIDATES[v.fix]
+            candidate = remedy(v.fix)
             if any(exclusive(v.fix, other) for other in fixes):
                 continue
             if candidate.helps_with and not any(h in fixes for h in candidate.helps_with):
@@ -289,11 +289,19 @@ class Session:
             variance += uncertainty**2
             rate = trial.real_tokens_per_s or rate
             spread = trial.spread or 0.0
-            details.update(trial.applied)
+            details.update(trial.applied_params)
         target = flash_or_sdpa(self.attn_target, tuple(fixes))
-        changes = [change_for(f, framework, details.get(f), target) for f in fixes]
+        changes = [kept_change(f, framework, self._kept_params(f, details.get(f), target)) for f in fixes]
         best_rate = baseline.real_tokens_per_s * speedup
         return Best(fixes, best_rate, speedup, variance**0.5, changes, True)
+
+    def _kept_params(self, fix: str, params: dict[str, Any] | None, attention: str) -> dict[str, Any]:
+        """What the kept change's advice is written with: the trial's own parameters, and for attention
+        the implementation that was measured."""
+        kept = dict(params or {})
+        if fix == RemedyId.ATTENTION:
+            kept.update(target=attention, hf_model=True)
+        return kept
 
     def _combination_problem(self, trial: Window, fixes: tuple[str, ...], baseline: Baseline) -> str | None:
         """Why a combination's window cannot count: a fix that did not apply in it, or losses changed by
@@ -303,7 +311,7 @@ class Session:
         missing = [f for f in fixes if f not in trial.applied]
         if missing:
             return f"{', '.join(missing)} did not apply together with the others"
-        preserving = all(CANDIDATES[f].preserves_computation for f in fixes)
+        preserving = all(remedy(f).preserves_computation for f in fixes)
         if preserving and baseline.losses_reproducible is not False and trial.losses and baseline.losses:
             same, worst = losses_match(baseline.losses, trial.losses, self.tol)
             if not same:

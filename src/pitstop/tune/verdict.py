@@ -4,9 +4,9 @@ fixes that should preserve the computation, kept or rejected and why."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from pitstop.tune.candidates import Candidate
+from pitstop.remedies import Remedy
 from pitstop.tune.window import Window
 
 MIN_GAIN = 0.03  # below this a fix is not worth a change to the job, however sure the measurement
@@ -66,6 +66,7 @@ class Verdict:
     loss_max_rel_diff: float | None = None
     status: str = ""  # one or two words for the table: kept, within noise, slower, not applicable, failed…
     window_spread: float | None = None  # the window's own relative standard error, without the baseline's
+    applied_params: dict[str, object] = field(default_factory=dict)  # what the remedy's advice needs
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -82,11 +83,12 @@ class Verdict:
             "reason": self.reason,
             "applied": self.applied,
             "loss_max_rel_diff": self.loss_max_rel_diff,
+            "applied_params": self.applied_params,
         }
 
 
-def judge(candidate: Candidate, why: str, window: Window, base: Baseline, tol: float) -> Verdict:
-    fix = candidate.fix
+def judge(candidate: Remedy, why: str, window: Window, base: Baseline, tol: float) -> Verdict:
+    fix = str(candidate.id)
     verdict = Verdict(
         fix,
         candidate.title,
@@ -98,6 +100,7 @@ def judge(candidate: Candidate, why: str, window: Window, base: Baseline, tol: f
         False,
         "",
         window.applied.get(fix),
+        applied_params=dict(window.applied_params.get(fix, {})),
     )
     if not window.ok:
         verdict.status = "out of memory" if (window.error or "").startswith("out of memory") else "failed"

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
@@ -32,6 +33,7 @@ class Window:
     spread: float | None = None  # relative standard error of the window's throughput
     losses: list[float] = field(default_factory=list)
     applied: dict[str, str] = field(default_factory=dict)
+    applied_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # fix -> its advice's parameters
     skipped: dict[str, str] = field(default_factory=dict)
     redirected: list[str] = field(default_factory=list)
     error: str | None = None  # why no throughput was measured (crash, out of memory, …)
@@ -112,6 +114,7 @@ def run_window(
         reports = read_reports(request.report_dir)
         for report in reports:
             window.applied.update(report.get("applied", {}))
+            window.applied_params.update(report.get("params", {}))
             window.redirected += report.get("redirected", [])
             for fix, why in report.get("skipped", {}).items():
                 window.skipped.setdefault(fix, why)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pitstop.diagnose import fixes
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.findings import Finding
 from pitstop.hardware import EXPECTED_MFU
@@ -10,6 +9,10 @@ from pitstop.plan.flops import flops_per_token
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import GIB
 from pitstop.plan.planner import largest_micro_batch
+from pitstop.remedies import RemedyId, advise, use
+from pitstop.remedies.base import Use
+from pitstop.remedies.micro_batch import next_micro_batch
+from pitstop.vocabulary import Severity
 
 EAGER_SLOWDOWN = {"gpu": 3.0, "cpu": 2.0}
 """How much slower per FLOP eager attention runs than fused kernels: it writes and re-reads the S×S score
@@ -63,23 +66,23 @@ def slow_attention(ctx: RuleContext) -> Finding | None:
             f"6N + 12·L·d·T); eager attention taken as {k:.0f}× slower per FLOP than fused kernels on a "
             f"{'CPU' if ctx.env.device == 'cpu' else 'GPU'}; compute is {c:.0%} of the step"
         )
-    severity = "medium"
+    severity = Severity.MEDIUM
     if seq is not None:
         severity = severity_for(seq, 1024, 256)
     if est is not None and est >= 1.25:
-        severity = "high"
+        severity = Severity.HIGH
     summary = f"Attention runs the eager (unfused) path: {how}."
     if seq:
         summary += f" Rows are {seq:.0f} tokens long, so each layer writes a {int(seq)}×{int(seq)} score matrix per head."
     return Finding(
         cause="slow_attention",
-        severity=severity,  # type: ignore[arg-type]
+        severity=severity,
         confidence=confidence,
         summary=summary,
         evidence=evidence,
         est_speedup=est,
         speedup_basis=basis,
-        fix=fixes.attention(ctx.framework, ctx.env.device != "cpu"),
+        fix=advise(ctx.framework, use(RemedyId.ATTENTION, **attention_target(ctx))),
     )
 
 
@@ -131,7 +134,7 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
     )
     return Finding(
         cause="no_mixed_precision",
-        severity="high" if dtype == "fp32" else "medium",
+        severity=Severity.HIGH if dtype == "fp32" else Severity.MEDIUM,
         confidence=0.85 if measured else 0.6,
         summary=f"{how[0].upper() + how[1:]} on a GPU whose {low} tensor cores are much faster.",
         evidence=evidence,
@@ -142,7 +145,7 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
         )
         if measured
         else "config only: no step time measured",
-        fix=fixes.precision(ctx.framework, bf16_ok, dtype == "tf32"),
+        fix=advise(ctx.framework, *precision_uses(bf16_ok, dtype == "tf32")),
     )
 
 
@@ -191,7 +194,7 @@ def small_batch(ctx: RuleContext) -> Finding | None:
         detail += " and most kernels shorter than 10 µs (launch-bound)"
     return Finding(
         cause="small_batch",
-        severity=severity_for(1 - util, 0.6, 0.35),  # type: ignore[arg-type]
+        severity=severity_for(1 - util, 0.6, 0.35),
         confidence=confidence,
         summary=(
             f"The GPU is busy only {util:.0%} of the time{detail}"
@@ -202,7 +205,7 @@ def small_batch(ctx: RuleContext) -> Finding | None:
         est_speedup=est,
         speedup_basis=f"GPU busy share ({m.source_of_util}, measured); filling the idle share gives at most 1/util "
         "(capped at 4×)",
-        fix=fixes.bigger_batch(ctx.framework, ctx.env.micro_batch_size, ctx.env.grad_accum_steps, planned),
+        fix=advise(ctx.framework, micro_batch_use(ctx, planned)),
     )
 
 
@@ -246,7 +249,9 @@ def host_sync(ctx: RuleContext) -> Finding | None:
         evidence["idle_that_is_host_wait"] = round(max(s for s in splits if s is not None), 3)
     return Finding(
         cause="host_sync",
-        severity="high" if blocked >= 0.25 else ("medium" if blocked >= 0.05 and per_step >= 2 else "low"),
+        severity=Severity.HIGH
+        if blocked >= 0.25
+        else (Severity.MEDIUM if blocked >= 0.05 and per_step >= 2 else Severity.LOW),
         confidence=0.7,
         summary=(
             f"The host blocks on the GPU {per_step:.1f} times per step (.item(), .cpu(), synchronize) and waits "
@@ -256,7 +261,7 @@ def host_sync(ctx: RuleContext) -> Finding | None:
         evidence=evidence,
         est_speedup=amdahl(blocked, float("inf")),
         speedup_basis="host time blocked in synchronizing calls (measured) bounds what removing them wins",
-        fix=fixes.host_sync(ctx.framework),
+        fix=advise(ctx.framework, use(RemedyId.FEWER_SYNCS)),
     )
 
 
@@ -276,7 +281,7 @@ def communication_bound(ctx: RuleContext) -> Finding | None:
     overlap = min(o for _, o, _ in rows)
     return Finding(
         cause="communication_bound",
-        severity=severity_for(exposed, 0.25, 0.10),  # type: ignore[arg-type]
+        severity=severity_for(exposed, 0.25, 0.10),
         confidence=0.75,
         summary=(
             f"Communication kernels take {share:.0%} of a step and only {overlap:.0%} of that time overlaps "
@@ -289,7 +294,7 @@ def communication_bound(ctx: RuleContext) -> Finding | None:
         },
         est_speedup=amdahl(exposed, float("inf")),
         speedup_basis="NCCL kernel time not covered by compute kernels (trace); hiding it gives at most 1/(1−f)",
-        fix=fixes.communication(ctx.framework, ctx.env.zero_stage),
+        fix=advise(ctx.framework, use(RemedyId.OVERLAP_COMM, zero_stage=ctx.env.zero_stage)),
     )
 
 
@@ -302,14 +307,14 @@ def low_mfu_unexplained(ctx: RuleContext) -> Finding | None:
     floor = EXPECTED_MFU[0] * 0.6
     if m.mfu >= floor:
         return None
-    if any(f.severity == "high" for f in ctx.earlier):
+    if any(f.severity == Severity.HIGH for f in ctx.earlier):
         return None  # a named cause already explains the gap
     if m.gpu_util is not None and m.gpu_util < 0.85:
         return None  # an idle GPU is explained by the idle-time rules
     busy = "" if m.gpu_util is None else f"The GPU is {m.gpu_util:.0%} busy but "
     return Finding(
         cause="low_mfu_unexplained",
-        severity="medium",
+        severity=Severity.MEDIUM,
         confidence=0.5 if m.gpu_util is not None else 0.35,
         summary=(
             f"{busy}{'reaches' if busy else 'The run reaches'} only {m.mfu:.1%} MFU; well-tuned fine-tunes reach "
@@ -328,5 +333,47 @@ def low_mfu_unexplained(ctx: RuleContext) -> Finding | None:
         },
         est_speedup=min(EXPECTED_MFU[0] / max(m.mfu, 1e-6), 4.0),
         speedup_basis=f"reaching the low end of the expected MFU range ({EXPECTED_MFU[0]:.0%}); capped at 4×",
-        fix=fixes.low_mfu(ctx.framework),
+        fix=advise(ctx.framework, use(RemedyId.FUSED_KERNELS)),
+    )
+
+
+def attention_target(ctx: RuleContext) -> dict[str, object]:
+    """What the attention advice loads: FlashAttention 2 on a GPU (SDPA as the no-install alternative), SDPA
+    elsewhere; and whether the model is a transformers model (then the fix is a loading argument)."""
+    on_gpu = ctx.env.device not in (None, "cpu")
+    hf_model = True if ctx.env.model.model_type else None
+    if on_gpu:
+        return {"target": "flash_attention_2", "alternative": "sdpa", "hf_model": hf_model}
+    return {"target": "sdpa", "hf_model": hf_model}
+
+
+def precision_uses(bf16_ok: bool, tf32_only: bool) -> list[Use]:
+    """Mixed precision in the low type the GPU has tensor cores for; TF32 for what stays fp32."""
+    low = use(RemedyId.BF16) if bf16_ok else use(RemedyId.FP16)
+    return [low] if tf32_only or not bf16_ok else [low, use(RemedyId.TF32)]
+
+
+def micro_batch_use(ctx: RuleContext, planned: int | None) -> Use:
+    """The micro-batch to move to, from the planner when it knows the model and GPU; without today's
+    micro-batch no number is made up."""
+    micro, accum = ctx.env.micro_batch_size, ctx.env.grad_accum_steps
+    if not micro:
+        basis = f"`pitstop plan` predicts up to {planned} fits" if planned else None
+        return use(RemedyId.MICRO_BATCH, planned=planned, basis=basis)
+    step = next_micro_batch(micro, accum or 1, planned)
+    if step is None:
+        return use(RemedyId.MICRO_BATCH, micro=micro, accum=accum, planned=planned)
+    basis = (
+        f"`pitstop plan` predicts up to {planned} fits"
+        if planned
+        else "doubling: the planner did not size this run"
+    )
+    return use(
+        RemedyId.MICRO_BATCH,
+        micro=micro,
+        accum=accum or 1,
+        new_micro=step[0],
+        new_accum=step[1],
+        planned=planned,
+        basis=basis,
     )

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import statistics
 
-from pitstop.diagnose import fixes
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.metrics import rank_metrics
 from pitstop.findings import Finding
+from pitstop.remedies import RemedyId, advise, use
+from pitstop.remedies.base import Use
+from pitstop.remedies.workers import workers_for
+from pitstop.vocabulary import Severity
 
 DATA_WAIT_MIN = 0.05
 PADDING_MIN = 0.10
@@ -29,10 +32,18 @@ def _slowest_rank_wait(ctx: RuleContext) -> float | None:
     return max(known) if known else None
 
 
-def _workers_for(ctx: RuleContext) -> int:
-    cpus = ctx.env.cpu_count or 8
-    per_rank = max(1, cpus // max(ctx.profile.world_size, 1))
-    return max(2, min(8, per_rank - 1))
+def _loader_uses(ctx: RuleContext, text_in_loop: bool) -> list[Use]:
+    """Workers from the cores of the machine that ran the job (unknown for a log read elsewhere), and
+    tokenizing once when examples reach the collate as text."""
+    ranks = max(ctx.profile.world_size, 1)
+    n = workers_for(ctx.env.cpu_count, ranks)
+    basis = (
+        f"{ctx.env.cpu_count} cores over {ranks} rank{'s' if ranks > 1 else ''}, one kept for each"
+        if n
+        else None
+    )
+    uses = [use(RemedyId.PRETOKENIZE)] if text_in_loop else []
+    return [*uses, use(RemedyId.WORKERS, workers=n, basis=basis, pin=ctx.env.device != "cpu")]
 
 
 def dataloader_bound(ctx: RuleContext) -> Finding | None:
@@ -73,14 +84,14 @@ def dataloader_bound(ctx: RuleContext) -> Finding | None:
         summary += " (On a CPU run, workers share cores with compute; pre-tokenizing helps regardless.)"
     return Finding(
         cause="dataloader_bound",
-        severity=severity_for(f, 0.20, 0.10),  # type: ignore[arg-type]
+        severity=severity_for(f, 0.20, 0.10),
         confidence=0.9,
         summary=summary,
         evidence=evidence,
         est_speedup=amdahl(f, float("inf")),
         speedup_basis=f"data wait is {f:.1%} of step time (measured{', slowest rank' if who else ''}); hiding it "
         "fully gives at most 1/(1−f)",
-        fix=fixes.dataloader(ctx.framework, _workers_for(ctx), text_in_loop),
+        fix=advise(ctx.framework, *_loader_uses(ctx, text_in_loop)),
     )
 
 
@@ -106,7 +117,7 @@ def _dips_in_log(ctx: RuleContext) -> Finding | None:
     share, runs, mean_util = best
     return Finding(
         cause="dataloader_bound",
-        severity="medium" if share >= 0.15 else "low",
+        severity=Severity.MEDIUM if share >= 0.15 else Severity.LOW,
         confidence=0.35,
         summary=(
             f"The GPU keeps dropping to idle while the job runs ({runs} dips, {share:.0%} of the busy period "
@@ -120,7 +131,7 @@ def _dips_in_log(ctx: RuleContext) -> Finding | None:
         },
         est_speedup=amdahl(share, float("inf")),
         speedup_basis="nvidia-smi samples: removing the idle dips gives at most 1/(1−share)",
-        fix=fixes.dataloader(ctx.framework, _workers_for(ctx), False),
+        fix=advise(ctx.framework, *_loader_uses(ctx, False)),
     )
 
 
@@ -129,14 +140,14 @@ def _workers_in_config(ctx: RuleContext) -> Finding | None:
         return None
     return Finding(
         cause="dataloader_bound",
-        severity="low",
+        severity=Severity.LOW,
         confidence=0.3,
         summary="The config loads batches in the training process (dataloader_num_workers=0): any per-batch "
         "work (collation, on-the-fly tokenization) will stall the GPU.",
         evidence={"num_workers": 0, "sources": ctx.env.config_sources[:3]},
         est_speedup=None,
         speedup_basis="config only: measure with `pitstop doctor` to put a number on it",
-        fix=fixes.dataloader(ctx.framework, _workers_for(ctx), False),
+        fix=advise(ctx.framework, *_loader_uses(ctx, False)),
     )
 
 
@@ -166,7 +177,7 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
     summary += "."
     return Finding(
         cause="padding_waste",
-        severity=severity_for(p, 0.30, 0.15),  # type: ignore[arg-type]
+        severity=severity_for(p, 0.30, 0.15),
         confidence=0.9,
         summary=summary,
         evidence=evidence,
@@ -175,7 +186,7 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
             f"pad tokens are {p:.1%} of all tokens (measured from attention masks); compute takes {c:.0%} of "
             "the step and scales with tokens: 1/(1 − compute·pad); attention's quadratic part gains more"
         ),
-        fix=fixes.padding(ctx.framework, fixed_length),
+        fix=advise(ctx.framework, *_padding_uses(fixed_length)),
     )
 
 
@@ -185,7 +196,7 @@ def _padding_in_config(ctx: RuleContext) -> Finding | None:
         return None
     return Finding(
         cause="padding_waste",
-        severity="medium",
+        severity=Severity.MEDIUM,
         confidence=0.5,
         summary=(
             "Packing is off"
@@ -200,7 +211,7 @@ def _padding_in_config(ctx: RuleContext) -> Finding | None:
         },
         est_speedup=None,
         speedup_basis="config only: `pitstop data stats` or `pitstop doctor` measures the pad share",
-        fix=fixes.padding(ctx.framework, False),
+        fix=advise(ctx.framework, *_padding_uses(False)),
     )
 
 
@@ -229,7 +240,7 @@ def pageable_copies(ctx: RuleContext) -> Finding | None:
     frac = min(lost / step, 0.9)
     return Finding(
         cause="pageable_copies",
-        severity=severity_for(frac, 0.10, 0.02),  # type: ignore[arg-type]
+        severity=severity_for(frac, 0.10, 0.02),
         confidence=0.7 if traced is not None else 0.6,
         summary=(
             f"Host-to-device copies come from pageable memory: {bytes_per_step / 1e6:.2f} MB per step that "
@@ -242,5 +253,14 @@ def pageable_copies(ctx: RuleContext) -> Finding | None:
         },
         est_speedup=amdahl(frac, float("inf")),
         speedup_basis=f"{basis_source}, at ~40% (pageable) vs ~80% (pinned) of the PCIe link rate",
-        fix=fixes.pinned(ctx.framework),
+        fix=advise(ctx.framework, use(RemedyId.PIN_MEMORY)),
     )
+
+
+def _padding_uses(fixed_length: bool) -> list[Use]:
+    """Packing first (no pad token left), else padding each batch to its longest example."""
+    return [
+        use(RemedyId.PACK),
+        use(RemedyId.TRIM_PADDING, fixed_length=fixed_length),
+        use(RemedyId.GROUP_BY_LENGTH),
+    ]

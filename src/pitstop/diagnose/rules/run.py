@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import statistics
 
-from pitstop.diagnose import fixes
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.findings import Finding
+from pitstop.remedies import RemedyId, advise, use
+from pitstop.vocabulary import Severity
 
 EVAL_MIN = 0.10
 FREQUENT_STEPS = 50
@@ -22,7 +23,7 @@ def eval_overhead(ctx: RuleContext) -> Finding | None:
         evals = totals.evals if totals else None
         return Finding(
             cause="eval_overhead",
-            severity=severity_for(share, 0.30, 0.15),  # type: ignore[arg-type]
+            severity=severity_for(share, 0.30, 0.15),
             confidence=0.9,
             summary=(
                 f"Evaluation took {share:.0%} of the run"
@@ -42,12 +43,15 @@ def eval_overhead(ctx: RuleContext) -> Finding | None:
             },
             est_speedup=amdahl(share * 0.8, float("inf")),
             speedup_basis="Trainer-logged eval_runtime over train_runtime; evaluating 5× less often saves 80% of it",
-            fix=fixes.eval_less_often(ctx.framework, env.eval_steps, env.save_steps),
+            fix=advise(
+                ctx.framework,
+                use(RemedyId.EVAL_LESS_OFTEN, eval_steps=env.eval_steps, save_steps=env.save_steps),
+            ),
         )
     if totals is not None and totals.eval_s and not totals.train_s:
         return Finding(
             cause="eval_overhead",
-            severity="medium" if (totals.evals or 0) >= 5 else "low",
+            severity=Severity.MEDIUM if (totals.evals or 0) >= 5 else Severity.LOW,
             confidence=0.5,
             summary=(
                 f"{totals.evals} evaluations took {totals.eval_s / 60:.1f} minutes so far; the run's total time "
@@ -56,13 +60,16 @@ def eval_overhead(ctx: RuleContext) -> Finding | None:
             evidence={"evals": totals.evals, "eval_s": round(totals.eval_s, 1), "eval_steps": env.eval_steps},
             est_speedup=None,
             speedup_basis="no train_runtime yet (a run still in progress?)",
-            fix=fixes.eval_less_often(ctx.framework, env.eval_steps, env.save_steps),
+            fix=advise(
+                ctx.framework,
+                use(RemedyId.EVAL_LESS_OFTEN, eval_steps=env.eval_steps, save_steps=env.save_steps),
+            ),
         )
     frequent = [n for n in (env.eval_steps, env.save_steps) if n is not None and n <= FREQUENT_STEPS]
     if frequent and not ctx.measured:
         return Finding(
             cause="eval_overhead",
-            severity="low",
+            severity=Severity.LOW,
             confidence=0.4,
             summary=(
                 "The config evaluates or saves a checkpoint every "
@@ -76,7 +83,10 @@ def eval_overhead(ctx: RuleContext) -> Finding | None:
             },
             est_speedup=None,
             speedup_basis="config only",
-            fix=fixes.eval_less_often(ctx.framework, env.eval_steps, env.save_steps),
+            fix=advise(
+                ctx.framework,
+                use(RemedyId.EVAL_LESS_OFTEN, eval_steps=env.eval_steps, save_steps=env.save_steps),
+            ),
         )
     return None
 
@@ -95,7 +105,7 @@ def idle_gpu(ctx: RuleContext) -> Finding | None:
     share = len(idle) / len(ranks)
     return Finding(
         cause="idle_gpu",
-        severity="high",
+        severity=Severity.HIGH,
         confidence=0.85,
         summary=f"GPU {', '.join(map(str, idle))} of {len(ranks)} never did any work while the others were busy.",
         evidence={
@@ -105,5 +115,5 @@ def idle_gpu(ctx: RuleContext) -> Finding | None:
         },
         est_speedup=1 / (1 - share),
         speedup_basis="the job could spread over every GPU it holds: GPUs / busy GPUs",
-        fix=fixes.use_every_gpu(ctx.framework, [str(i) for i in idle]),
+        fix=advise(ctx.framework, use(RemedyId.USE_EVERY_GPU, idle=[str(i) for i in idle])),
     )

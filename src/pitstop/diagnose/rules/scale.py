@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import statistics
 
-from pitstop.diagnose import fixes
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.metrics import rank_metrics
 from pitstop.findings import Finding
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import model_states
 from pitstop.profile import Environment
+from pitstop.remedies import RemedyId, advise, use
+from pitstop.vocabulary import Severity
 
 GPU_MEMORY_USABLE = 0.6  # leave the rest for activations, workspace and fragmentation
 
@@ -74,13 +75,15 @@ def offload_bound(ctx: RuleContext) -> Finding | None:
         summary += " (From the config: run `pitstop plan` or `pitstop doctor` to size it.)"
     return Finding(
         cause="offload_bound",
-        severity="high" if fits else "medium",
+        severity=Severity.HIGH if fits else Severity.MEDIUM,
         confidence=(0.8 if n else 0.5) if ctx.measured else 0.6,
         summary=summary,
         evidence=evidence,
         est_speedup=est,
         speedup_basis=basis,
-        fix=fixes.offload(ctx.framework, fits, offload, gpus),
+        fix=advise(
+            ctx.framework, use(RemedyId.NO_OFFLOAD, offloaded=dict(offload), fits_without=fits, gpus=gpus)
+        ),
     )
 
 
@@ -104,7 +107,7 @@ def straggler(ctx: RuleContext) -> Finding | None:
     reason = f"it waits on its input pipeline {waits[slow_rank]:.0%} of the step vs {median:.0%} for the median rank"
     return Finding(
         cause="straggler",
-        severity=severity_for(gap, 0.25, 0.10),  # type: ignore[arg-type]
+        severity=severity_for(gap, 0.25, 0.10),
         confidence=0.75,
         summary=f"Rank {slow_rank} holds every rank back: {reason}.",
         evidence={
@@ -115,5 +118,5 @@ def straggler(ctx: RuleContext) -> Finding | None:
         },
         est_speedup=amdahl(gap, float("inf")),
         speedup_basis="per-rank data wait (measured); what the slowest rank waits beyond the median rank is lost by all",
-        fix=fixes.straggler(ctx.framework, slow_rank, reason),
+        fix=advise(ctx.framework, use(RemedyId.BALANCE_RANKS, slow_rank=slow_rank, reason=reason)),
     )

@@ -6,12 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from pitstop import schemas
-from pitstop.errors import PitstopError
+from pitstop.report.errors import ReportError
 from pitstop.report.html.page import page
-
-
-class ReportError(PitstopError, ValueError):
-    """The document is not one pitstop can render."""
 
 
 def render_html(doc: Any) -> str:

@@ -1,0 +1,91 @@
+"""A bigger micro-batch with proportionally less gradient accumulation: the same examples per optimizer
+step in fewer, fuller forward passes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, register
+from pitstop.trials.request import FixReport, FixRequest
+from pitstop.vocabulary import Framework
+
+
+def largest_factor(accumulation: int, limit: int) -> int:
+    """The largest k <= limit that divides the accumulation (so micro × k × accumulation / k is unchanged)."""
+    return max((k for k in range(1, min(accumulation, limit) + 1) if accumulation % k == 0), default=1)
+
+
+def next_micro_batch(micro: int, accumulation: int, planned: int | None) -> tuple[int, int] | None:
+    """The micro-batch to move to and the accumulation that keeps the effective batch: the largest size
+    up to the planner's limit that divides the effective batch; None when nothing larger keeps it whole."""
+    effective = micro * accumulation
+    limit = planned if planned else micro * 2
+    sizes = [b for b in range(micro + 1, limit + 1) if effective % b == 0]
+    if not sizes:
+        return None
+    new = max(sizes)
+    return new, effective // new
+
+
+@register
+class MicroBatch(Remedy):
+    id = RemedyId.MICRO_BATCH
+    title = "bigger micro-batch, proportionally less gradient accumulation"
+    causes = ("small_batch",)
+    effect = "same examples per optimizer step"
+    tunable = True
+
+    def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
+        """``micro``/``accum``: today's, when known; ``new_micro``/``new_accum``: the sizes to move to, with
+        ``basis`` saying where they come from (the planner, a trial); ``planned``: the planner's largest."""
+        micro, accum = params.get("micro"), params.get("accum")
+        new_micro, new_accum = params.get("new_micro"), params.get("new_accum")
+        basis = params.get("basis")
+        if new_micro and micro:
+            text = f"Raise the micro-batch from {micro} to {new_micro}"
+            if accum is not None and new_accum is not None:
+                text += f" and lower gradient accumulation from {accum} to {new_accum}, so the effective batch stays the same"
+            text += f" ({basis})." if basis else "."
+        else:
+            text = (
+                "Raise the micro-batch and lower gradient accumulation by the same factor, as far as memory "
+                "allows; the micro-batch of this run is unknown here: `pitstop plan --model config.json --gpu "
+                "NAME` predicts the largest that fits"
+            )
+            text += f" ({basis})." if basis else "."
+        mb = new_micro or "B"  # B: the size to try, named in the text
+        acc = new_accum if new_micro else "A"
+        snippets = {
+            Framework.HF_TRAINER: f"args = TrainingArguments(..., per_device_train_batch_size={mb},\n"
+            f"                         gradient_accumulation_steps={acc})\n# or let the Trainer search: auto_find_batch_size=True",
+            Framework.TRL: f"config = SFTConfig(..., per_device_train_batch_size={mb}, gradient_accumulation_steps={acc})",
+            Framework.LIGHTNING: f"trainer = L.Trainer(..., accumulate_grad_batches={acc})  # DataLoader(batch_size={mb})",
+            Framework.DEEPSPEED: f'"train_micro_batch_size_per_gpu": {mb}, "gradient_accumulation_steps": {acc}',
+        }
+        pytorch = f"loader = DataLoader(train, batch_size={mb}, ...)   # and accumulate {acc} micro-batches"
+        return Advice(text, snippets.get(framework, pytorch))
+
+    def cannot_try(self, facts: TrialFacts) -> str | None:
+        if not facts.framework.is_trainer:
+            return "a plain loop's accumulation is its own code: nothing to trade from outside"
+        return None
+
+    def rewrite_training_args(self, args: Any, request: FixRequest, report: FixReport) -> None:
+        accumulation = int(args.gradient_accumulation_steps)
+        k = largest_factor(accumulation, request.micro_batch_factor)
+        if k <= 1:
+            report.skip(self.id, "no gradient accumulation to trade for a bigger micro-batch")
+            return
+        mb = int(args.per_device_train_batch_size)
+        args.per_device_train_batch_size = mb * k
+        args.gradient_accumulation_steps = accumulation // k
+        report.apply(
+            self.id,
+            f"per_device_train_batch_size {mb} → {mb * k}, gradient_accumulation_steps {accumulation} → {accumulation // k}",
+            micro=mb,
+            accum=accumulation,
+            new_micro=mb * k,
+            new_accum=accumulation // k,
+            basis="measured by pitstop tune",
+        )

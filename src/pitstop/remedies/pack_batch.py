@@ -1,0 +1,71 @@
+"""Pack each batch into one padding-free row, attention kept inside each example."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pitstop.remedies.base import Advice, LoaderParams, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.trials.request import FixReport, FixRequest
+from pitstop.vocabulary import Framework
+
+
+def trial_attention(request: FixRequest) -> str:
+    """The attention the packed masks are built for: the attention remedy's target when it runs too."""
+    if RemedyId.ATTENTION in request.fixes:
+        return request.attn_target
+    return request.attn or "sdpa"
+
+
+@register
+class PackBatch(Remedy):
+    id = RemedyId.PACK_BATCH
+    title = "pack each batch into one padding-free row"
+    causes = ("padding_waste",)
+    effect = "same examples per batch; attention kept per example"
+    tunable = True
+    loader_order = 40
+    exclusive_with = (RemedyId.TRIM_PADDING,)
+
+    def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
+        if framework is Framework.TRL:
+            return Advice(
+                "Let TRL pack each batch padding-free.", "config = SFTConfig(..., padding_free=True)"
+            )
+        if framework is Framework.HF_TRAINER:
+            return Advice(
+                "Pack each batch padding-free (positions restart per example).",
+                code("""
+                    from transformers import DataCollatorWithFlattening
+                    trainer = Trainer(..., data_collator=DataCollatorWithFlattening())  # with flash_attention_2
+                """),
+            )
+        return Advice(
+            "Pack each batch padding-free with pitstop's collator (attention stays inside each example).",
+            code("""
+                from pitstop.data import PackingCollator
+                collate = PackingCollator(model.config._attn_implementation, tokenizer.pad_token_id)
+                # rows: {'input_ids', 'labels', 'seq_lens'}; or pre-pack once: pitstop data pack
+            """),
+        )
+
+    def frameworks(self) -> tuple[Framework, ...]:
+        return (Framework.HF_TRAINER, Framework.TRL, Framework.PYTORCH)
+
+    def cannot_try(self, facts: TrialFacts) -> str | None:
+        return (
+            None if facts.hf_model else "a packed batch needs a model that takes position_ids and 4-D masks"
+        )
+
+    def rewrite_loader(self, params: LoaderParams, request: FixRequest, report: FixReport) -> None:
+        from torch.utils.data import default_collate
+
+        from pitstop.trials.collate import PackBatch as Pack
+        from pitstop.trials.collate import TrimPadding
+
+        collate = params.get("collate_fn") or default_collate
+        if isinstance(collate, TrimPadding | Pack):
+            return
+        attn = trial_attention(request)
+        params["collate_fn"] = Pack(collate, attn, pad_token_id=0)
+        report.apply(self.id, f"each batch packed into one padding-free row ({attn} mask)")

@@ -1,0 +1,106 @@
+"""Which remedies tune tries on a job, in which order, and the change it prints for each one it keeps.
+
+Everything about a remedy (the causes it answers, whether it preserves the computation, what it excludes,
+its advice) is the remedy's own (``pitstop.remedies``); this module only decides, for one diagnosed job,
+which of them can be tried and why each is on the list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pitstop.diagnose import Diagnosis
+from pitstop.hardware import lookup_gpu
+from pitstop.remedies import REGISTRY, Remedy, RemedyId, TrialFacts, remedy
+from pitstop.vocabulary import Framework
+
+
+@dataclass(frozen=True)
+class Proposal:
+    remedy: Remedy
+    why: str  # the finding (or the user's request) that put it on the list
+
+    @property
+    def fix(self) -> RemedyId:
+        return self.remedy.id
+
+
+@dataclass(frozen=True)
+class Change:
+    """What to change to keep a remedy tune measured: its advice, with what the trial actually did."""
+
+    fix: str
+    text: str
+    snippet: str
+
+
+def tunable() -> list[RemedyId]:
+    """The ids ``--try`` / ``--skip`` / ``--only`` accept."""
+    return [rid for rid, r in REGISTRY.items() if r.tunable]
+
+
+def unknown_fixes(names: list[str]) -> list[str]:
+    known = {str(rid) for rid in tunable()}
+    return [n for n in names if n not in known]
+
+
+def trial_facts(diagnosis: Diagnosis) -> TrialFacts:
+    env = diagnosis.profile.environment
+    gpu = lookup_gpu(env.gpu_name) if env.on_gpu else None
+    return TrialFacts(
+        on_gpu=env.on_gpu,
+        hf_model=env.model.model_type is not None,
+        framework=Framework.of(env.framework),
+        examples_are_text=env.dataloader.examples_are_text,
+        gpu_has_bf16=None if gpu is None else gpu.peak_tflops.get("bf16") is not None,
+        gpu_has_tf32=None if gpu is None else gpu.peak_tflops.get("tf32") is not None,
+    )
+
+
+def propose(
+    diagnosis: Diagnosis,
+    also: list[str] | None = None,
+    only: list[str] | None = None,
+    skip: list[str] | None = None,
+) -> list[Proposal]:
+    """Remedies in the order of the findings that call for them (largest estimated saving first), each
+    finding's in the registry's order; those the job cannot take are left out."""
+    facts = trial_facts(diagnosis)
+    env = diagnosis.profile.environment
+    picked: dict[RemedyId, Proposal] = {}
+    for finding in diagnosis.findings:
+        for rid, r in REGISTRY.items():
+            if r.tunable and finding.cause in r.causes and rid not in picked and r.cannot_try(facts) is None:
+                picked[rid] = Proposal(r, f"{finding.cause} ({finding.severity})")
+    if env.gradient_checkpointing and RemedyId.NO_CHECKPOINTING not in picked:
+        used = diagnosis.metrics.gpu_mem_used_frac
+        if not env.on_gpu or (used is not None and used < 0.5):
+            picked[RemedyId.NO_CHECKPOINTING] = Proposal(
+                remedy(RemedyId.NO_CHECKPOINTING), "checkpointing on with memory to spare"
+            )
+    accumulation = env.grad_accum_steps or 1
+    micro = remedy(RemedyId.MICRO_BATCH)
+    if accumulation >= 2 and RemedyId.MICRO_BATCH not in picked and micro.cannot_try(facts) is None:
+        picked[RemedyId.MICRO_BATCH] = Proposal(micro, f"gradient accumulation of {accumulation}")
+    for name in also or []:
+        rid = RemedyId(name)
+        if rid not in picked:
+            picked[rid] = Proposal(remedy(rid), "asked for (--try)")
+    chosen = list(picked.values())
+    if only:
+        chosen = [p for p in chosen if p.fix in only]
+    return [p for p in chosen if p.fix not in (skip or [])]
+
+
+def exclusive(a: str, b: str) -> bool:
+    """Whether two remedies cannot go together (either one says so)."""
+    return RemedyId(b) in remedy(a).exclusive_with or RemedyId(a) in remedy(b).exclusive_with
+
+
+def kept_change(fix: str, framework: str | None, params: Mapping[str, Any] | None = None) -> Change:
+    """The change that makes a kept remedy permanent: the same advice a Finding shows, with the parameters
+    of what the trial did (``params`` from the trial's report)."""
+    advice = remedy(fix).advice(Framework.of(framework), dict(params or {}))
+    return Change(str(fix), advice.text, advice.snippet)
