@@ -89,6 +89,13 @@ CAUSES: dict[str, Cause] = {
             needs_gpu=True,
         ),
         Cause(
+            "needless_recompute",
+            "Activations recomputed that would fit",
+            "activation checkpointing re-runs the forward pass inside the backward while the activations would fit "
+            "in memory without it",
+            needs_gpu=False,
+        ),
+        Cause(
             "low_mfu_unexplained",
             "Busy GPU, low FLOPs utilization",
             "utilization is high but model-FLOPs utilization stays far below what the GPU can do",

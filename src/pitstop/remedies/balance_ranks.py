@@ -18,8 +18,13 @@ class BalanceRanks(Remedy):
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``slow_rank`` and ``reason``: who holds the others back and why (from the evidence)."""
         slow, reason = params.get("slow_rank"), params.get("reason")
+        who = (
+            f"Rank {slow} is the slow one" + (f" ({reason})" if reason else "")
+            if slow is not None
+            else "One rank is slow"
+        )
         text = (
-            f"Rank {slow} is the slow one ({reason}). Look at that rank's host first: its data pipeline "
+            f"{who}. Look at that rank's host first: its data pipeline "
             "(workers per rank), CPU contention or NUMA placement, its GPU's clocks, and give every rank a "
             "similar number of tokens per step (group by length or pack)."
         )

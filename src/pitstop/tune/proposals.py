@@ -74,12 +74,6 @@ def propose(
         for rid, r in REGISTRY.items():
             if r.tunable and finding.cause in r.causes and rid not in picked and r.cannot_try(facts) is None:
                 picked[rid] = Proposal(r, f"{finding.cause} ({finding.severity})")
-    if env.gradient_checkpointing and RemedyId.NO_CHECKPOINTING not in picked:
-        used = diagnosis.metrics.gpu_mem_used_frac
-        if not env.on_gpu or (used is not None and used < 0.5):
-            picked[RemedyId.NO_CHECKPOINTING] = Proposal(
-                remedy(RemedyId.NO_CHECKPOINTING), "checkpointing on with memory to spare"
-            )
     accumulation = env.grad_accum_steps or 1
     micro = remedy(RemedyId.MICRO_BATCH)
     if accumulation >= 2 and RemedyId.MICRO_BATCH not in picked and micro.cannot_try(facts) is None:

@@ -15,6 +15,7 @@ from pitstop.diagnose.rules.compute import (
     small_batch,
 )
 from pitstop.diagnose.rules.inputs import dataloader_bound, padding_waste, pageable_copies
+from pitstop.diagnose.rules.recompute import needless_recompute
 from pitstop.diagnose.rules.run import eval_overhead, idle_gpu
 from pitstop.diagnose.rules.scale import offload_bound, straggler
 from pitstop.findings import Finding
@@ -28,6 +29,7 @@ RULES: tuple[Rule, ...] = (
     no_mixed_precision,
     offload_bound,
     small_batch,
+    needless_recompute,
     host_sync,
     pageable_copies,
     communication_bound,
