@@ -56,6 +56,7 @@ class Finding:
             self.est_speedup = None  # an estimate that is not a number is no estimate
         if self.est_speedup is not None and self.est_speedup < 1.0:
             self.est_speedup = 1.0
+        self.severity = capped_by_confidence(self.severity, self.confidence)
 
     @property
     def title(self) -> str:
@@ -86,10 +87,28 @@ class Finding:
             },
         }
 
+    @property
+    def expected_saving(self) -> float:
+        """The share of step time we expect fixing it to save: how sure we are × what it would save."""
+        return self.confidence * self.time_saved_frac
+
+
+STRONG_EVIDENCE = 0.7  # confidence from which a finding may be HIGH
+SOME_EVIDENCE = 0.4  # below it, LOW whatever the effect
+
+
+def capped_by_confidence(severity: Severity | str, confidence: float) -> Severity:
+    """Severity states the effect's size *and* the evidence's strength: a rule rates the effect; thin
+    evidence (a log's mean, a config alone) caps it — at most MEDIUM below 0.7 confidence, LOW below 0.4."""
+    rated = Severity(severity)
+    if confidence < SOME_EVIDENCE:
+        return Severity.LOW
+    if confidence < STRONG_EVIDENCE and rated is Severity.HIGH:
+        return Severity.MEDIUM
+    return rated
+
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Order by estimated time saved, then severity, then confidence."""
-    return sorted(
-        findings,
-        key=lambda f: (-f.time_saved_frac, Severity(f.severity).order, -f.confidence),
-    )
+    """Order by expected time saved (confidence × estimated saving), then severity, then confidence: weak
+    evidence of a large effect does not outrank strong evidence of a similar one."""
+    return sorted(findings, key=lambda f: (-f.expected_saving, Severity(f.severity).order, -f.confidence))
