@@ -236,6 +236,7 @@ class RankProfile:
     trace: TraceStats | None = None
     stopped_by_probe: bool = False
     probe_errors: list[str] = field(default_factory=list)
+    window_rule: str | None = None  # why an adaptive window ended ("12 steps: mean step time known to ±2.1%")
 
     def total(self, name: str) -> float | None:
         """Sum of one StepRecord field over the measured steps (None if any step lacks it)."""

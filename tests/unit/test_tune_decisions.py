@@ -27,11 +27,11 @@ def window(rate: float | None, spread: float = 0.01, fix: str = "trim_padding", 
 
 
 def base() -> object:
-    return make_baseline(window(1000.0, fix="-"), window(1000.0, fix="-"), 1e-3)
+    return make_baseline([window(1000.0, fix="-"), window(1000.0, fix="-")], 1e-3)
 
 
 def test_baseline_folds_drift_into_its_uncertainty() -> None:
-    b = make_baseline(window(1000.0, 0.01), window(1100.0, 0.01), 1e-3)
+    b = make_baseline([window(1000.0, 0.01), window(1100.0, 0.01)], 1e-3)
     assert b.real_tokens_per_s == pytest.approx(1050.0)
     assert b.drift == pytest.approx(0.1)
     assert b.spread == pytest.approx((0.01**2 + (50 / 1050) ** 2) ** 0.5)
@@ -130,3 +130,24 @@ def test_cli_parsing_errors_are_one_line() -> None:
     assert parse_fixes("--try", ["pack,attention", "workers"]) == ["pack", "attention", "workers"]
     with pytest.raises(UserError, match="unknown fix 'turbo'"):
         parse_fixes("--try", ["turbo"])
+
+
+def test_budget_plan_says_what_it_covers_and_each_fix_meets_its_nearest_baselines() -> None:
+    from pitstop.remedies import remedy
+    from pitstop.tune.budget import bracketing, budget_plan, candidate_precision
+    from pitstop.tune.proposals import Proposal
+
+    proposals = [Proposal(remedy(f), "x", 2.0) for f in ("trim_padding", "attention", "workers", "pack")]
+    scout = window(1000.0)
+    scout.seconds = 100.0
+    plan = budget_plan(proposals, scout, left_s=420.0)
+    assert plan.tried == ["trim_padding", "attention", "workers"] and plan.left_out == ["pack"]
+    assert "need --budget" in plan.text and "pack" in plan.text
+    assert candidate_precision(proposals[0]) == 0.08  # a ×2 fix is seen with ±8%
+    assert candidate_precision(Proposal(remedy("workers"), "x", None)) == 0.04
+    early, late = window(1000.0), window(1200.0)
+    overall = make_baseline([early, late], 1e-3)
+    near = bracketing([(0, early), (5, late)], 2, overall, 1e-3)
+    assert near.real_tokens_per_s == 1100.0 and near.spread >= 0.09  # the drift between them is uncertainty
+    only_before = bracketing([(0, early)], 2, overall, 1e-3)
+    assert only_before.real_tokens_per_s == 1000.0

@@ -111,8 +111,14 @@ def tune(
         bool, typer.Option("--demo", help="Tune the built-in, deliberately slow example.")
     ] = False,
     budget: Annotated[str, typer.Option(help="Total time for all windows (e.g. 10m, 90s).")] = "10m",
-    steps: Annotated[int, typer.Option(min=2, help="Optimizer steps measured per window.")] = 30,
-    warmup: Annotated[int, typer.Option(min=0, help="Optimizer steps before measuring, per window.")] = 5,
+    steps: Annotated[
+        str,
+        typer.Option(
+            help="Optimizer steps measured per window, or 'auto': warm up until steps settle, then measure "
+            "until the mean step time is known to ±2.5% (baselines) or to what the expected gain needs."
+        ),
+    ] = "auto",
+    warmup: Annotated[int, typer.Option(min=0, help="With a fixed --steps: steps before measuring.")] = 5,
     try_: Annotated[
         list[str] | None, typer.Option("--try", help="Also try these fixes (comma-separated).")
     ] = None,
@@ -135,7 +141,7 @@ def tune(
     pitstop tune -- python train.py --my-args
     """
     from pitstop.cli.doctor import demo_command
-    from pitstop.cli.tune import parse_budget, parse_fixes, run_tune
+    from pitstop.cli.tune import parse_budget, parse_fixes, parse_steps, run_tune
     from pitstop.tune.session import TuneOptions
 
     try:
@@ -144,7 +150,7 @@ def tune(
         if not demo and not command:
             raise UserError("no command given: pitstop tune -- python train.py [args]")
         options = TuneOptions(
-            steps=steps,
+            steps=parse_steps(steps),
             warmup=warmup,
             budget_s=parse_budget(budget),
             also=parse_fixes("--try", try_ or []),

@@ -29,6 +29,15 @@ def parse_budget(text: str) -> float:
     return value
 
 
+def parse_steps(text: str) -> int | None:
+    """'auto' (None: windows end by precision) or a whole number of at least 2."""
+    if text.strip().lower() == "auto":
+        return None
+    if not text.strip().isdigit() or int(text) < 2:
+        raise UserError(f"--steps: {text!r} is neither 'auto' nor a whole number of at least 2")
+    return int(text)
+
+
 def parse_fixes(option: str, values: list[str]) -> list[str]:
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     bad = unknown_fixes(names)
@@ -40,7 +49,7 @@ def parse_fixes(option: str, values: list[str]) -> list[str]:
 class RichProgress:
     """One bar per window, counting its optimizer steps, and a line per finished window."""
 
-    def __init__(self, console: Console, total_steps: int) -> None:
+    def __init__(self, console: Console, total_steps: int | None) -> None:
         self.console = console
         self.total_steps = total_steps
         self.bar = steps_bar(console)
@@ -60,7 +69,11 @@ class RichProgress:
 
     def step(self, step: int) -> None:
         if self.task is not None:
-            self.bar.update(self.task, completed=min(step, self.total_steps))
+            self.bar.update(self.task, completed=min(step, self.total_steps) if self.total_steps else step)
+
+    def note(self, text: str) -> None:
+        """The budget plan, said once the first window has shown the job's pace."""
+        self.console.print(f"  [bold]plan:[/bold] {escape(text)}", soft_wrap=True)
 
     def done(self, label: str, window: Window) -> None:
         if window.ok:
@@ -124,7 +137,7 @@ def render(result: TuneResult, console: Console | None = None) -> None:
         out.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
     best = result.best
     if best is None:
-        out.print("No fix measurably sped up this job; keep it as it is.")
+        out.print(no_gain_verdict(result), soft_wrap=True)
         return
     out.print(
         f"\n[bold]Keep: {', '.join(best.fixes)}[/bold] — ×{best.speedup:.2f} "
@@ -143,16 +156,39 @@ def render(result: TuneResult, console: Console | None = None) -> None:
         )
 
 
+def window_words(options: TuneOptions) -> str:
+    if options.steps is None:
+        return "each window as long as its precision needs"
+    return f"windows of {options.warmup} + {options.steps} optimizer steps"
+
+
+def no_gain_verdict(result: TuneResult) -> str:
+    """ "Keep it as it is" only when every proposed fix was measured; otherwise say what was not."""
+    untried = [fix for fix, _ in result.not_tried]
+    measured = [v.fix for v in result.verdicts if v.speedup is not None]
+    if untried:
+        done = f"Of the fixes tried ({', '.join(measured)}), none" if measured else "No fix"
+        return (
+            f"{done} measurably sped up this job, but {len(untried)} proposed "
+            f"{'fix was' if len(untried) == 1 else 'fixes were'} not tried ({', '.join(untried)}): "
+            "give tune a larger --budget (the plan above says how much) before concluding anything."
+        )
+    if not result.verdicts:
+        return "The diagnosis proposed no fix that tune can apply from outside the job."
+    return "Every proposed fix was measured and none sped up this job measurably; keep it as it is."
+
+
 def run_tune(command: list[str], options: TuneOptions, outputs: Outputs) -> TuneResult:
     outputs.check()
     console = Console(stderr=True)
     console.print(
         f"pitstop tune: {' '.join(command)}\n"
-        f"  windows of {options.warmup} + {options.steps} optimizer steps, budget {options.budget_s / 60:.0f} min",
+        f"  {window_words(options)}, budget {options.budget_s / 60:.0f} min",
         soft_wrap=True,
     )
     try:
-        with RichProgress(console, options.warmup + options.steps) as progress:
+        total = None if options.steps is None else options.warmup + options.steps
+        with RichProgress(console, total) as progress:
             result = tune(command, options, progress)
     except TuneError as exc:
         raise UserError(str(exc), 1) from None

@@ -27,6 +27,7 @@ from pitstop.probe.batch import count_batch
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
+from pitstop.probe.stopping import WindowTracker
 from pitstop.probe.timeline import BWD_END, BWD_START, DATA, OPT_START, BatchCounts, HostClock, StepBuilder
 from pitstop.profile import AttentionInfo, Environment, MemoryStats, RankProfile, StepRecord, to_jsonable
 
@@ -78,6 +79,11 @@ class Probe:
         self.disabled = False
         self.finished = False
         self.window_start_t: float | None = None
+        # ranks cannot agree on a window that each ends by its own steps without a collective of their
+        # own: a job of several ranks measures the fixed window instead
+        single = int(os.environ.get("WORLD_SIZE", "1") or 1) == 1
+        self.tracker = WindowTracker(config.auto) if config.auto is not None and single else None
+        self.window_reason: str | None = None
         self.window_end_t: float | None = None
         self._primary: int | None = None
         self._train_thread: int | None = None
@@ -202,6 +208,9 @@ class Probe:
         index = record.index
         if index == 1:
             self._capture(optimizer)
+        if self.tracker is not None:
+            self._after_step_auto(record)
+            return
         if index == self.config.warmup or (
             self.config.warmup == 0 and index == 1 and self.window_start_t is None
         ):
@@ -209,6 +218,23 @@ class Probe:
         measured = self.measured_steps()
         self._progress(index)
         if self.config.steps is not None and len(measured) >= self.config.steps:
+            self.finish()
+
+    def _after_step_auto(self, record: StepRecord) -> None:
+        """The adaptive window: warm-up until the steps settle, then measure until the mean is precise."""
+        tracker = self.tracker
+        assert tracker is not None
+        if tracker.warmup_steps is None:
+            if tracker.warming(record.index, record.wall_s):
+                self.config.warmup = record.index
+                self._start_window()
+        else:
+            tracker.add(record.wall_s)
+            if tracker.done():
+                self.window_reason = tracker.reason()
+                self.config.steps = tracker.n
+        self._progress(record.index)
+        if self.window_reason is not None:
             self.finish()
 
     def measured_steps(self) -> list[StepRecord]:
@@ -367,6 +393,7 @@ class Probe:
             host_samples=list(self._host.samples) if self._host else [],
             window_start_t=self.window_start_t,
             window_end_t=self.window_end_t,
+            window_rule=self.window_reason,
             memory=self._memory_stats(env),
             environment=env,
             probe_errors=list(self.errors),

@@ -21,6 +21,7 @@ from pitstop.vocabulary import Framework
 class Proposal:
     remedy: Remedy
     why: str  # the finding (or the user's request) that put it on the list
+    expected: float | None = None  # the speed-up that finding estimates, when it does
 
     @property
     def fix(self) -> RemedyId:
@@ -73,7 +74,7 @@ def propose(
     for finding in diagnosis.findings:
         for rid, r in REGISTRY.items():
             if r.tunable and finding.cause in r.causes and rid not in picked and r.cannot_try(facts) is None:
-                picked[rid] = Proposal(r, f"{finding.cause} ({finding.severity})")
+                picked[rid] = Proposal(r, f"{finding.cause} ({finding.severity})", finding.est_speedup)
     accumulation = env.grad_accum_steps or 1
     micro = remedy(RemedyId.MICRO_BATCH)
     if accumulation >= 2 and RemedyId.MICRO_BATCH not in picked and micro.cannot_try(facts) is None:

@@ -15,8 +15,17 @@ from typing import Any, Protocol
 
 from pitstop import schemas
 from pitstop.errors import PitstopError
+from pitstop.probe.stopping import WindowRule
 from pitstop.remedies import RemedyId, remedy
 from pitstop.trials.request import FixRequest
+from pitstop.tune.budget import (
+    BASELINE_EVERY,
+    BASELINE_PRECISION,
+    BudgetPlan,
+    bracketing,
+    budget_plan,
+    candidate_precision,
+)
 from pitstop.tune.proposals import Change, Proposal, exclusive, kept_change, propose
 from pitstop.tune.verdict import (
     LOSS_RTOL,
@@ -31,6 +40,7 @@ from pitstop.tune.verdict import (
 from pitstop.tune.window import Window, run_window
 
 LOSS_STEPS = 3
+FIXED_STEPS = 30  # the window of a job of several ranks, which cannot end windows by precision
 
 
 class TuneError(PitstopError):
@@ -45,8 +55,8 @@ class Progress(Protocol):
 
 @dataclass
 class TuneOptions:
-    steps: int = 30
-    warmup: int = 5
+    steps: int | None = None  # None: each window as long as its precision needs (``WindowRule``)
+    warmup: int = 5  # with fixed ``steps``
     budget_s: float = 600.0
     also: list[str] = field(default_factory=list)
     only: list[str] = field(default_factory=list)
@@ -87,6 +97,7 @@ class TuneResult:
     budget_s: float
     redirected: list[str]
     notes: list[str] = field(default_factory=list)
+    plan: str = ""  # what the budget was planned to cover, said after the first window
 
     def to_dict(self) -> dict[str, Any]:
         from pitstop import __version__
@@ -114,6 +125,7 @@ class TuneResult:
             "best": None if self.best is None else self.best.to_dict(),
             "redirected_outputs": self.redirected,
             "notes": self.notes,
+            "plan": self.plan,
             "baseline_run": self.baseline_window.diagnosis.to_dict(),
         }
 
@@ -137,7 +149,7 @@ class Session:
     def left_s(self) -> float:
         return self.options.budget_s - (time.monotonic() - self.started)
 
-    def run(self, label: str, fixes: tuple[str, ...] = ()) -> Window:
+    def run(self, label: str, fixes: tuple[str, ...] = (), precision: float = BASELINE_PRECISION) -> Window:
         self.index += 1
         self.total = max(self.total, self.index)
         self.progress.window(label, self.index, self.total)
@@ -152,8 +164,18 @@ class Session:
         # a window may take three times the baseline's before it is stopped, and never runs past the budget
         timeout = max(60.0, 3 * self.window_s) if self.window_s else max(self.left_s(), 60.0)
         timeout = max(min(timeout, self.left_s()), 30.0)
+        rule = None
+        if self.options.steps is None:  # the window ends when its step time is precise enough
+            longest = min(timeout * 0.8, max(self.options.budget_s / 6, 10.0))
+            rule = WindowRule(precision=precision, max_seconds=longest)
         window = run_window(
-            self.command, request, self.options.steps, self.options.warmup, timeout, self.progress.step
+            self.command,
+            request,
+            self.options.steps or FIXED_STEPS,
+            self.options.warmup,
+            timeout,
+            self.progress.step,
+            rule,
         )
         for line in window.redirected:
             if line not in self.redirected:
@@ -172,10 +194,9 @@ class Session:
                 shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _tune(self, opts: TuneOptions) -> TuneResult:
-        self.total = 3
-        # the first window diagnoses the job (and warms the machine: a fresh one runs its first process
-        # slower); the baseline the fixes are compared with is measured after it, and again at the end
-        scout = self.run("diagnosis")
+        self.total = 2
+        # the first window diagnoses the job and is the first baseline too: nothing differs between them
+        scout = self.run("diagnosis (baseline)", precision=BASELINE_PRECISION)
         if not scout.ok or scout.diagnosis is None:
             raise TuneError(f"the job's first window did not run: {scout.error}")
         self.window_s = scout.seconds
@@ -185,27 +206,38 @@ class Session:
         self.attn_target = attention_target(env.on_gpu, env.param_dtype, env.autocast_dtype)
         tol = self.tol = LOSS_RTOL_GPU if env.on_gpu else LOSS_RTOL
         proposals = propose(diagnosis, opts.also, opts.only, opts.skip)
-        self.total = 3 + len(proposals)
-        first = self.run("baseline")
-        fallback = not first.ok
-        if fallback:
-            first = scout
-        windows: list[tuple[Proposal, Window]] = []
+        plan = self._plan(proposals, scout)
+        self.total = 2 + len(plan.tried) + len(plan.tried) // BASELINE_EVERY
+        baselines: list[tuple[int, Window]] = [(0, scout)]  # (position among the windows, window)
+        windows: list[tuple[Proposal, Window, int]] = []
         not_tried: list[tuple[str, str]] = []
         for proposal in proposals:
-            # keep room for the closing baseline and the final check
-            if self.left_s() < self.window_s * 3:
+            # keep room for the closing baseline: drift is measured against it
+            if self.left_s() < self.window_s * 2:
                 not_tried.append((str(proposal.fix), "the time budget ran out"))
                 continue
-            windows.append((proposal, self.run(str(proposal.fix), (str(proposal.fix),))))
-        last = self.run("baseline again") if self.left_s() > self.window_s else None
-        baseline = make_baseline(first, last, tol)
-        verdicts = [judge(p.remedy, p.why, w, baseline, tol) for p, w in windows]
+            position = len(windows) + len(baselines)
+            window = self.run(
+                str(proposal.fix), (str(proposal.fix),), precision=candidate_precision(proposal)
+            )
+            windows.append((proposal, window, position))
+            more = len(windows) < len(proposals)
+            if len(windows) % BASELINE_EVERY == 0 and more and self.left_s() > self.window_s * 3:
+                baselines.append((position + 1, self.run("baseline", precision=BASELINE_PRECISION)))
+        if self.left_s() > self.window_s:
+            baselines.append(
+                (len(windows) + len(baselines), self.run("baseline again", precision=BASELINE_PRECISION))
+            )
+        baseline = make_baseline([w for _, w in baselines], tol)
+        verdicts = [
+            judge(p.remedy, p.why, w, bracketing(baselines, position, baseline, tol), tol)
+            for p, w, position in windows
+        ]
         best = self._best(verdicts, baseline, env.framework)
         result = TuneResult(
             command=self.command,
             baseline=baseline,
-            baseline_window=first if first.diagnosis is not None else scout,
+            baseline_window=scout,
             verdicts=verdicts,
             best=best,
             not_tried=not_tried,
@@ -213,12 +245,9 @@ class Session:
             seconds=time.monotonic() - self.started,
             budget_s=opts.budget_s,
             redirected=self.redirected,
+            plan=plan.text,
         )
         result.notes += self.combination_notes
-        if fallback:
-            result.notes.append(
-                "the baseline window failed; the diagnosis window stands in for it (a first window can run slow)"
-            )
         if not baseline.losses:
             result.notes.append(
                 "the job's losses could not be read: fixes meant to preserve them were not checked"
@@ -229,9 +258,18 @@ class Session:
             )
         if baseline.drift is not None and abs(baseline.drift) > 0.05:
             result.notes.append(
-                f"the baseline drifted {baseline.drift:+.1%} during tuning: the machine is noisy"
+                f"the baseline drifted {baseline.drift:+.1%} during tuning: the machine is noisy; each fix was "
+                "compared with the baselines measured before and after it"
             )
         return result
+
+    def _plan(self, proposals: list[Proposal], scout: Window) -> BudgetPlan:
+        """What the budget covers at this job's window length, said before the first candidate runs."""
+        plan = budget_plan(proposals, scout, self.left_s())
+        note = getattr(self.progress, "note", None)
+        if callable(note):
+            note(plan.text)
+        return plan
 
     def _best(self, verdicts: list[Verdict], baseline: Baseline, framework: str | None) -> Best | None:
         """Greedy, from the fastest kept fix: add the next candidate while the combination measurably beats

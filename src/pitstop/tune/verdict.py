@@ -28,18 +28,22 @@ class Baseline:
         return None if self.end is None else self.end / self.start - 1.0
 
 
-def make_baseline(first: Window, last: Window | None, tol: float) -> Baseline:
-    assert first.real_tokens_per_s is not None
-    start = first.real_tokens_per_s
-    end = last.real_tokens_per_s if last is not None and last.ok else None
-    errors = [w.spread or 0.0 for w in (first, last) if w is not None and w.ok]
-    rate = start if end is None else (start + end) / 2
-    drift = 0.0 if end is None else abs(end - start) / 2 / rate
+def make_baseline(windows: list[Window], tol: float) -> Baseline:
+    """The baseline from every baseline window that ran: their mean rate, with the drift between them
+    (half their range) counted as uncertainty; losses are reproducible when every window's agree."""
+    ok = [w for w in windows if w.ok]
+    assert ok and ok[0].real_tokens_per_s is not None, "the first baseline window ran"
+    rates = [w.real_tokens_per_s or 0.0 for w in ok]
+    rate = sum(rates) / len(rates)
+    drift = (max(rates) - min(rates)) / 2 / rate if len(rates) > 1 else 0.0
+    errors = [w.spread or 0.0 for w in ok]
     spread = math.sqrt(sum(e * e for e in errors) / len(errors) + drift * drift)
     reproducible = None
-    if last is not None and first.losses and last.losses:
-        reproducible = losses_match(first.losses, last.losses, tol)[0]
-    return Baseline(rate, spread, start, end, first.losses, reproducible)
+    with_losses = [w for w in ok if w.losses]
+    if len(with_losses) > 1:
+        reproducible = all(losses_match(with_losses[0].losses, w.losses, tol)[0] for w in with_losses[1:])
+    end = rates[-1] if len(rates) > 1 else None
+    return Baseline(rate, spread, rates[0], end, ok[0].losses, reproducible)
 
 
 def losses_match(a: list[float], b: list[float], rtol: float) -> tuple[bool, float]:

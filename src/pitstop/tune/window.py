@@ -16,6 +16,7 @@ from typing import Any
 
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
+from pitstop.probe.stopping import WindowRule
 from pitstop.profile import RunProfile
 from pitstop.runner.collect import collect
 from pitstop.runner.launch import run_observed
@@ -86,12 +87,15 @@ def run_window(
     warmup: int,
     timeout_s: float | None,
     on_step: Callable[[int], None] | None = None,
+    rule: WindowRule | None = None,
 ) -> Window:
+    """One window of the job with the requested fixes. With a ``rule`` the window ends when its step time is
+    precise enough (``steps`` and ``warmup`` then apply only to a job of several ranks)."""
     window = Window(fixes=tuple(sorted(request.fixes)))
     out = Path(tempfile.mkdtemp(prefix="pitstop-tune-"))
     request.report_dir = out / "fixes"
     request.report_dir.mkdir()
-    config = ProbeConfig(warmup=warmup, steps=steps, stop_when_done=True, announce=False)
+    config = ProbeConfig(warmup=warmup, steps=steps, stop_when_done=True, announce=False, auto=rule)
 
     def tick(folder: Path) -> None:
         if on_step is None:
@@ -119,7 +123,9 @@ def run_window(
             for fix, why in report.get("skipped", {}).items():
                 window.skipped.setdefault(fix, why)
         window.losses = next((r.get("losses", []) for r in reports if r.get("losses")), [])
-        outcome = collect(launch, steps, warmup, source="tune")
+        outcome = collect(
+            launch, None if rule is not None else steps, 0 if rule is not None else warmup, source="tune"
+        )
         profile = outcome.profile
         stopped = profile is not None and any(r.stopped_by_probe for r in profile.ranks)
         if profile is None or (not stopped and outcome.exit_code != 0):
