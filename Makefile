@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 PIP := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: setup demo test lint check bench clean
+.PHONY: setup demo test test-busy lint check bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,15 @@ test: lint
 
 bench: setup
 	$(BIN)/python bench/probe_overhead.py
+
+# the whole suite with two CPU-bound processes beside it (Debian's stress-ng), as on a busy shared machine
+test-busy: lint
+	@command -v stress-ng >/dev/null || { echo "stress-ng is missing: apt-get install stress-ng"; exit 2; }
+	stress-ng --cpu 2 --quiet & pid=$$!; $(BIN)/pytest; rc=$$?; kill $$pid; exit $$rc
+
+# every GPU path checked on a real GPU, one pass/fail table (skips cleanly without CUDA); not part of CI
+gpu-check: setup
+	$(BIN)/python bench/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -47,3 +47,10 @@ def test_limits_end_a_window_that_never_gets_precise() -> None:
 def test_t_quantile_is_close_to_the_table() -> None:
     for n, table in ((3, 4.303), (5, 2.776), (10, 2.262), (30, 2.045), (100, 1.984)):
         assert abs(t_quantile(n) - table) / table < 0.06
+
+
+def test_a_machine_too_noisy_to_settle_still_gets_measured() -> None:
+    rng = random.Random(3)
+    never_settles = [rng.choice([1.0, 3.0]) for _ in range(100)]
+    tracker = _run(never_settles, WindowRule(max_warmup_seconds=10.0, max_seconds=30.0))
+    assert tracker.warmup_steps is not None and tracker.warmup_s < 13.0 and tracker.n >= 2

@@ -22,6 +22,7 @@ class WindowRule:
     max_seconds: float | None = None  # of measuring, after the warm-up
     min_warmup: int = 2  # the first steps build caches, compile, start workers: never measured
     max_warmup: int = 30
+    max_warmup_seconds: float | None = None  # a machine too noisy to settle still gets measured
     settle_steps: int = 5  # the warm-up is over when this many steps in a row agree
     settle_tolerance: float = 0.25  # ... each within this share of their median
 
@@ -47,6 +48,7 @@ class WindowTracker:
     mean: float = 0.0
     m2: float = 0.0  # Welford's running sum of squared deviations
     measured_s: float = 0.0
+    warmup_s: float = 0.0
 
     def warming(self, index: int, wall_s: float) -> bool:
         """Record a warm-up step; True when the warm-up ends with this step."""

@@ -167,7 +167,7 @@ class Session:
         rule = None
         if self.options.steps is None:  # the window ends when its step time is precise enough
             longest = min(timeout * 0.8, max(self.options.budget_s / 6, 10.0))
-            rule = WindowRule(precision=precision, max_seconds=longest)
+            rule = WindowRule(precision=precision, max_seconds=longest, max_warmup_seconds=longest / 2)
         window = run_window(
             self.command,
             request,
