@@ -39,6 +39,8 @@ class IdleStretch:
     start_s: float
     duration_s: float
     kind: str  # "lead_in" (before the job first computed), "pause" (between busy stretches), "tail"
+    first: int = 0  # slice of the rank's gpu_samples it covers
+    last: int = 0
 
 
 @dataclass
@@ -93,6 +95,15 @@ def window_slice(rank: RankProfile) -> tuple[int, int]:
         inside = [i for i, t in enumerate(times) if rank.window_start_t <= t <= rank.window_end_t]
         return (inside[0], inside[-1] + 1) if inside else (0, 0)
     return bisect.bisect_left(times, rank.window_start_t), bisect.bisect_right(times, rank.window_end_t)
+
+
+def active_samples(rank: RankProfile, window: GpuWindow) -> list[GpuSample]:
+    """The rank's samples inside the window's active time (its idle stretches left out)."""
+    out, at = [], window.first
+    for stretch in sorted(window.stretches, key=lambda s: s.first):
+        out += rank.gpu_samples[at : stretch.first]
+        at = stretch.last
+    return out + rank.gpu_samples[at : window.last]
 
 
 def window_samples(rank: RankProfile) -> list[GpuSample]:
@@ -160,7 +171,7 @@ def gpu_window(rank: RankProfile) -> GpuWindow | None:
     never_busy = max(known) <= NEVER_BUSY_UTIL
     runs = [] if never_busy else _stretches(samples, utils, dt, trim_ends)
     t0 = samples[0].t
-    stretches = [IdleStretch(samples[a].t - t0, (b - a) * dt, kind) for a, b, kind in runs]
+    stretches = [IdleStretch(samples[a].t - t0, (b - a) * dt, kind, lo + a, lo + b) for a, b, kind in runs]
     excluded = {i for a, b, _ in runs for i in range(a, b)}
     active = [u for i, u in enumerate(utils) if u is not None and i not in excluded]
     active_s = 0.0 if never_busy else span - sum(s.duration_s for s in stretches)
@@ -216,12 +227,12 @@ def describe_stretches(w: GpuWindow) -> list[str]:
     if pauses:
         total = sum(p.duration_s for p in pauses)
         what = (
-            f", one every {_dur(w.pause_period_s)} (periodic: evaluation or checkpointing?)"
+            f", one every {_dur(w.pause_period_s)}: periodic, as evaluation or checkpointing is"
             if w.pause_period_s
             else ""
         )
         lines.append(
-            f"GPU {w.gpu} paused {len(pauses)} times for {_dur(total)} in all "
+            f"GPU {w.gpu} paused {len(pauses)} times, {_dur(total)} in all "
             f"(~{_dur(total / len(pauses))} each{what}); pauses are left out of its utilization"
         )
     return lines
