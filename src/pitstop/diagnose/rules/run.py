@@ -100,14 +100,14 @@ def _periodic_pauses(ctx: RuleContext) -> Finding | None:
     if best is None or best[0] < EVAL_MIN:
         return None
     share, w = best
-    pauses = w.pauses
+    pauses, period = w.pauses, w.pause_period_s or 0.0
     env = ctx.env
     return Finding(
         cause="eval_overhead",
         severity="medium" if share >= 0.15 else "low",  # samples show the pauses, not what ran in them
         confidence=0.4,
         summary=(
-            f"GPU {w.gpu} stops computing every {w.pause_period_s / 60:.1f} min for about "
+            f"GPU {w.gpu} stops computing every {period / 60:.1f} min for about "
             f"{statistics.fmean(p.duration_s for p in pauses) / 60:.1f} min ({len(pauses)} pauses, {share:.0%} of "
             "the time the job ran): the pattern of evaluation or checkpointing."
         ),
@@ -115,7 +115,7 @@ def _periodic_pauses(ctx: RuleContext) -> Finding | None:
             "pause_frac": round(share, 3),
             "pauses": len(pauses),
             "pause_s": round(statistics.fmean(p.duration_s for p in pauses), 1),
-            "pause_period_s": round(w.pause_period_s or 0.0, 1),
+            "pause_period_s": round(period, 1),
             "gpu": w.gpu,
             "eval_steps": env.eval_steps,
             "save_steps": env.save_steps,
