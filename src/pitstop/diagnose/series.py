@@ -45,6 +45,15 @@ class StepSeries:
         return [], ""
 
     @property
+    def mean_phases_s(self) -> dict[str, float]:
+        """Seconds per step in each phase, averaged over the measured steps (phases never measured left out)."""
+        out = {}
+        for name, values in self.phases.items():
+            if any(values):
+                out[name] = math.fsum(v or 0.0 for v in values) / len(values)
+        return out
+
+    @property
     def phases_known(self) -> bool:
         """Whether the steps were split into phases (a trace or a log carries only wall times)."""
         return any(v for name in PHASES for v in self.phases.get(name, []))

@@ -133,7 +133,7 @@ def step_plots(d: Diagnosis) -> list[str]:
             first_x=series.steps[0],
         )
     ]
-    means = {k: sum(v) / len(v) for k, v in ms.items() if any(v)}
+    means = {PHASE_LABELS[k]: v * 1000 for k, v in series.mean_phases_s.items()}
     out.append(
         svg.hbars(
             "step-breakdown-mean",
