@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import random
 from datetime import datetime, timedelta
+from html import escape
 from pathlib import Path
 
 import pytest
 
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.ingest.load import Inputs, load_run
+from pitstop.report.html import render_html
 
 HEADER = "timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB]"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -111,6 +113,8 @@ def test_idle_stretches_are_pauses_not_an_underfilled_gpu(shared_data: Path, tmp
     assert f.evidence["pause_frac"] == pytest.approx(8 * 240 / running, abs=0.001)
     assert any("first 15.0 min" in n and "loading" in n for n in d.notes)
     assert any("paused 8 times, 32.0 min in all" in n and "periodic" in n for n in d.notes)
+    html = render_html(d.to_dict())  # the page says what the terminal says
+    assert all(escape(n) in html for n in d.notes)
 
 
 def test_a_mostly_idle_log_does_not_claim_a_small_batch(tmp_path: Path) -> None:

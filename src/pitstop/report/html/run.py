@@ -63,6 +63,9 @@ def verdict(d: Diagnosis) -> str:
         if top
         else "<p>No finding: this run looks well tuned.</p>"
     )
+    notes = d.notes + d.profile.notes  # what the terminal prints as notes (idle stretches, skipped rows…)
+    if notes:
+        body += "<h3>Notes</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
     return section("verdict", "Verdict", body)
 
 
@@ -89,7 +92,7 @@ def findings(d: Diagnosis) -> str:
 
 def _who(d: Diagnosis) -> str:
     shown = d.results.shown
-    return f" (rank {shown.rank}: {shown.why})" if len(d.results.series) > 1 else ""
+    return f" (rank {shown.rank}: {shown.why})" if d.profile.world_size > 1 else ""  # as the terminal says
 
 
 def step_plots(d: Diagnosis) -> list[str]:
