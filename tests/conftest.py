@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "scripts"
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = Path(os.environ.get("PITSTOP_SHARED_DATA") or ROOT.parent / "shared" / "data")  # or where it lies
 
 
 @pytest.fixture(autouse=True)

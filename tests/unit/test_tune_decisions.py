@@ -78,7 +78,7 @@ def test_losses_match_is_relative() -> None:
 
 def test_throughput_and_spread_from_steps() -> None:
     p = profile("cpu", steps(n=20, wall=0.1, real_frac=0.5))
-    rate, spread = throughput(p)
+    rate, spread = throughput(diagnose(p))
     real = p.ranks[0].steps[0].real_tokens
     assert rate == pytest.approx(real / 0.1)
     assert spread == pytest.approx(0.0, abs=1e-9)  # identical steps: no spread

@@ -8,7 +8,9 @@ from typing import Any
 from pitstop import schemas
 from pitstop.catalogue import CAUSES
 from pitstop.diagnose.context import RuleContext
-from pitstop.diagnose.metrics import Metrics, rank_metrics
+from pitstop.diagnose.gpu_windows import describe_stretches
+from pitstop.diagnose.metrics import Metrics
+from pitstop.diagnose.results import RunResults, results_of
 from pitstop.findings import Finding, rank_findings
 from pitstop.profile import RunProfile
 
@@ -20,12 +22,42 @@ class Diagnosis:
     findings: list[Finding]
     skipped_checks: list[str] = field(default_factory=list)  # causes that need a GPU on a CPU run
     notes: list[str] = field(default_factory=list)
+    # per-rank rows, per-step series, GPU windows and the rank shown; computed from the profile when not given
+    results: RunResults = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.results is None:
+            self.results = results_of(self.profile)
+
+    def environment_table(self) -> dict[str, Any]:
+        """What was known about the setup, flat enough for a table (the document's ``environment``)."""
+        env = self.profile.environment
+        return {
+            "device": env.device,
+            "gpu_name": env.gpu_name,
+            "gpu_count": env.gpu_count,
+            "framework": env.framework,
+            "attn_implementation": env.attention.implementation,
+            "attention": vars(env.attention),
+            "param_dtype": env.param_dtype,
+            "autocast_dtype": env.autocast_dtype,
+            "tf32": env.tf32,
+            "gradient_checkpointing": env.gradient_checkpointing,
+            "dataloader": vars(env.dataloader),
+            "micro_batch_size": env.micro_batch_size,
+            "grad_accum_steps": env.grad_accum_steps,
+            "offload": env.offload,
+            "zero_stage": env.zero_stage,
+            "world_size": self.profile.world_size,
+            "model": vars(env.model),
+            "cpu_count": env.cpu_count,
+            "versions": env.versions,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """The stable ``pitstop.run/1`` document."""
         from pitstop import __version__
 
-        env = self.profile.environment
         return {
             "schema": schemas.RUN,
             "pitstop_version": __version__,
@@ -34,28 +66,8 @@ class Diagnosis:
             "exit_code": self.profile.exit_code,
             "findings": [f.to_dict() for f in self.findings],
             "metrics": self.metrics.to_dict(),
-            "environment": {
-                "device": env.device,
-                "gpu_name": env.gpu_name,
-                "gpu_count": env.gpu_count,
-                "framework": env.framework,
-                "attn_implementation": env.attention.implementation,
-                "attention": vars(env.attention),
-                "param_dtype": env.param_dtype,
-                "autocast_dtype": env.autocast_dtype,
-                "tf32": env.tf32,
-                "gradient_checkpointing": env.gradient_checkpointing,
-                "dataloader": vars(env.dataloader),
-                "micro_batch_size": env.micro_batch_size,
-                "grad_accum_steps": env.grad_accum_steps,
-                "offload": env.offload,
-                "zero_stage": env.zero_stage,
-                "world_size": self.profile.world_size,
-                "model": vars(env.model),
-                "cpu_count": env.cpu_count,
-                "versions": env.versions,
-            },
-            "ranks": [vars(rank_metrics(r)) for r in self.profile.ranks],
+            "environment": self.environment_table(),
+            **self.results.to_dict(),  # ranks, step_series, gpu_windows, shown_rank
             "skipped_checks": self.skipped_checks,
             "notes": self.notes + self.profile.notes,
             "profile": self.profile.to_dict(),
@@ -76,4 +88,6 @@ def diagnose(profile: RunProfile) -> Diagnosis:
     notes = []
     for rank in profile.ranks:
         notes += [f"rank {rank.rank}: {e}" for e in rank.probe_errors]
-    return Diagnosis(profile, ctx.metrics, rank_findings(ctx.earlier), skipped, notes)
+    for window in ctx.results.gpus:
+        notes += describe_stretches(window)
+    return Diagnosis(profile, ctx.metrics, rank_findings(ctx.earlier), skipped, notes, ctx.results)

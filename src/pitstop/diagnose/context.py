@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pitstop.diagnose.gpu_windows import gpu_windows
 from pitstop.diagnose.metrics import Metrics, compute_metrics
+from pitstop.diagnose.results import RunResults, results_of
 from pitstop.findings import Finding
 from pitstop.hardware import GpuSpec, lookup_gpu
 from pitstop.profile import Environment, RunProfile, TraceStats
@@ -15,11 +17,13 @@ from pitstop.vocabulary import Severity
 class RuleContext:
     profile: RunProfile
     metrics: Metrics
+    results: RunResults
     earlier: list[Finding] = field(default_factory=list)  # findings of the rules that ran before
 
     @classmethod
     def of(cls, profile: RunProfile) -> RuleContext:
-        return cls(profile=profile, metrics=compute_metrics(profile))
+        gpus = gpu_windows(profile)
+        return cls(profile=profile, metrics=compute_metrics(profile, gpus), results=results_of(profile, gpus))
 
     @property
     def env(self) -> Environment:

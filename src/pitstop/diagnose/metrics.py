@@ -9,9 +9,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from pitstop.diagnose.gpu_windows import GpuWindow, active_frac, active_util, gpu_windows, window_samples
 from pitstop.hardware import GpuSpec, compute_dtype, lookup_gpu
 from pitstop.plan.flops import FlopsPerToken, expected_tokens_per_s, flops_per_token, mfu
-from pitstop.profile import RankProfile, RunProfile
+from pitstop.profile import RankProfile, RunProfile, RunTotals
+
+CHUNKS = 5  # a window's steps are cut into this many runs of steps to estimate its throughput's spread
 
 
 @dataclass
@@ -62,6 +65,11 @@ class Metrics:
     hf_flops_per_s: float | None = None  # the Trainer's own 6·N·tokens count over training time
     eval_frac: float | None = None  # share of the Trainer's runtime spent in evaluation
     source_of_util: str | None = None  # "nvml", "nvidia-smi" or "trace"
+    # per GPU, inside the job's active time (diagnose/gpu_windows.py); gpu_util above stays the plain mean
+    gpu_util_active: float | None = None  # mean over the GPUs that worked of their busy share while computing
+    gpu_active_frac: float | None = None  # share of the sampled time in which those GPUs computed
+    gpus_never_busy: int | None = None  # GPUs in the samples that never did any work (idle_gpu's)
+    throughput_spread: float | None = None  # relative standard error of real tokens/s (CHUNKS runs of steps)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -86,18 +94,11 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def _window_gpu_samples(rank: RankProfile) -> list:
-    """NVML samples that fall inside the measured window (all of them when the window is unknown)."""
-    if rank.window_start_t is None or rank.window_end_t is None:
-        return rank.gpu_samples
-    return [s for s in rank.gpu_samples if rank.window_start_t <= s.t <= rank.window_end_t]
-
-
 def rank_metrics(rank: RankProfile) -> RankMetrics:
     wall = rank.wall_s
     tokens = rank.total("tokens")
     real = rank.total("real_tokens")
-    utils = [s.util for s in _window_gpu_samples(rank) if s.util is not None]
+    utils = [s.util for s in window_samples(rank) if s.util is not None]
     compute_parts = [rank.total(n) for n in ("forward_s", "backward_s", "optimizer_s")]
     compute = (
         None if any(p is None for p in compute_parts) else sum(p for p in compute_parts if p is not None)
@@ -136,133 +137,192 @@ def best_dtype(gpu: GpuSpec) -> str:
     return "fp32"
 
 
-def compute_metrics(profile: RunProfile) -> Metrics:
-    ranks = [r for r in profile.ranks if r.steps]
-    env = profile.environment
+def _trainer_train_s(totals: RunTotals | None) -> float | None:
+    """The Trainer's training time without its evaluation (train_runtime includes it)."""
+    if totals is None or not totals.train_s:
+        return None
+    eval_s = totals.eval_s or 0.0
+    return totals.train_s - eval_s if eval_s < totals.train_s else totals.train_s
 
-    def fsum(name: str) -> float | None:
-        values = [r.total(name) for r in ranks]
-        if not values or any(v is None for v in values):
-            return None
-        return float(sum(v for v in values if v is not None))
 
-    wall_total = sum(r.wall_s for r in ranks)
-    # the slowest rank paces the job
-    slowest = max(ranks, key=lambda r: r.wall_s) if ranks else None
-    step_walls = [s.wall_s for s in slowest.steps] if slowest else []
+@dataclass
+class _Flops:
+    """What the FLOPs model and the GPU's peak say: MFU, expected rate and the dtype they assume."""
 
-    def per_s(name: str) -> float | None:
-        rates = [_ratio(r.total(name), r.wall_s) for r in ranks]
-        if not rates or any(v is None for v in rates):
-            return None
-        return float(sum(v for v in rates if v is not None))
+    dtype: str | None
+    mfu: float | None = None
+    expected: tuple[float, float] | None = None
+    basis: str | None = None
+    hf_flops_per_s: float | None = None
 
-    tokens = fsum("tokens")
-    real_tokens = fsum("real_tokens")
-    micro_batches = fsum("micro_batches")
-    syncs = fsum("syncs")
-    n_steps = sum(len(r.steps) for r in ranks)
 
-    seq_lens = [float(s.seq_len) for r in ranks for s in r.steps if s.seq_len]
-
-    gpu_samples = [s for r in profile.ranks for s in _window_gpu_samples(r)]
-    utils = [s.util for s in gpu_samples if s.util is not None]
-    mem_fracs = [s.mem_used / s.mem_total for s in gpu_samples if s.mem_used is not None and s.mem_total]
-    rx = [s.pcie_rx for s in gpu_samples if s.pcie_rx is not None]
-    tx = [s.pcie_tx for s in gpu_samples if s.pcie_tx is not None]
-    host = [h for r in ranks for h in r.host_samples]
-
-    trace_utils = [
-        r.trace.gpu_util for r in profile.ranks if r.trace is not None and r.trace.gpu_util is not None
-    ]
+def _flops_figures(profile: RunProfile, real_tps: float | None, n_gpus: int, train_s: float | None) -> _Flops:
+    env, totals = profile.environment, profile.totals
     gpu = lookup_gpu(env.gpu_name) if env.on_gpu else None
     dtype = compute_dtype(env.param_dtype, env.autocast_dtype, env.tf32)
-    fpt = model_flops(profile)
-    real_tps = per_s("real_tokens")
-    totals = profile.totals
-    train_s = None
-    if totals is not None and totals.train_s:
-        train_s = (
-            totals.train_s - (totals.eval_s or 0.0)
-            if (totals.eval_s or 0.0) < totals.train_s
-            else totals.train_s
-        )
-    if real_tps is None and totals is not None and totals.tokens and train_s:
-        real_tps = totals.tokens / train_s  # tokens the Trainer counted, over its training time
-    n_gpus = len(ranks) if ranks else (totals.n_gpus if totals and totals.n_gpus else (env.world_size or 1))
-    achieved_mfu = None
-    expected = None
-    expected_basis = None
+    out = _Flops(dtype)
     mfu_dtype = dtype
     if gpu is not None and mfu_dtype is None and totals is not None:
         mfu_dtype = best_dtype(
             gpu
         )  # Trainer outputs do not say; compared with the fastest dtype, and said so
-        dtype = f"{mfu_dtype} (assumed)"
+        out.dtype = f"{mfu_dtype} (assumed)"
+    fpt = model_flops(profile)
     if gpu is not None and fpt is not None:
         if mfu_dtype and real_tps:
-            achieved_mfu = mfu(real_tps, fpt, gpu, mfu_dtype, n_gpus)
+            out.mfu = mfu(real_tps, fpt, gpu, mfu_dtype, n_gpus)
         target = best_dtype(gpu)
-        expected = expected_tokens_per_s(fpt, gpu, target, n_gpus)
-        expected_basis = (
+        out.expected = expected_tokens_per_s(fpt, gpu, target, n_gpus)
+        out.basis = (
             f"{n_gpus}× {gpu.key} at 40–50% MFU in {target} "
             f"({gpu.peak_tflops[target]:.0f} TFLOP/s dense peak; {gpu.source})"
         )
-
-    util = (
-        statistics.fmean(utils) / 100.0 if utils else (statistics.fmean(trace_utils) if trace_utils else None)
-    )
-    util_source = None
-    if utils:
-        util_source = "nvidia-smi" if profile.source in ("analyze", "check") else "nvml"
-    elif trace_utils:
-        util_source = "trace"
-    hf_flops = None
     if totals is not None and totals.hf_total_flos and train_s:
-        hf_flops = totals.hf_total_flos / train_s
+        out.hf_flops_per_s = totals.hf_total_flos / train_s
         peak = gpu.peak_flops(mfu_dtype) if gpu is not None and mfu_dtype else None
-        if achieved_mfu is None and peak:
-            achieved_mfu = hf_flops / (peak * n_gpus)  # the Trainer's own FLOP count (6·N·tokens)
-    eval_frac = None
-    if totals is not None and totals.eval_s is not None and totals.train_s:
-        eval_frac = min(totals.eval_s / totals.train_s, 1.0)
+        if out.mfu is None and peak:
+            out.mfu = out.hf_flops_per_s / (peak * n_gpus)  # the Trainer's own FLOP count (6·N·tokens)
+    return out
+
+
+@dataclass
+class _Utilization:
+    util: float | None
+    source: str | None
+    mem_used_frac: float | None
+    pcie_rx_gbps: float | None
+    pcie_tx_gbps: float | None
+
+
+def _utilization(profile: RunProfile) -> _Utilization:
+    """GPU busy share and memory over the samples inside each rank's window (the trace's share without)."""
+    samples = [s for r in profile.ranks for s in window_samples(r)]
+    utils = [s.util for s in samples if s.util is not None]
+    mem_fracs = [s.mem_used / s.mem_total for s in samples if s.mem_used is not None and s.mem_total]
+    rx = [s.pcie_rx for s in samples if s.pcie_rx is not None]
+    tx = [s.pcie_tx for s in samples if s.pcie_tx is not None]
+    traced = [r.trace.gpu_util for r in profile.ranks if r.trace is not None and r.trace.gpu_util is not None]
+    util, source = None, None
+    if utils:
+        util = statistics.fmean(utils) / 100.0
+        source = "nvidia-smi" if profile.source in ("analyze", "check") else "nvml"
+    elif traced:
+        util, source = statistics.fmean(traced), "trace"
+    return _Utilization(
+        util=util,
+        source=source,
+        mem_used_frac=max(mem_fracs) if mem_fracs else None,
+        pcie_rx_gbps=None if not rx else statistics.fmean(rx) / 1e9,
+        pcie_tx_gbps=None if not tx else statistics.fmean(tx) / 1e9,
+    )
+
+
+def throughput_spread(profile: RunProfile) -> float | None:
+    """Relative standard error of the real tokens/s, from the rates of ``CHUNKS`` consecutive runs of
+    steps of the slowest rank (how far a second window of the same job may land)."""
+    ranks = [r for r in profile.ranks if r.steps]
+    if not ranks or any(s.real_tokens is None for r in ranks for s in r.steps):
+        return None
+    steps = max(ranks, key=lambda r: r.wall_s).steps
+    n = min(CHUNKS, len(steps))
+    if n < 2:
+        return None
+    size = len(steps) / n
+    rates = []
+    for i in range(n):
+        chunk = steps[round(i * size) : round((i + 1) * size)]
+        rates.append(sum(s.real_tokens or 0 for s in chunk) / sum(s.wall_s for s in chunk))
+    mean = statistics.fmean(rates)
+    return statistics.stdev(rates) / mean / n**0.5 if mean else None
+
+
+class _Sums:
+    """Sums over the ranks that measured steps (None when any rank lacks the field)."""
+
+    def __init__(self, ranks: list[RankProfile]) -> None:
+        self.ranks = ranks
+        self.wall = sum(r.wall_s for r in ranks)
+
+    def total(self, name: str) -> float | None:
+        values = [r.total(name) for r in self.ranks]
+        if not values or any(v is None for v in values):
+            return None
+        return float(sum(v for v in values if v is not None))
+
+    def per_s(self, name: str) -> float | None:
+        """Summed over ranks of each rank's own rate: the job's rate."""
+        rates = [_ratio(r.total(name), r.wall_s) for r in self.ranks]
+        if not rates or any(v is None for v in rates):
+            return None
+        return float(sum(v for v in rates if v is not None))
+
+    def frac(self, name: str) -> float | None:
+        return _ratio(self.total(name), self.wall)
+
+
+def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) -> Metrics:
+    """Every headline figure of the run; ``gpus`` are its GPU windows when already computed."""
+    ranks = [r for r in profile.ranks if r.steps]
+    env, totals = profile.environment, profile.totals
+    sums = _Sums(ranks)
+    slowest = max(ranks, key=lambda r: r.wall_s) if ranks else None  # the slowest rank paces the job
+    step_walls = [s.wall_s for s in slowest.steps] if slowest else []
+    tokens, real_tokens = sums.total("tokens"), sums.total("real_tokens")
+    host = [h for r in ranks for h in r.host_samples]
+    train_s = _trainer_train_s(totals)
+    real_tps = sums.per_s("real_tokens")
+    if real_tps is None and totals is not None and totals.tokens and train_s:
+        real_tps = totals.tokens / train_s  # tokens the Trainer counted, over its training time
+    n_gpus = len(ranks) if ranks else (totals.n_gpus if totals and totals.n_gpus else (env.world_size or 1))
+    flops = _flops_figures(profile, real_tps, n_gpus, train_s)
+    fpt = model_flops(profile)
+    use = _utilization(profile)
+    windows = gpu_windows(profile) if gpus is None else gpus
+    gpu = lookup_gpu(env.gpu_name) if env.on_gpu else None
+    seq_lens = [float(s.seq_len) for r in ranks for s in r.steps if s.seq_len]
     return Metrics(
         steps_measured=min((len(r.steps) for r in ranks), default=0),
         step_time_s=statistics.median(step_walls) if step_walls else None,
         step_time_p10_s=_percentile(step_walls, 0.1),
         step_time_p90_s=_percentile(step_walls, 0.9),
-        samples_per_s=per_s("samples") if ranks else (totals.samples_per_s if totals else None),
-        tokens_per_s=per_s("tokens"),
+        samples_per_s=sums.per_s("samples") if ranks else (totals.samples_per_s if totals else None),
+        tokens_per_s=sums.per_s("tokens"),
         real_tokens_per_s=real_tps,
-        data_wait_frac=_ratio(fsum("data_wait_s"), wall_total),
-        forward_frac=_ratio(fsum("forward_s"), wall_total),
-        backward_frac=_ratio(fsum("backward_s"), wall_total),
-        optimizer_frac=_ratio(fsum("optimizer_s"), wall_total),
-        other_frac=_other_frac(ranks, wall_total),
+        data_wait_frac=sums.frac("data_wait_s"),
+        forward_frac=sums.frac("forward_s"),
+        backward_frac=sums.frac("backward_s"),
+        optimizer_frac=sums.frac("optimizer_s"),
+        other_frac=_other_frac(ranks, sums.wall),
         padding_frac=None
         if tokens is None or real_tokens is None or not tokens
         else 1.0 - real_tokens / tokens,
-        tokens_per_micro_batch=_ratio(tokens, micro_batches),
+        tokens_per_micro_batch=_ratio(tokens, sums.total("micro_batches")),
         seq_len=_mean(seq_lens),
-        mean_example_len=_ratio(real_tokens, fsum("examples")),
-        gpu_util=util,
-        gpu_mem_used_frac=max(mem_fracs) if mem_fracs else None,
-        pcie_rx_gbps=None if not rx else statistics.fmean(rx) / 1e9,
-        pcie_tx_gbps=None if not tx else statistics.fmean(tx) / 1e9,
-        syncs_per_step=_ratio(syncs, n_steps),
-        sync_frac=_ratio(fsum("sync_s"), wall_total),
+        mean_example_len=_ratio(real_tokens, sums.total("examples")),
+        gpu_util=use.util,
+        gpu_mem_used_frac=use.mem_used_frac,
+        pcie_rx_gbps=use.pcie_rx_gbps,
+        pcie_tx_gbps=use.pcie_tx_gbps,
+        syncs_per_step=_ratio(sums.total("syncs"), sum(len(r.steps) for r in ranks)),
+        sync_frac=sums.frac("sync_s"),
         main_cpu_pct=_mean([h.main_cpu_pct for h in host]),
         workers_cpu_pct=_mean([h.workers_cpu_pct for h in host]),
         flops_per_token=None if fpt is None else fpt.total,
         flops_basis=None if fpt is None else fpt.basis,
-        compute_dtype=dtype,
+        compute_dtype=flops.dtype,
         gpu=None if gpu is None else gpu.key,
-        mfu=achieved_mfu,
-        expected_tokens_per_s=expected,
-        expected_basis=expected_basis,
-        hf_flops_per_s=hf_flops,
-        eval_frac=eval_frac,
-        source_of_util=util_source,
+        mfu=flops.mfu,
+        expected_tokens_per_s=flops.expected,
+        expected_basis=flops.basis,
+        hf_flops_per_s=flops.hf_flops_per_s,
+        eval_frac=None
+        if totals is None or totals.eval_s is None or not totals.train_s
+        else min(totals.eval_s / totals.train_s, 1.0),
+        source_of_util=use.source,
+        gpu_util_active=active_util(windows) if use.source in ("nvml", "nvidia-smi") else None,
+        gpu_active_frac=active_frac(windows) if use.source in ("nvml", "nvidia-smi") else None,
+        gpus_never_busy=sum(w.never_busy for w in windows) if windows else None,
+        throughput_spread=throughput_spread(profile),
     )
 
 

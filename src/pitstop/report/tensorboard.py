@@ -26,7 +26,6 @@ written as ``simple_value``, as the Trainer's TensorBoard callback writes them.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import time
@@ -36,7 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import schemas
-from pitstop.profile import GpuSample, RankProfile, RunProfile, StepRecord
+from pitstop.diagnose import Diagnosis
+from pitstop.diagnose.document import read_run
+from pitstop.diagnose.gpu_windows import GpuWindow
+from pitstop.diagnose.series import StepSeries
+from pitstop.profile import RunProfile
 from pitstop.report.errors import ReportError
 
 MISSING_WRITER = "--tensorboard needs the tensorboard package: pip install 'pitstop[tensorboard]'"
@@ -104,13 +107,13 @@ def _writer_api() -> tuple[Any, Any]:
     return EventFileWriter, event_pb2
 
 
-def write_tensorboard(doc: dict[str, Any], out_dir: Path) -> int:
+def write_tensorboard(doc: Any, out_dir: Path) -> int:
     """Write a ``pitstop.run/1``, ``pitstop.tune/1`` or ``pitstop.profile/1`` document as scalars into a
     new run folder under ``out_dir``; returns the number of scalars written."""
     return export_tensorboard(doc, out_dir).scalars
 
 
-def export_tensorboard(doc: dict[str, Any], out_dir: Path, run_name: str | None = None) -> TensorBoardExport:
+def export_tensorboard(doc: Any, out_dir: Path, run_name: str | None = None) -> TensorBoardExport:
     """As :func:`write_tensorboard`, and says which folder it wrote (``run_name`` chooses it)."""
     runs, start = _scalars_of(doc)
     api = _writer_api()
@@ -129,98 +132,75 @@ def export_tensorboard(doc: dict[str, Any], out_dir: Path, run_name: str | None 
 
 
 # -- what to write ---------------------------------------------------------------------------------------
-def _scalars_of(doc: dict[str, Any]) -> tuple[dict[int, _Series], float]:
+def _scalars_of(doc: Any) -> tuple[dict[int, _Series], float]:
     """The scalars of each rank's run (rank 0 also holds the summary), and the run's start time."""
+    if isinstance(doc, Diagnosis):
+        return _run_series(doc), _started_at(doc.profile)
     if not isinstance(doc, dict):
         raise ReportError(f"not a pitstop document: a JSON {type(doc).__name__}, not an object")
     schema = doc.get("schema")
     if schema == schemas.TUNE:
         return {0: _tune_series(doc)}, time.time()
-    if schema == schemas.RUN:
-        profile = RunProfile.from_dict(doc["profile"]) if isinstance(doc.get("profile"), dict) else None
-        return _run_series(profile, doc.get("metrics") or {}), _started_at(profile)
-    if schema == schemas.PROFILE:
-        from pitstop.diagnose.metrics import compute_metrics
-
-        profile = RunProfile.from_dict(doc)
-        return _run_series(profile, compute_metrics(profile).to_dict()), _started_at(profile)
+    if schema in (schemas.RUN, schemas.PROFILE):
+        d = read_run(doc)
+        return _run_series(d), _started_at(d.profile)
     raise ReportError(
         f"not a {schemas.RUN}, {schemas.TUNE} or {schemas.PROFILE} document (schema: {schema!r}): "
         "nothing to write for TensorBoard"
     )
 
 
-def _run_series(profile: RunProfile | None, metrics: dict[str, Any]) -> dict[int, _Series]:
+def _run_series(d: Diagnosis) -> dict[int, _Series]:
     runs: dict[int, _Series] = {}
     last = 0
-    for rank in profile.ranks if profile is not None else []:
-        series = runs.setdefault(rank.rank, _Series())
-        _step_scalars(rank, series)
-        _gpu_scalars(rank, series)
-        if rank.steps:
-            last = max(last, rank.warmup_steps + len(rank.steps))
-    if not last and profile is not None and profile.totals is not None and profile.totals.steps:
-        last = profile.totals.steps
+    for steps in d.results.series:
+        series = runs.setdefault(steps.rank, _Series())
+        _step_scalars(steps, _origin(d, steps.rank), series)
+        if steps.steps:
+            last = max(last, steps.steps[-1])
+    for window in d.results.gpus:
+        if d.results.series_of(window.gpu) is None or _origin(d, window.gpu) is None:
+            _gpu_by_sample(d, window, runs.setdefault(window.gpu, _Series()))
+    totals = d.profile.totals
+    if not last and totals is not None and totals.steps:
+        last = totals.steps
+    metrics = d.metrics.to_dict()
     summary = {f"pitstop/summary/{k}": _finite(metrics.get(k)) for k in SUMMARY_METRICS}
     runs.setdefault(0, _Series()).put(last, {k: v for k, v in summary.items() if v is not None})
     return runs
 
 
-def _step_scalars(rank: RankProfile, series: _Series) -> None:
-    origin = rank.window_start_t or 0.0
-    ends = itertools.accumulate(s.wall_s for s in rank.steps)
-    for i, (s, end) in enumerate(zip(rank.steps, ends, strict=True)):
-        step = rank.warmup_steps + i + 1
-        series.offset_s[step] = origin + end
-        values = {
-            "pitstop/step_time_s": s.wall_s,
-            "pitstop/data_wait_s": s.data_wait_s,
-            "pitstop/forward_s": s.forward_s,
-            "pitstop/backward_s": s.backward_s,
-            "pitstop/optimizer_s": s.optimizer_s,
-            **_rates(s),
+def _origin(d: Diagnosis, rank: int) -> float | None:
+    return next((r.window_start_t for r in d.profile.ranks if r.rank == rank), None)
+
+
+def _step_scalars(steps: StepSeries, origin: float | None, series: _Series) -> None:
+    for i, step in enumerate(steps.steps):
+        series.offset_s[step] = (origin or 0.0) + steps.end_s[i]
+        values: dict[str, float | None] = {
+            "pitstop/step_time_s": steps.wall_s[i],
+            **{f"pitstop/{name}": column[i] for name, column in steps.phases.items() if name != "other_s"},
+            "pitstop/tokens_per_s": steps.tokens_per_s[i],
+            "pitstop/real_tokens_per_s": steps.real_tokens_per_s[i],
+            "pitstop/padding_frac": steps.padding_frac[i],
         }
+        if origin is not None:  # GPU samples sit on the step axis only where the window's start is known
+            for name, tag, scale in GPU_FIELDS:
+                mean = steps.gpu.get(name, [])[i] if name in steps.gpu else None
+                values[f"pitstop/{tag}"] = None if mean is None else mean * scale
         series.put(step, {k: f for k, v in values.items() if (f := _finite(v)) is not None})
 
 
-def _rates(s: StepRecord) -> dict[str, float | None]:
-    if s.wall_s <= 0:
-        return {}
-    rates: dict[str, float | None] = {
-        "pitstop/tokens_per_s": None if s.tokens is None else s.tokens / s.wall_s,
-        "pitstop/real_tokens_per_s": None if s.real_tokens is None else s.real_tokens / s.wall_s,
-    }
-    if s.tokens and s.real_tokens is not None:
-        rates["pitstop/padding_frac"] = 1.0 - s.real_tokens / s.tokens
-    return rates
-
-
-def _gpu_scalars(rank: RankProfile, series: _Series) -> None:
-    if not rank.gpu_samples:
-        return
-    if not rank.steps or rank.window_start_t is None:
-        for i, sample in enumerate(rank.gpu_samples):
-            series.put(i, _gpu_means([sample], "pitstop/by_sample/"))
-            series.offset_s.setdefault(i, sample.t)
-        return
-    ends = list(itertools.accumulate(s.wall_s for s in rank.steps))
-    by_step: dict[int, list[GpuSample]] = {}
-    for sample in rank.gpu_samples:
-        offset = sample.t - rank.window_start_t
-        if 0 <= offset < ends[-1]:  # not warm-up, not after the last measured step
-            step = rank.warmup_steps + bisect.bisect_right(ends, offset) + 1
-            by_step.setdefault(step, []).append(sample)
-    for step, samples in by_step.items():
-        series.put(step, _gpu_means(samples, "pitstop/"))
-
-
-def _gpu_means(samples: list[GpuSample], prefix: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for field_name, tag, scale in GPU_FIELDS:
-        values = [v for s in samples if (v := _finite(getattr(s, field_name))) is not None]
-        if values:
-            out[prefix + tag] = math.fsum(values) / len(values) * scale
-    return out
+def _gpu_by_sample(d: Diagnosis, window: GpuWindow, series: _Series) -> None:
+    """A GPU with no step axis (an nvidia-smi log, a trace): its window's samples by index."""
+    rank = next(r for r in d.profile.ranks if r.rank == window.gpu)
+    for i, sample in enumerate(rank.gpu_samples[window.first : window.last]):
+        values = {
+            f"pitstop/by_sample/{tag}": None if (v := getattr(sample, name)) is None else v * scale
+            for name, tag, scale in GPU_FIELDS
+        }
+        series.put(i, {k: f for k, v in values.items() if (f := _finite(v)) is not None})
+        series.offset_s.setdefault(i, sample.t)
 
 
 def _tune_series(doc: dict[str, Any]) -> _Series:
@@ -259,8 +239,11 @@ def _started_at(profile: RunProfile | None) -> float:
     return time.time()
 
 
-def _run_name(doc: dict[str, Any]) -> str:
-    kind = "tune" if doc.get("schema") == schemas.TUNE else str(doc.get("source") or "run")
+def _run_name(doc: Any) -> str:
+    if isinstance(doc, Diagnosis):
+        kind = doc.profile.source or "run"
+    else:
+        kind = "tune" if doc.get("schema") == schemas.TUNE else str(doc.get("source") or "run")
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in kind)
     return f"pitstop-{safe}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
 

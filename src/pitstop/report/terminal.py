@@ -13,9 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pitstop.diagnose import Diagnosis
-from pitstop.diagnose.metrics import rank_metrics
 from pitstop.findings import Finding
-from pitstop.profile import RankProfile
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 # Okabe–Ito colours: distinguishable with the common colour-vision deficiencies
@@ -122,16 +120,28 @@ def _totals_row(d: Diagnosis, grid: Table) -> None:
 
 
 def _gpu_log_row(d: Diagnosis, grid: Table) -> None:
-    ranks = [r for r in d.profile.ranks if r.gpu_samples and not r.steps]
-    if not ranks:
+    """Per GPU of a log (no steps): the whole-log mean, the share of it the job computed and how busy the
+    GPU was then, and its idle stretches."""
+    if any(r.steps for r in d.profile.ranks):
+        return
+    windows = d.results.gpus
+    if not windows:
         return
     cells = []
-    for r in ranks[:8]:
-        utils = [s.util for s in r.gpu_samples if s.util is not None]
-        spark = sparkline(utils, 32, lo=0.0, hi=100.0)
-        mean = sum(utils) / len(utils) if utils else 0.0
-        cells.append(f"GPU {r.rank}: {mean:.0f}% mean  {spark}")
+    for w in windows[:8]:
+        samples = d.profile.ranks[_rank_index(d, w.gpu)].gpu_samples[w.first : w.last]
+        spark = sparkline([s.util for s in samples], 32, lo=0.0, hi=100.0)
+        line = f"GPU {w.gpu}: {_num(w.mean_util, '.0%')} mean  {spark}"
+        if w.never_busy:
+            line += "  never worked"
+        elif w.active_frac is not None and w.active_frac < 0.95:
+            line += f"  computing {w.active_frac:.0%} of the log, {_num(w.active_util, '.0%')} busy then"
+        cells.append(line)
     grid.add_row("GPU log", "\n".join(cells))
+
+
+def _rank_index(d: Diagnosis, rank: int) -> int:
+    return next(i for i, r in enumerate(d.profile.ranks) if r.rank == rank)
 
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
@@ -161,47 +171,26 @@ def sparkline(
     return "".join(SPARK_BLOCKS[min(top, max(0, round((v - low) / span * top)))] for v in data)
 
 
-def _lead_rank(d: Diagnosis) -> RankProfile | None:
-    """Rank 0, else the lowest rank that measured steps (pictures show one rank, not a blend)."""
-    ranks = sorted((r for r in d.profile.ranks if r.steps), key=lambda r: r.rank)
-    return ranks[0] if ranks else None
-
-
-def _window_utils(rank: RankProfile) -> list[float]:
-    """GPU utilization samples inside the measured window (all of them where the window is unknown)."""
-    start, end = rank.window_start_t, rank.window_end_t
-    inside = (s for s in rank.gpu_samples if start is None or end is None or start <= s.t <= end)
-    return [s.util for s in inside if s.util is not None and math.isfinite(s.util)]
-
-
 def _picture_rows(d: Diagnosis, grid: Table) -> None:
-    """GPU utilization and real tokens/s per step, each as a sparkline (only where there is data)."""
-    rank = _lead_rank(d)
-    if rank is None:
+    """GPU utilization and tokens/s per step of the shown rank, each as a sparkline (where there is data)."""
+    shown, series = d.results.shown, d.results.shown_series
+    if series is None:
         return
-    whose = f" (rank {rank.rank})" if d.profile.world_size > 1 else ""
-    utils = _window_utils(rank)
-    if len(utils) >= 2:
-        line = Text(sparkline(utils, lo=0.0, hi=100.0), style="#0072B2")
+    whose = f" (rank {shown.rank}: {shown.why})" if d.profile.world_size > 1 else ""
+    window = d.results.gpu_of(shown.rank)
+    if window is not None and window.samples >= 2:
+        samples = d.profile.ranks[_rank_index(d, window.gpu)].gpu_samples[window.first : window.last]
+        line = Text(sparkline([s.util for s in samples], lo=0.0, hi=100.0), style="#0072B2")
         line.append(
-            f"  min {min(utils):.0f}% · mean {statistics.fmean(utils):.0f}% · max {max(utils):.0f}%{whose}"
+            f"  min {_num(window.min_util, '.0%')} · mean {_num(window.mean_util, '.0%')} · "
+            f"max {_num(window.max_util, '.0%')}{whose}"
         )
         grid.add_row("GPU util", line)
-    rates, what = _step_rates(rank)
+    rates, what = series.rate
     if len(rates) >= 2:
         line = Text(sparkline(rates, lo=0.0), style="#009E73")
-        line.append(f"  {min(rates):,.0f}–{max(rates):,.0f} {what}{whose}")
+        line.append(f"  {min(rates):,.0f}–{max(rates):,.0f} {what} per step{whose}")
         grid.add_row("Tokens/s", line)
-
-
-def _step_rates(rank: RankProfile) -> tuple[list[float], str]:
-    """Real tokens/s of each measured step; all tokens/s where padding was not counted."""
-    for field_name, what in (("real_tokens", "real tokens/s"), ("tokens", "tokens/s")):
-        counts = [(getattr(s, field_name), s.wall_s) for s in rank.steps]
-        rates = [c / w for c, w in counts if c is not None and w > 0]
-        if rates:
-            return rates, what
-    return [], ""
 
 
 def _headline(d: Diagnosis) -> Table:
@@ -278,6 +267,8 @@ def _seen(d: Diagnosis) -> str:
         parts.append("gradient checkpointing")
     if m.gpu_util is not None and d.profile.source not in ("analyze", "check"):
         parts.append(f"GPU busy {m.gpu_util:.0%}")
+        if m.gpu_util_active is not None and abs(m.gpu_util_active - m.gpu_util) >= 0.005:
+            parts.append(f"{m.gpu_util_active:.0%} while computing")
     return " · ".join(parts) or "nothing about the configuration"
 
 
@@ -286,7 +277,15 @@ def _expected_line(d: Diagnosis) -> str:
     if not env.on_gpu:
         return "MFU needs a GPU from pitstop's hardware table (this run is on the CPU)"
     if m.gpu is None:
-        return f"unknown: '{env.gpu_name}' is not in pitstop's hardware table, so no peak to compare with"
+        if not env.gpu_name:
+            return (
+                "unknown: the input does not name the GPU model, so there is no peak to compare with; "
+                "pass --gpu (e.g. --gpu H100-SXM; `pitstop gpus` lists the models pitstop knows)"
+            )
+        return (
+            f"unknown: '{env.gpu_name}' is not in pitstop's hardware table, so no peak to compare with; "
+            "pass --gpu with the nearest model (`pitstop gpus` lists them)"
+        )
     if m.expected_tokens_per_s is None:
         if d.profile.source in ("analyze", "check"):
             return "pass --model config.json (the model's Hugging Face config) for FLOPs, MFU and expected tokens/s"
@@ -327,8 +326,7 @@ def _ranks_table(d: Diagnosis) -> Table:
     table = Table(title="Per rank", title_justify="left", show_edge=False)
     for col in ("rank", "steps", "s/step", "data wait", "tokens/s", "real tokens/s"):
         table.add_column(col, justify="right")
-    for r in d.profile.ranks:
-        rm = rank_metrics(r)
+    for rm in d.results.ranks:  # in numeric rank order
         table.add_row(
             str(rm.rank),
             str(rm.steps),

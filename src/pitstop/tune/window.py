@@ -6,7 +6,6 @@ import contextlib
 import json
 import re
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,12 +16,10 @@ from typing import Any
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.stopping import WindowRule
-from pitstop.profile import RunProfile
 from pitstop.runner.collect import collect
 from pitstop.runner.launch import run_observed
 from pitstop.trials.request import FixRequest, read_reports
 
-CHUNKS = 5  # the window's steps are cut into this many runs of steps to estimate its spread
 OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory", re.IGNORECASE)
 
 
@@ -45,25 +42,13 @@ class Window:
         return self.error is None and self.real_tokens_per_s is not None
 
 
-def throughput(profile: RunProfile) -> tuple[float | None, float | None]:
-    """Real tokens/s over the window (all ranks) and its relative standard error, from the rate of
-    ``CHUNKS`` consecutive runs of steps of the slowest rank."""
-    ranks = [r for r in profile.ranks if r.steps]
-    if not ranks or any(s.real_tokens is None for r in ranks for s in r.steps):
-        return None, None
-    total = sum(sum(s.real_tokens or 0 for s in r.steps) / sum(s.wall_s for s in r.steps) for r in ranks)
-    slowest = max(ranks, key=lambda r: sum(s.wall_s for s in r.steps))
-    steps = slowest.steps
-    n = min(CHUNKS, len(steps))
-    if n < 2:
-        return total, None
-    size = len(steps) / n
-    rates = []
-    for i in range(n):
-        chunk = steps[round(i * size) : round((i + 1) * size)]
-        rates.append(sum(s.real_tokens or 0 for s in chunk) / sum(s.wall_s for s in chunk))
-    mean = statistics.fmean(rates)
-    return total, statistics.stdev(rates) / mean / n**0.5 if mean else None
+def throughput(diagnosis: Diagnosis) -> tuple[float | None, float | None]:
+    """Real tokens/s over the window (all ranks) and its relative standard error, as the diagnosis's
+    metrics state them (computed once, in diagnose/metrics.py)."""
+    m = diagnosis.metrics
+    if m.steps_measured == 0:
+        return None, None  # a rate the Trainer counted is no measurement of this window
+    return m.real_tokens_per_s, m.throughput_spread
 
 
 def failure_line(log: Path | None) -> str:
@@ -139,7 +124,7 @@ def run_window(
             )
             return window
         window.diagnosis = diagnose(profile)
-        window.real_tokens_per_s, window.spread = throughput(profile)
+        window.real_tokens_per_s, window.spread = throughput(window.diagnosis)
         if window.real_tokens_per_s is None:
             window.error = "the job's batches do not say which tokens are real"
         return window

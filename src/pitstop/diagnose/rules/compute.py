@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
+from pitstop.diagnose.gpu_windows import working
 from pitstop.findings import Finding
 from pitstop.hardware import EXPECTED_MFU
 from pitstop.plan.flops import flops_per_token
@@ -149,11 +150,36 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
     )
 
 
+def _busy_while_computing(ctx: RuleContext) -> tuple[float | None, dict[str, object], str]:
+    """The GPU busy share small_batch judges by, its evidence, and the words for it.
+
+    From GPU samples: per GPU, over the job's active time only (gpu_windows.py), averaged over the GPUs
+    that worked; a GPU that never worked is idle_gpu's and a pause of the job is not an under-filled
+    batch. From a trace alone: the trace's kernel-busy share of the step."""
+    m = ctx.metrics
+    windows = working(ctx.results.gpus)
+    if m.source_of_util not in ("nvml", "nvidia-smi"):
+        return m.gpu_util, {}, "of the time"
+    evidence: dict[str, object] = {
+        "gpu_util_active": None if m.gpu_util_active is None else round(m.gpu_util_active, 3),
+        "gpu_active_frac": None if m.gpu_active_frac is None else round(m.gpu_active_frac, 3),
+        "gpu_util_active_per_gpu": {
+            str(w.gpu): round(w.active_util, 3) for w in windows if w.active_util is not None
+        },
+        "idle_gpus_left_out": [w.gpu for w in ctx.results.gpus if w.never_busy],
+    }
+    whole = m.gpu_active_frac is not None and m.gpu_active_frac >= 0.995
+    when = "of the time" if whole else "while the job computes"
+    if len(windows) > 1:
+        when += f" (mean of GPUs {', '.join(str(w.gpu) for w in windows)})"
+    return m.gpu_util_active, evidence, when
+
+
 def small_batch(ctx: RuleContext) -> Finding | None:
     if not ctx.on_gpu:
         return None
     m = ctx.metrics
-    util = m.gpu_util
+    util, active_evidence, when = _busy_while_computing(ctx)
     if util is None or util >= 0.75:
         return None
     if (m.data_wait_frac or 0.0) >= 0.15:
@@ -165,7 +191,7 @@ def small_batch(ctx: RuleContext) -> Finding | None:
     tiny = ctx.trace_mean("tiny_kernel_frac")
     est = min(1.0 / max(util, 0.05), 4.0)
     evidence: dict[str, object] = {
-        "gpu_util": round(util, 3),
+        "gpu_util": None if m.gpu_util is None else round(m.gpu_util, 3),  # whole-window mean, as before
         "util_source": m.source_of_util,
         "gpu_mem_used_frac": None if mem is None else round(mem, 3),
         "micro_batch_size": ctx.env.micro_batch_size,
@@ -173,6 +199,7 @@ def small_batch(ctx: RuleContext) -> Finding | None:
         "tokens_per_micro_batch": None
         if m.tokens_per_micro_batch is None
         else round(m.tokens_per_micro_batch),
+        **active_evidence,
     }
     if tiny is not None:
         evidence["tiny_kernel_frac"] = round(tiny, 3)
@@ -197,14 +224,14 @@ def small_batch(ctx: RuleContext) -> Finding | None:
         severity=severity_for(1 - util, 0.6, 0.35),
         confidence=confidence,
         summary=(
-            f"The GPU is busy only {util:.0%} of the time{detail}"
+            f"The GPU is busy only {util:.0%} {when}{detail}"
             + (f" and has {1 - mem:.0%} of its memory free" if mem is not None else "")
             + ": the work per step is too small to fill it."
         ),
         evidence=evidence,
         est_speedup=est,
-        speedup_basis=f"GPU busy share ({m.source_of_util}, measured); filling the idle share gives at most 1/util "
-        "(capped at 4×)",
+        speedup_basis=f"GPU busy share {when} ({m.source_of_util}, measured); filling the idle share gives at "
+        "most 1/util (capped at 4×)",
         fix=advise(ctx.framework, micro_batch_use(ctx, planned)),
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
+from pitstop.diagnose.gpu_windows import active_samples, working
 from pitstop.diagnose.metrics import rank_metrics
 from pitstop.findings import Finding
 from pitstop.remedies import RemedyId, advise, use
@@ -98,8 +99,9 @@ def dataloader_bound(ctx: RuleContext) -> Finding | None:
 def _dips_in_log(ctx: RuleContext) -> Finding | None:
     """nvidia-smi: a busy GPU that keeps dropping to idle is waiting between steps."""
     best: tuple[float, int, float] | None = None
-    for rank in ctx.profile.ranks:
-        utils = [s.util for s in rank.gpu_samples if s.util is not None]
+    for window in working(ctx.results.gpus):  # pauses of the job are not dips between steps
+        rank = next(r for r in ctx.profile.ranks if r.rank == window.gpu)
+        utils = [s.util for s in active_samples(rank, window) if s.util is not None]
         if len(utils) < 20:
             continue
         # ignore the idle head and tail (start-up, shutdown): the busy period is first to last busy sample

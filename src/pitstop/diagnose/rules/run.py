@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
+from pitstop.diagnose.gpu_windows import working
 from pitstop.findings import Finding
 from pitstop.remedies import RemedyId, advise, use
 from pitstop.vocabulary import Severity
@@ -65,6 +66,9 @@ def eval_overhead(ctx: RuleContext) -> Finding | None:
                 use(RemedyId.EVAL_LESS_OFTEN, eval_steps=env.eval_steps, save_steps=env.save_steps),
             ),
         )
+    paused = _periodic_pauses(ctx)
+    if paused is not None:
+        return paused
     frequent = [n for n in (env.eval_steps, env.save_steps) if n is not None and n <= FREQUENT_STEPS]
     if frequent and not ctx.measured:
         return Finding(
@@ -91,27 +95,78 @@ def eval_overhead(ctx: RuleContext) -> Finding | None:
     return None
 
 
-def idle_gpu(ctx: RuleContext) -> Finding | None:
-    """A GPU in the log that never worked while the others did."""
-    ranks = [r for r in ctx.profile.ranks if r.gpu_samples]
-    if len(ranks) < 2:
+def _periodic_pauses(ctx: RuleContext) -> Finding | None:
+    """GPU samples: the job stops computing at regular intervals (gpu_windows.py's periodic pauses), the
+    pattern of evaluation or checkpointing. Their share is of the time between the first and the last
+    busy sample; the lead-in (loading) and the tail are not counted against them."""
+    best = None
+    for w in working(ctx.results.gpus):
+        running = w.span_s - w.lead_in_s - w.tail_s
+        if w.pause_period_s is None or running <= 0:
+            continue
+        share = sum(p.duration_s for p in w.pauses) / running
+        if best is None or share > best[0]:
+            best = (share, w)
+    if best is None or best[0] < EVAL_MIN:
         return None
-    peak = {r.rank: max((s.util or 0.0) for s in r.gpu_samples) for r in ranks}
-    mean = {r.rank: statistics.fmean(s.util or 0.0 for s in r.gpu_samples) for r in ranks}
-    busy = [k for k, m in mean.items() if m >= 20]
-    idle = [k for k, p in peak.items() if p <= 2]
+    share, w = best
+    pauses, period = w.pauses, w.pause_period_s or 0.0
+    env = ctx.env
+    return Finding(
+        cause="eval_overhead",
+        severity=Severity.MEDIUM
+        if share >= 0.15
+        else Severity.LOW,  # samples show the pauses, not what ran in them
+        confidence=0.4,
+        summary=(
+            f"GPU {w.gpu} stops computing every {period / 60:.1f} min for about "
+            f"{statistics.fmean(p.duration_s for p in pauses) / 60:.1f} min ({len(pauses)} pauses, {share:.0%} of "
+            "the time the job ran): the pattern of evaluation or checkpointing."
+        ),
+        evidence={
+            "pause_frac": round(share, 3),
+            "pauses": len(pauses),
+            "pause_s": round(statistics.fmean(p.duration_s for p in pauses), 1),
+            "pause_period_s": round(period, 1),
+            "gpu": w.gpu,
+            "eval_steps": env.eval_steps,
+            "save_steps": env.save_steps,
+        },
+        est_speedup=amdahl(share * 0.8, float("inf")),
+        speedup_basis="GPU samples: periodic idle stretches over the time the job ran; evaluating and "
+        "checkpointing 5× less often saves 80% of them",
+        fix=advise(
+            ctx.framework, use(RemedyId.EVAL_LESS_OFTEN, eval_steps=env.eval_steps, save_steps=env.save_steps)
+        ),
+    )
+
+
+def idle_gpu(ctx: RuleContext) -> Finding | None:
+    """A GPU in the samples that never worked while the others did (per GPU, from gpu_windows.py)."""
+    windows = ctx.results.gpus
+    if len(windows) < 2:
+        return None
+    idle = [w.gpu for w in windows if w.never_busy]
+    busy = [w.gpu for w in windows if not w.never_busy and (w.active_util or 0.0) >= 0.20]
     if not busy or not idle:
         return None
-    share = len(idle) / len(ranks)
+    share = len(idle) / len(windows)
+    working_then = ", ".join(f"GPU {w.gpu} {w.active_util or 0.0:.0%}" for w in windows if w.gpu in busy)
     return Finding(
         cause="idle_gpu",
         severity=Severity.HIGH,
         confidence=0.85,
-        summary=f"GPU {', '.join(map(str, idle))} of {len(ranks)} never did any work while the others were busy.",
+        summary=(
+            f"GPU {', '.join(map(str, idle))} of {len(windows)} never did any work while the others were busy "
+            f"({working_then} while computing)."
+        ),
         evidence={
             "idle_gpus": idle,
             "busy_gpus": busy,
-            "mean_util_pct": {str(k): round(v, 1) for k, v in mean.items()},
+            "mean_util_pct": {str(w.gpu): round(100 * (w.mean_util or 0.0), 1) for w in windows},
+            "active_util_pct": {
+                str(w.gpu): round(100 * w.active_util, 1) for w in windows if w.active_util is not None
+            },
         },
         est_speedup=1 / (1 - share),
         speedup_basis="the job could spread over every GPU it holds: GPUs / busy GPUs",

@@ -6,15 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 from pitstop import schemas
+from pitstop.diagnose import Diagnosis
+from pitstop.errors import PitstopError
 from pitstop.report.errors import ReportError
 from pitstop.report.html.page import page
 
 
 def render_html(doc: Any) -> str:
+    """A saved document (``pitstop.run/1`` is read back into a Diagnosis first) or a Diagnosis itself."""
     try:
         return _render(doc)
     except ReportError:
         raise
+    except PitstopError as exc:  # a run document that cannot be read back
+        raise ReportError(str(exc)) from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise ReportError(f"the document is incomplete or damaged ({type(exc).__name__}: {exc})") from None
 
@@ -23,13 +28,12 @@ def _render(doc: Any) -> str:
     from pitstop import __version__
 
     footer = f"pitstop {__version__} · self-contained report: no network, no external files"
-    if isinstance(doc, dict) and doc.get("schema") == schemas.RUN:
-        from pitstop.report.html.run import run_sections
+    if isinstance(doc, Diagnosis) or (isinstance(doc, dict) and doc.get("schema") == schemas.RUN):
+        from pitstop.diagnose.document import read_run
+        from pitstop.report.html.run import run_sections, run_subtitle
 
-        source = doc.get("source") or "run"
-        env = doc.get("environment", {})
-        subtitle = f"{source} · {env.get('framework') or 'unknown framework'} on {env.get('gpu_name') or env.get('device') or 'unknown device'}"
-        return page("pitstop: why this run is slow", subtitle, run_sections(doc), footer)
+        d = doc if isinstance(doc, Diagnosis) else read_run(doc)
+        return page("pitstop: why this run is slow", run_subtitle(d), run_sections(d), footer)
     if isinstance(doc, dict) and doc.get("schema") == schemas.TUNE:
         from pitstop.report.html.tune import tune_sections
 

@@ -1,127 +1,146 @@
-"""Sections for a run (``pitstop.run/1``, from doctor, analyze or a callback)."""
+"""Sections for a run (a Diagnosis: live, or read back from ``pitstop.run/1`` by ``read_run``).
+
+Only draws: every number comes from the Diagnosis's metrics and results (the shown rank's step series,
+its GPU window, the per-rank rows), so this page shows what the terminal shows."""
 
 from __future__ import annotations
 
 import json
 from html import escape
-from itertools import accumulate
-from typing import Any
 
+from pitstop.diagnose import Diagnosis
+from pitstop.diagnose.series import PHASES
+from pitstop.profile import TraceStats
 from pitstop.report.html import svg
 from pitstop.report.html.page import num, section, snippet, stat, table
 
-PHASES = (
-    ("data_wait_s", "data wait"),
-    ("forward_s", "forward"),
-    ("backward_s", "backward"),
-    ("optimizer_s", "optimizer"),
-)
+PHASE_LABELS = {
+    "data_wait_s": "data wait",
+    "forward_s": "forward",
+    "backward_s": "backward",
+    "optimizer_s": "optimizer",
+    "other_s": "other",
+}
 
 
-def verdict(doc: dict[str, Any]) -> str:
-    m, env = doc.get("metrics", {}), doc.get("environment", {})
-    stats = [stat(num(m.get("real_tokens_per_s")), "real tokens/s (measured)")]
-    if m.get("tokens_per_s") is not None:
-        stats.append(stat(num(m.get("tokens_per_s")), "tokens/s incl. padding"))
-    if m.get("step_time_s") is not None:
-        stats.append(stat(f"{m['step_time_s']:.3f} s", "per optimizer step (median)"))
-    if m.get("mfu") is not None:
-        stats.append(
-            stat(f"{m['mfu']:.0%}", f"MFU on {m.get('gpu') or 'this GPU'} ({m.get('compute_dtype') or '?'})")
-        )
-    expected = m.get("expected_tokens_per_s")
-    if expected:
-        stats.append(
-            stat(f"{expected[0]:,.0f}–{expected[1]:,.0f}", "tokens/s this GPU should do for this model")
-        )
-    if m.get("padding_frac") is not None:
-        stats.append(stat(f"{m['padding_frac']:.0%}", "of tokens are padding"))
-    if m.get("gpu_util") is not None:
-        stats.append(stat(f"{m['gpu_util']:.0%}", f"GPU busy ({m.get('source_of_util') or 'measured'})"))
-    top = doc.get("findings", [])[:3]
+def _where(d: Diagnosis) -> str:
+    env = d.profile.environment
+    return f"{env.framework or 'a run'} on {env.gpu_name or env.device or 'unknown device'}"
+
+
+def verdict(d: Diagnosis) -> str:
+    m = d.metrics
+    stats = [stat(num(m.real_tokens_per_s), "real tokens/s (measured)")]
+    if m.tokens_per_s is not None:
+        stats.append(stat(num(m.tokens_per_s), "tokens/s incl. padding"))
+    if m.step_time_s is not None:
+        stats.append(stat(f"{m.step_time_s:.3f} s", "per optimizer step (median)"))
+    if m.mfu is not None:
+        stats.append(stat(f"{m.mfu:.0%}", f"MFU on {m.gpu or 'this GPU'} ({m.compute_dtype or '?'})"))
+    if m.expected_tokens_per_s:
+        lo, hi = m.expected_tokens_per_s
+        stats.append(stat(f"{lo:,.0f}–{hi:,.0f}", "tokens/s this GPU should do for this model"))
+    if m.padding_frac is not None:
+        stats.append(stat(f"{m.padding_frac:.0%}", "of tokens are padding"))
+    if m.gpu_util is not None:
+        stats.append(stat(f"{m.gpu_util:.0%}", f"GPU busy ({m.source_of_util or 'measured'})"))
+    if (
+        m.gpu_util_active is not None
+        and m.gpu_util is not None
+        and abs(m.gpu_util_active - m.gpu_util) >= 0.005
+    ):
+        stats.append(stat(f"{m.gpu_util_active:.0%}", "GPU busy while the job computed"))
+    top = d.findings[:3]
     lines = "".join(
-        f"<li><b>{escape(f['title'])}</b> — {escape(f.get('severity', ''))}"
-        + (f", est. ×{f['est_speedup']:.2f}" if f.get("est_speedup") else "")
+        f"<li><b>{escape(f.title)}</b> — {escape(f.severity)}"
+        + (f", est. ×{f.est_speedup:.2f}" if f.est_speedup else "")
         + "</li>"
         for f in top
     )
-    where = (
-        f"{env.get('framework') or 'a run'} on {env.get('gpu_name') or env.get('device') or 'unknown device'}"
-    )
-    body = f'<p class="meta">{escape(where)}</p><div class="verdict">{"".join(stats)}</div>'
+    body = f'<p class="meta">{escape(_where(d))}</p><div class="verdict">{"".join(stats)}</div>'
     body += (
         f"<h3 style='margin-top:14px'>Top findings</h3><ol>{lines}</ol>"
         if top
         else "<p>No finding: this run looks well tuned.</p>"
     )
+    notes = d.notes + d.profile.notes  # what the terminal prints as notes (idle stretches, skipped rows…)
+    if notes:
+        body += "<h3>Notes</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
     return section("verdict", "Verdict", body)
 
 
-def findings(doc: dict[str, Any]) -> str:
-    framework = doc.get("environment", {}).get("framework") or "pytorch"
+def findings(d: Diagnosis) -> str:
     cards = []
-    for f in doc.get("findings", []):
-        fix = f.get("fix") or {}
-        snippets = fix.get("snippets") or {}
-        code = snippets.get(framework) or fix.get("snippet") or next(iter(snippets.values()), "")
-        meta = [f"confidence {f.get('confidence', 0):.0%}"]
-        if f.get("est_speedup"):
-            meta.insert(0, f"est. ×{f['est_speedup']:.2f}")
-        evidence = json.dumps(f.get("evidence", {}), indent=1, default=str)
+    for f in d.findings:
+        code = f.fix.snippet or ""
+        meta = [f"confidence {f.confidence:.0%}"]
+        if f.est_speedup:
+            meta.insert(0, f"est. ×{f.est_speedup:.2f}")
+        evidence = json.dumps(f.evidence, indent=1, default=str)
         cards.append(
-            f'<div class="finding {escape(f.get("severity", ""))}" data-cause="{escape(f["cause"])}">'
-            f'<h3><span class="badge">{escape(f.get("severity", ""))}</span>{escape(f["title"])} '
-            f'<code>{escape(f["cause"])}</code></h3><p class="meta">{escape(" · ".join(meta))}'
-            f"{(' — ' + escape(f['speedup_basis'])) if f.get('speedup_basis') else ''}</p>"
-            f"<p>{escape(f.get('summary', ''))}</p>"
-            f"<p><b>Fix:</b> {escape(fix.get('text', ''))}</p>"
+            f'<div class="finding {escape(f.severity)}" data-cause="{escape(f.cause)}">'
+            f'<h3><span class="badge">{escape(f.severity)}</span>{escape(f.title)} '
+            f'<code>{escape(f.cause)}</code></h3><p class="meta">{escape(" · ".join(meta))}'
+            f"{(' — ' + escape(f.speedup_basis)) if f.speedup_basis else ''}</p>"
+            f"<p>{escape(f.summary)}</p>"
+            f"<p><b>Fix:</b> {escape(f.fix.text)}</p>"
             + (snippet(code) if code else "")
             + f'<details class="evidence"><summary>evidence</summary><pre>{escape(evidence)}</pre></details></div>'
         )
     return section("findings", "Findings, ranked by estimated time saved", "".join(cards) or "<p>None.</p>")
 
 
-def _ranks(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return list((doc.get("profile") or {}).get("ranks") or [])
+def _who(d: Diagnosis) -> str:
+    shown = d.results.shown
+    return f" (rank {shown.rank}: {shown.why})" if d.profile.world_size > 1 else ""  # as the terminal says
 
 
-def step_plots(doc: dict[str, Any]) -> list[str]:
-    ranks = [r for r in _ranks(doc) if r.get("steps")]
-    if not ranks:
+def step_plots(d: Diagnosis) -> list[str]:
+    series = d.results.shown_series
+    if series is None or not series.steps:
         return []
-    rank = max(ranks, key=lambda r: sum(s["wall_s"] for s in r["steps"]))  # the slowest paces the job
-    steps = rank["steps"]
-    first = rank.get("warmup_steps", 0) + 1
-    series: dict[str, list[float]] = {label: [s.get(key) or 0.0 for s in steps] for key, label in PHASES}
-    series["other"] = [max(s["wall_s"] - sum(s.get(k) or 0.0 for k, _ in PHASES), 0.0) for s in steps]
-    who = f" (rank {rank['rank']}, the slowest)" if len(ranks) > 1 else ""
-    x = [first + i for i in range(len(steps))]
+    who = _who(d)
     rate: dict[str, tuple[list[float], list[float]]] = {}
-    for key, label in (("tokens", "all tokens (with padding)"), ("real_tokens", "real tokens")):
-        if all(s.get(key) is not None for s in steps):
-            rate[label] = (x, [s[key] / s["wall_s"] if s["wall_s"] else 0.0 for s in steps])
+    for values, label in (
+        (series.tokens_per_s, "all tokens (with padding)"),
+        (series.real_tokens_per_s, "real tokens"),
+    ):
+        if all(v is not None for v in values):
+            rate[label] = ([float(x) for x in series.steps], [v or 0.0 for v in values])
     tokens_plot = (
-        [svg.lines("tokens-per-step", "Tokens per second, step by step", rate, "optimizer step", "tokens/s")]
+        [
+            svg.lines(
+                "tokens-per-step",
+                f"Tokens per second, step by step{who}",
+                rate,
+                "optimizer step",
+                "tokens/s",
+                integer_x=True,
+            )
+        ]
         if rate
         else []
     )
-    if not any(any(series[label]) for _, label in PHASES):
+    if not series.phases_known:
         return tokens_plot  # only wall times (a trace, a log): a breakdown would be one colour
+    ms = {
+        PHASE_LABELS[k]: [(v or 0.0) * 1000 for v in series.phases.get(k, [])] for k in (*PHASES, "other_s")
+    }
     out = [
         svg.stacked_bars(
             "step-breakdown",
             f"Where each step's time goes{who}",
-            {k: [v * 1000 for v in vs] for k, vs in series.items()},
+            ms,
             "optimizer step",
             "time per step (ms)",
-            first_x=first,
+            first_x=series.steps[0],
         )
     ]
-    means = {k: sum(v) / len(v) * 1000 for k, v in series.items() if any(v)}
+    means = {PHASE_LABELS[k]: v * 1000 for k, v in series.mean_phases_s.items()}
     out.append(
         svg.hbars(
             "step-breakdown-mean",
-            "Average step, by phase",
+            f"Average step, by phase{who}",
             list(means),
             list(means.values()),
             "milliseconds per step",
@@ -131,30 +150,30 @@ def step_plots(doc: dict[str, Any]) -> list[str]:
     return out + tokens_plot
 
 
-def gpu_plots(doc: dict[str, Any]) -> list[str]:
-    ranks = [r for r in _ranks(doc) if r.get("gpu_samples")]
-    if not ranks:
+def gpu_plots(d: Diagnosis) -> list[str]:
+    window = d.results.shown_gpu
+    if window is None or not window.samples:
         return []
-    rank = ranks[0]
-    samples = rank["gpu_samples"]
-    start = rank.get("window_start_t")
-    start = samples[0]["t"] if start is None else start
-    bounds = [start + t for t in accumulate(s["wall_s"] for s in rank.get("steps", []))]
-    t = [s["t"] - start for s in samples]
-    marks = [b - start for b in bounds]
+    rank = next(r for r in d.profile.ranks if r.rank == window.gpu)
+    samples = rank.gpu_samples[window.first : window.last]
+    start = samples[0].t if rank.window_start_t is None else rank.window_start_t
+    series = d.results.series_of(window.gpu)
+    marks = list(series.end_s) if series is not None else []
+    t = [s.t - start for s in samples]
     out = []
     use: dict[str, tuple[list[float], list[float]]] = {}
-    if all(s.get("util") is not None for s in samples):
-        use["GPU utilization (%)"] = (t, [s["util"] for s in samples])
-    if all(s.get("mem_used") is not None and s.get("mem_total") for s in samples):
-        use["memory used (%)"] = (t, [100 * s["mem_used"] / s["mem_total"] for s in samples])
+    if all(s.util is not None for s in samples):
+        use["GPU utilization (%)"] = (t, [s.util or 0.0 for s in samples])
+    if all(s.mem_used is not None and s.mem_total for s in samples):
+        use["memory used (%)"] = (t, [100 * (s.mem_used or 0) / (s.mem_total or 1) for s in samples])
+    what = "the window" if rank.window_start_t is not None else "the log"
     if use:
         out.append(
             svg.lines(
                 "gpu-timeline",
-                f"GPU {rank['rank']} over the window",
+                f"GPU {window.gpu} over {what}",
                 use,
-                "seconds since the window began",
+                f"seconds since {what} began",
                 "percent",
                 marks,
                 100,
@@ -162,36 +181,36 @@ def gpu_plots(doc: dict[str, Any]) -> list[str]:
         )
     pcie: dict[str, tuple[list[float], list[float]]] = {}
     for key, label in (("pcie_rx", "PCIe host → GPU (MB/s)"), ("pcie_tx", "PCIe GPU → host (MB/s)")):
-        if all(s.get(key) is not None for s in samples):
-            pcie[label] = (t, [s[key] / 1e6 for s in samples])
+        if all(getattr(s, key) is not None for s in samples):
+            pcie[label] = (t, [getattr(s, key) / 1e6 for s in samples])
     if pcie:
         out.append(
-            svg.lines("pcie-timeline", "PCIe traffic", pcie, "seconds since the window began", "MB/s", marks)
+            svg.lines("pcie-timeline", "PCIe traffic", pcie, f"seconds since {what} began", "MB/s", marks)
         )
     return out
 
 
-def rank_plots(doc: dict[str, Any]) -> list[str]:
-    per_rank = [r for r in doc.get("ranks", []) if r.get("step_time_s") is not None]
+def rank_plots(d: Diagnosis) -> list[str]:
+    per_rank = [r for r in d.results.ranks if r.step_time_s is not None]
     if len(per_rank) < 2:
         return []
-    labels = [f"rank {r['rank']}" for r in per_rank]
+    labels = [f"rank {r.rank}" for r in per_rank]
     out = [
         svg.hbars(
             "per-rank-step",
             "Step time per rank",
             labels,
-            [r["step_time_s"] * 1000 for r in per_rank],
+            [(r.step_time_s or 0.0) * 1000 for r in per_rank],
             "ms per step",
         )
     ]
-    if all(r.get("data_wait_frac") is not None for r in per_rank):
+    if all(r.data_wait_frac is not None for r in per_rank):
         out.append(
             svg.hbars(
                 "per-rank-data-wait",
                 "Share of the step spent waiting for data, per rank",
                 labels,
-                [100 * r["data_wait_frac"] for r in per_rank],
+                [100 * (r.data_wait_frac or 0.0) for r in per_rank],
                 "percent of step time",
                 colors=[svg.OKABE_ITO[1]] * len(per_rank),
             )
@@ -199,61 +218,85 @@ def rank_plots(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def trace_plots(doc: dict[str, Any]) -> list[str]:
-    traces = [r["trace"] for r in _ranks(doc) if r.get("trace")]
-    if not traces:
+def gpu_log_plots(d: Diagnosis) -> list[str]:
+    """Per GPU of a log: how long the job computed on it and how busy it was then."""
+    windows = d.results.gpus
+    if len(windows) < 2 and not any(w.stretches for w in windows):
         return []
+    labels = [f"GPU {w.gpu}" for w in windows]
+    return [
+        svg.hbars(
+            "gpu-active-util",
+            "Busy share per GPU while the job computed",
+            labels,
+            [100 * (w.active_util or 0.0) for w in windows],
+            "percent busy while computing (0: never worked)",
+            colors=[svg.OKABE_ITO[5]] * len(windows),
+        )
+    ]
+
+
+def _traced(d: Diagnosis) -> list[tuple[int, TraceStats]]:
+    return [(r.rank, r.trace) for r in sorted(d.profile.ranks, key=lambda r: r.rank) if r.trace is not None]
+
+
+def trace_plots(d: Diagnosis) -> list[str]:
+    """The shown rank's trace (the first traced rank where it has none), and step time per traced rank."""
+    traced = _traced(d)
+    if not traced:
+        return []
+    rank, tr = next(((r, t) for r, t in traced if r == d.results.shown.rank), traced[0])
+    whose = f" (rank {rank})" if len(traced) > 1 else ""
     out = []
-    cats: dict[str, float] = {}
-    for tr in traces:
-        for k, v in (tr.get("breakdown_ms") or {}).items():
-            cats[k] = cats.get(k, 0.0) + v / len(traces)
-    if cats:
-        names = sorted(cats, key=lambda k: -cats[k])
+    if tr.breakdown_ms:
+        names = sorted(tr.breakdown_ms, key=lambda k: -tr.breakdown_ms[k])
         out.append(
             svg.hbars(
                 "trace-categories",
-                f"Step time by category (profiler trace{'s, mean of ' + str(len(traces)) + ' ranks' if len(traces) > 1 else ''})",
+                f"Step time by category (profiler trace{whose})",
                 names,
-                [cats[k] for k in names],
+                [tr.breakdown_ms[k] for k in names],
                 "ms per step",
                 colors=[svg.OKABE_ITO[i % 8] for i in range(len(names))],
             )
         )
-    for key, title in (
-        ("temporal", "GPU time: compute, non-compute, idle"),
-        ("idle_split", "Why the GPU sat idle"),
+    for key, title, shares in (
+        ("temporal", "GPU time: compute, non-compute, idle", tr.temporal),
+        ("idle_split", "Why the GPU sat idle", tr.idle_split),
     ):
-        shares: dict[str, float] = {}
-        for tr in traces:
-            for k, v in (tr.get(key) or {}).items():
-                shares[k] = shares.get(k, 0.0) + 100 * v / len(traces)
         if shares:
             out.append(
                 svg.hbars(
                     f"trace-{key.replace('_', '-')}",
-                    title,
+                    title + whose,
                     list(shares),
-                    list(shares.values()),
+                    [100 * v for v in shares.values()],
                     "percent",
                     colors=[svg.OKABE_ITO[(i + 2) % 8] for i in range(len(shares))],
                 )
             )
-    if len(traces) > 1 and all(tr.get("step_ms") for tr in traces):
+    if len(traced) > 1 and all(t.step_ms for _, t in traced):
         out.append(
             svg.hbars(
                 "trace-per-rank",
                 "Step time per rank (traces)",
-                [f"rank {r['rank']}" for r in _ranks(doc) if r.get("trace")],
-                [tr["step_ms"] for tr in traces],
+                [f"rank {r}" for r, _ in traced],
+                [t.step_ms or 0.0 for _, t in traced],
                 "ms per step",
             )
         )
     return out
 
 
-def environment(doc: dict[str, Any]) -> str:
-    env = doc.get("environment", {})
+def _cell(value: object) -> str:
+    """A setting as the table shows it: an empty offload dict is offload switched off, not ``{}``."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}→{v}" for k, v in value.items()) or "off"
+    return str(value)
+
+
+def environment(d: Diagnosis) -> str:
+    env = d.environment_table()
     rows = []
     for key in (
         "device", "gpu_name", "gpu_count", "world_size", "framework", "attn_implementation", "param_dtype",
@@ -261,24 +304,27 @@ def environment(doc: dict[str, Any]) -> str:
         "offload",
     ):  # fmt: skip
         if env.get(key) is not None:
-            rows.append([escape(key), escape(str(env[key]))])
-    model = env.get("model") or {}
-    if model.get("model_type"):
-        params = model.get("params_total")
-        rows.append(
-            ["model", escape(f"{model['model_type']}" + (f", {params:,} parameters" if params else ""))]
-        )
-    loader = env.get("dataloader") or {}
-    if loader:
-        shown = {k: v for k, v in loader.items() if v is not None}
+            rows.append([escape(key), escape(_cell(env[key]))])
+    model = d.profile.environment.model
+    if model.model_type:
+        params = model.params_total
+        rows.append(["model", escape(f"{model.model_type}" + (f", {params:,} parameters" if params else ""))])
+    shown = {k: v for k, v in vars(d.profile.environment.dataloader).items() if v is not None}
+    if shown:
         rows.append(["DataLoader", escape(", ".join(f"{k}={v}" for k, v in shown.items()))])
-    for lib, version in (env.get("versions") or {}).items():
+    for lib, version in d.profile.environment.versions.items():
         rows.append([escape(lib), escape(str(version))])
-    if doc.get("command"):
-        rows.append(["command", f"<code>{escape(' '.join(doc['command']))}</code>"])
+    if d.profile.command:
+        rows.append(["command", f"<code>{escape(' '.join(d.profile.command))}</code>"])
     return section("environment", "What pitstop saw", table(["", ""], rows) if rows else "")
 
 
-def run_sections(doc: dict[str, Any]) -> list[str]:
-    plots = step_plots(doc) + gpu_plots(doc) + rank_plots(doc) + trace_plots(doc)
-    return [verdict(doc), findings(doc), section("plots", "Pictures", "".join(plots)), environment(doc)]
+def run_sections(d: Diagnosis) -> list[str]:
+    plots = step_plots(d) + gpu_plots(d) + gpu_log_plots(d) + rank_plots(d) + trace_plots(d)
+    return [verdict(d), findings(d), section("plots", "Pictures", "".join(plots)), environment(d)]
+
+
+def run_subtitle(d: Diagnosis) -> str:
+    env = d.profile.environment
+    device = env.gpu_name or env.device or "unknown device"
+    return f"{d.profile.source or 'run'} · {env.framework or 'unknown framework'} on {device}"

@@ -31,13 +31,14 @@ def _fmt(v: float) -> str:
     return f"{v:.2g}"
 
 
-def nice_ticks(hi: float, count: int = 5) -> list[float]:
-    """Round tick values from 0 to at least ``hi``."""
+def nice_ticks(hi: float, count: int = 5, integer: bool = False) -> list[float]:
+    """Round tick values from 0 to at least ``hi``; whole numbers only when ``integer`` (a step axis has
+    no step 6.5)."""
     if hi <= 0 or not math.isfinite(hi):
         return [0.0, 1.0]
-    raw = hi / count
+    raw = max(hi / count, 1.0) if integer else hi / count
     step = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
+    for m in (1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10):
         if raw <= m * step:
             step *= m
             break
@@ -88,9 +89,9 @@ def _y_axis(hi: float, unit_fmt: str = "") -> tuple[str, float]:
     return "".join(parts), top
 
 
-def _x_ticks(lo: float, hi: float) -> str:
+def _x_ticks(lo: float, hi: float, integer: bool = False) -> str:
     span = hi - lo or 1.0
-    ticks = nice_ticks(span)
+    ticks = nice_ticks(span, integer=integer)
     plot_w = WIDTH - LEFT - RIGHT
     out = []
     for t in ticks:
@@ -138,7 +139,7 @@ def stacked_bars(
                 f'height="{h:.2f}" fill="{OKABE_ITO[j % 8]}"><title>{escape(label)}: {escape(k)} '
                 f"{_fmt(columns[k][i])}</title></rect>"
             )
-    parts.append(_x_ticks(first_x, first_x + n * size))
+    parts.append(_x_ticks(first_x, first_x + n * size, integer=True))
     legend = [(k, OKABE_ITO[j % 8]) for j, k in enumerate(names)]
     return _frame(name, title, "".join(parts), x_label, y_label, legend)
 
@@ -152,6 +153,7 @@ def lines(
     markers: Sequence[float] = (),
     y_max: float | None = None,
     marker_label: str = "step boundary",
+    integer_x: bool = False,
 ) -> str:
     """Lines over a shared x axis; ``markers`` draws thin vertical lines (step boundaries)."""
     drawn = {k: (list(xs), list(ys)) for k, (xs, ys) in series.items() if len(xs) and len(xs) == len(ys)}
@@ -185,7 +187,7 @@ def lines(
         legend.append((k, color))
     if shown:
         legend.append((marker_label, "#bbb"))
-    parts.append(_x_ticks(lo, hi))
+    parts.append(_x_ticks(lo, hi, integer=integer_x))
     return _frame(name, title, "".join(parts), x_label, y_label, legend)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from pitstop.diagnose.document import read_run
 from pitstop.report.html import svg
 from pitstop.report.html.page import num, section, snippet, stat, table
 from pitstop.report.html.run import environment
@@ -84,5 +85,5 @@ def tune_sections(doc: dict[str, Any]) -> list[str]:
     body = changes + (f"<h3>Notes</h3><ul>{notes}</ul>" if notes else "")
     out = [verdict, trials, section("changes", "The changes to make", body)]
     if doc.get("baseline_run"):
-        out.append(environment(doc["baseline_run"]))
+        out.append(environment(read_run(doc["baseline_run"])))
     return out
