@@ -177,6 +177,106 @@ def _tokenize_shard(task: tuple[int, list[Example]]) -> tuple[int, Any, Any, Any
     return index, tokens, lengths, mask
 
 
+def _serve(conn: Any, info: TokenizerInfo, template: str, processes: int, parent: int) -> None:
+    """A worker: answer each shard sent on ``conn`` with its arrays (or the error), until told to stop."""
+    failed: BaseException | None = None
+    try:
+        _init_worker(info, template, processes, parent)
+    except Exception as exc:
+        failed = exc
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        try:
+            if failed is not None:
+                raise failed
+            answer: tuple[str, Any] = ("ok", _tokenize_shard(task))
+        except Exception as exc:
+            answer = ("error", exc if isinstance(exc, DataError) else DataError(f"tokenizing failed: {exc}"))
+        try:
+            conn.send(answer)
+        except (BrokenPipeError, OSError):
+            return
+
+
+class _Workers:
+    """Tokenizer processes fed one shard at a time from this thread.
+
+    Not ``multiprocessing.Pool``: its task thread can block forever writing a large shard to workers that
+    were terminated, so a Ctrl-C or SIGTERM would hang the build. Here nothing but this thread talks to the
+    workers, and ending them is a SIGTERM each.
+    """
+
+    def __init__(self, processes: int, info: TokenizerInfo, template: str) -> None:
+        ctx = get_context("fork") if hasattr(os, "fork") else get_context("spawn")
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        for _ in range(processes):
+            mine, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=_serve, args=(theirs, info, template, processes, os.getpid()), daemon=True
+            )
+            proc.start()
+            theirs.close()
+            self._procs.append(proc)
+            self._conns.append(mine)
+
+    def map(self, tasks: Iterator[tuple[int, list[Example]]]) -> Iterator[tuple[int, Any, Any, Any]]:
+        """Each task's answer, in the order they finish."""
+        from multiprocessing.connection import wait
+
+        idle: list[Any] = list(self._conns)
+        busy: set[Any] = set()
+        more = True
+        while True:
+            while idle and more:
+                task = next(tasks, None)
+                if task is None:
+                    more = False
+                    break
+                conn = idle.pop()
+                conn.send(task)
+                busy.add(conn)
+            if not busy:
+                return
+            ready: list[Any] = wait(list(busy))
+            for conn in ready:
+                try:
+                    kind, value = conn.recv()
+                except (EOFError, OSError):
+                    codes = [p.exitcode for p in self._procs if p.exitcode is not None]
+                    raise DataError(
+                        f"a tokenizing process died (exit code {codes[0] if codes else '?'})"
+                    ) from None
+                busy.discard(conn)
+                idle.append(conn)
+                if kind == "error":
+                    raise value
+                yield value
+
+    def close(self) -> None:
+        for conn in self._conns:
+            conn.close()  # an idle worker reads EOF and leaves
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()  # a busy one is stopped: SIGTERM, quiet (see _init_worker)
+        for proc in self._procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _shards(examples: Iterator[Example], size: int) -> Iterator[tuple[int, list[Example]]]:
     batch: list[Example] = []
     index = 0
@@ -366,11 +466,8 @@ def _build_locked(
                 yield index, batch
 
     processes = max(1, workers if workers is not None else min(8, (os.cpu_count() or 2)))
-    ctx = get_context("fork") if hasattr(os, "fork") else get_context("spawn")
-    with ctx.Pool(
-        processes, initializer=_init_worker, initargs=(info, template, processes, os.getpid())
-    ) as pool:
-        for index, tokens, lengths, mask in pool.imap(_tokenize_shard, todo()):
+    with _Workers(processes, info, template) as pool:
+        for index, tokens, lengths, mask in pool.map(todo()):
             _write_shard(partial, index, tokens, lengths, mask)
             if on_progress is not None:
                 on_progress(len(lengths))
