@@ -14,10 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from pitstop.data import cache as cache_mod
+from pitstop.data import fsops
 from pitstop.data.cache import build_cache, open_cache
 from pitstop.data.errors import DataError
 from pitstop.demo.prepare import train_tokenizer
@@ -29,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _rows(n: int) -> str:
     return "".join(
-        json.dumps({"instruction": f"Say the number {k} in words.", "output": "It is " + "very " * (k % 7) + f"{k}."})
+        json.dumps(
+            {"instruction": f"Say the number {k} in words.", "output": "It is " + "very " * (k % 7) + f"{k}."}
+        )
         + "\n"
         for k in range(n)
     )
@@ -46,7 +47,10 @@ def data(tmp_path: Path) -> Path:
 def tokenizer(tmp_path: Path) -> Path:
     folder = tmp_path / "tok"
     folder.mkdir()
-    texts = [f"Say the number {k} in words. It is very {k}. ### Instruction: Response: Below is" for k in range(200)]
+    texts = [
+        f"Say the number {k} in words. It is very {k}. ### Instruction: Response: Below is"
+        for k in range(200)
+    ]
     (folder / "tokenizer.json").write_text(train_tokenizer(texts))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>"}))
     return folder
@@ -63,7 +67,9 @@ def _env() -> dict[str, str]:
 # -- 4. a resume with another shard size ------------------------------------------------------------------
 
 
-def test_resume_with_another_shard_size_keeps_every_example(data: Path, tokenizer: Path, tmp_path: Path) -> None:
+def test_resume_with_another_shard_size_keeps_every_example(
+    data: Path, tokenizer: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "cache"
     seen: list[int] = []
 
@@ -84,7 +90,9 @@ def test_resume_with_another_shard_size_keeps_every_example(data: Path, tokenize
 
 
 @pytest.mark.parametrize("name", ["mask.bin", "tokens.bin", "offsets.bin"])
-def test_one_flipped_byte_in_any_array_is_caught(name: str, data: Path, tokenizer: Path, tmp_path: Path) -> None:
+def test_one_flipped_byte_in_any_array_is_caught(
+    name: str, data: Path, tokenizer: Path, tmp_path: Path
+) -> None:
     path = build_cache(data, tokenizer, tmp_path / "cache", workers=1)
     raw = bytearray((path / name).read_bytes())
     raw[len(raw) // 2 + 1] ^= 0x01
@@ -117,6 +125,168 @@ def test_a_meta_json_with_wrong_types_is_refused_in_one_line(
     else:
         meta.update(change)
         (path / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(DataError, match="meta.json") as err:
+    with pytest.raises(DataError, match=r"meta\.json") as err:
         open_cache(path)
     assert "\n" not in str(err.value)
+
+
+# -- 3. a kill after any filesystem operation, then a resume ----------------------------------------------
+
+
+def _killed_build(k: int, data: Path, tokenizer: Path, out: Path) -> int:
+    """Build in a forked child that SIGKILLs itself right after its k-th filesystem operation."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            fsops.count, fsops.kill_after = 0, k
+            build_cache(data, tokenizer, out, workers=1, shard_size=15)
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="kills a forked build")
+def test_a_kill_after_every_filesystem_operation_then_resumes_byte_identical(
+    data: Path, tokenizer: Path, tmp_path: Path
+) -> None:
+    fsops.count = 0
+    reference = build_cache(data, tokenizer, tmp_path / "reference", workers=1, shard_size=15)
+    operations = fsops.count  # every one of them is a kill point below
+    expected = _files(reference)
+    assert operations >= 25  # lock, build.json, 3 shards, assembly, publishing, cleanup
+    for k in range(1, operations + 1):
+        out = tmp_path / f"killed-{k}"
+        status = _killed_build(k, data, tokenizer, out)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"kill point {k} not reached"
+        path = build_cache(data, tokenizer, out, workers=1, shard_size=15)  # the resume
+        assert _files(path) == expected, f"killed after operation {k}"
+        assert [p.name for p in out.iterdir()] == [reference.name], f"leftovers after a kill at {k}"
+
+
+# -- 2. two builds of one cache at once --------------------------------------------------------------------
+
+_CLI_AT_GO = """
+import sys, time
+from pathlib import Path
+from pitstop.cli.app import main
+ready, go = Path(sys.argv[1]), Path(sys.argv[2])
+sys.argv = ["pitstop", *sys.argv[3:]]
+ready.touch()
+while not go.exists():
+    time.sleep(0.002)
+main()
+"""
+
+
+@pytest.mark.slow
+def test_concurrent_builds_of_one_cache_both_succeed_and_publish_it_whole(
+    tokenizer: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "many.jsonl"
+    data.write_text(_rows(3000))
+    reference = _files(build_cache(data, tokenizer, tmp_path / "reference", workers=1))
+    for round_ in range(3):
+        out, go = tmp_path / f"out-{round_}", tmp_path / f"go-{round_}"
+        args = [
+            "data",
+            "cache",
+            str(data),
+            "--tokenizer",
+            str(tokenizer),
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+        ]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _CLI_AT_GO, str(tmp_path / f"ready-{round_}-{i}"), str(go), *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_env(),
+            )
+            for i in range(2)
+        ]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+            (tmp_path / f"ready-{round_}-{i}").exists() for i in range(2)
+        ):
+            time.sleep(0.01)
+        go.touch()  # both start building at the same moment
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=300)
+            assert proc.returncode == 0, stderr
+            assert "3,000 examples" in stdout
+        (folder,) = [p for p in out.iterdir()]  # one cache, no partial build or lock left behind
+        assert _files(folder) == reference
+
+
+# -- 14. stopping `pitstop data cache` ---------------------------------------------------------------------
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads worker pids from /proc")
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigkill"])
+def test_a_stopped_cache_build_ends_its_workers_quietly_and_says_what_it_kept(
+    how: str, tokenizer: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "big.jsonl"
+    data.write_text(_rows(100_000))  # five shards of 20,000: far from done when the first one lands
+    out = tmp_path / "cache"
+    options = ["--out", str(out), "--workers", "2"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pitstop",
+            "data",
+            "cache",
+            str(data),
+            "--tokenizer",
+            str(tokenizer),
+            *options,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        start_new_session=True,  # its own process group, as a terminal gives a foreground job
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not list(out.glob("*.partial/shard-*.bin")):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    assert len(workers) == 2
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the whole group gets it
+    else:
+        os.kill(proc.pid, signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(_gone(w) for w in workers):
+        time.sleep(0.05)
+    assert all(_gone(w) for w in workers), "a tokenizer worker outlived pitstop"
+    assert "Traceback" not in stderr and "Error" not in stderr, stderr
+    shards = list(out.glob("*.partial/shard-*.bin"))
+    assert shards  # what was finished is kept
+    if how == "sigkill":
+        assert proc.returncode == -signal.SIGKILL
+        return
+    assert proc.returncode == (130 if how == "ctrl-c" else 143)
+    (line,) = [text for text in stderr.splitlines() if text.strip()]
+    kept = f"{len(shards)} finished shard{'s' * (len(shards) != 1)} ({len(shards) * 20_000:,} examples)"
+    assert line.startswith(f"pitstop: stopped by {'Ctrl-C' if how == 'ctrl-c' else 'SIGTERM'}: {kept}")
+    assert ".partial" in line and "resumes" in line
