@@ -292,3 +292,56 @@ def test_a_stopped_cache_build_ends_its_workers_quietly_and_says_what_it_kept(
     kept = f"{len(shards)} finished shard{'s' * (len(shards) != 1)} ({len(shards) * 20_000:,} examples)"
     assert line.startswith(f"pitstop: stopped by {'Ctrl-C' if how == 'ctrl-c' else 'SIGTERM'}: {kept}")
     assert ".partial" in line and "resumes" in line
+
+
+# -- what a damaged cache or partial build turns into ------------------------------------------------------
+
+
+def test_a_broken_published_cache_is_rebuilt_by_the_next_build(
+    data: Path, tokenizer: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "cache"
+    path = build_cache(data, tokenizer, out, workers=1)
+    expected = _files(path)
+    for name in ("tokens.bin", "mask.bin", "offsets.bin"):  # what the old race left: meta.json alone
+        (path / name).unlink()
+    notes: list[str] = []
+    assert build_cache(data, tokenizer, out, workers=1, on_note=notes.append) == path
+    assert _files(path) == expected
+    assert len(notes) == 1 and "tokens.bin is missing" in notes[0] and "building it again" in notes[0]
+
+
+def _interrupted(data: Path, tokenizer: Path, out: Path) -> Path:
+    seen: list[int] = []
+
+    def stop_after_two(n: int) -> None:
+        seen.append(n)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_cache(data, tokenizer, out, workers=1, shard_size=5, on_progress=stop_after_two)
+    return next(out.glob("*.partial"))
+
+
+def test_a_damaged_shard_is_refused_then_redone(data: Path, tokenizer: Path, tmp_path: Path) -> None:
+    partial = _interrupted(data, tokenizer, tmp_path / "cache")
+    shard = partial / "shard-000001.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[-3] ^= 0x01  # a flipped bit in its loss mask: the header still looks whole
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="damaged shard"):
+        build_cache(data, tokenizer, tmp_path / "cache", workers=1, shard_size=5)
+    assert not shard.exists()
+    path = build_cache(data, tokenizer, tmp_path / "cache", workers=1, shard_size=5)
+    assert _files(path) == _files(build_cache(data, tokenizer, tmp_path / "fresh", workers=1, shard_size=5))
+
+
+def test_shards_that_do_not_add_up_to_the_source_are_refused(
+    data: Path, tokenizer: Path, tmp_path: Path
+) -> None:
+    partial = _interrupted(data, tokenizer, tmp_path / "cache")
+    (partial / "shard-000099.bin").write_bytes((partial / "shard-000000.bin").read_bytes())
+    with pytest.raises(DataError, match=r"shards hold 45 examples, .* has 40"):
+        build_cache(data, tokenizer, tmp_path / "cache", workers=1, shard_size=5)
+    assert len(open_cache(build_cache(data, tokenizer, tmp_path / "cache", workers=1, shard_size=5))) == 40

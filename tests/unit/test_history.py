@@ -601,8 +601,10 @@ os._exit(0)  # no close, no checkpoint: the last runs live only in the -wal file
 """
 
 
-def _read_on_a_read_only_disk(folder: Path, path: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``_READER`` where ``folder`` cannot be written: permissions, or (as root) a read-only mount."""
+def _read_on_a_read_only_disk(
+    folder: Path, path: Path, script: str = _READER
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` where ``folder`` cannot be written: permissions, or (as root) a read-only mount."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     if os.geteuid() != 0:
         for p in folder.iterdir():
@@ -610,7 +612,7 @@ def _read_on_a_read_only_disk(folder: Path, path: Path) -> subprocess.CompletedP
         folder.chmod(0o555)
         try:
             return subprocess.run(
-                [sys.executable, "-c", _READER, str(path)],
+                [sys.executable, "-c", script, str(path)],
                 capture_output=True,
                 text=True,
                 env=env,
@@ -618,7 +620,7 @@ def _read_on_a_read_only_disk(folder: Path, path: Path) -> subprocess.CompletedP
             )
         finally:
             folder.chmod(0o755)
-    script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" || exit 99; shift; exec "$@"'
+    mount = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" || exit 99; shift; exec "$@"'
     try:
         proc = subprocess.run(
             [
@@ -626,12 +628,12 @@ def _read_on_a_read_only_disk(folder: Path, path: Path) -> subprocess.CompletedP
                 "-m",
                 "sh",
                 "-c",
-                script,
+                mount,
                 "sh",
                 str(folder),
                 sys.executable,
                 "-c",
-                _READER,
+                script,
                 str(path),
             ],
             capture_output=True,
@@ -690,3 +692,27 @@ def test_a_damaged_row_is_named_in_one_line(column: str, value: str, tmp_path: P
     )
     assert proc.returncode == 2 and "run #2 is damaged" in proc.stderr
     assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+_WRITER_THERE = """
+import sys
+from pitstop.errors import PitstopError
+from pitstop.history import record
+try:
+    record({"schema": "pitstop.run/1"}, "doctor", path=sys.argv[1])
+except PitstopError as exc:
+    print(exc)
+"""
+
+
+def test_recording_on_a_read_only_disk_says_so_in_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    path = folder / "history.sqlite3"
+    _valid_history(path, runs=1)
+    doc = json.dumps(run_doc())
+    script = _WRITER_THERE.replace('{"schema": "pitstop.run/1"}', f"__import__('json').loads({doc!r})")
+    proc = _read_on_a_read_only_disk(folder, path, script)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith(f"{path}: cannot be written here") and "--no-history" in line

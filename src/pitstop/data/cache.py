@@ -499,10 +499,10 @@ def _assemble(
     """Write the cache into ``partial/assembled`` from the shards (left as they are), then publish it."""
     count = -(-report.examples // shard_size)
     paths = [_shard_path(partial, i) for i in range(count)]
-    heads = [_shard_head(p) for p in paths]
+    present = sorted(partial.glob("shard-*.bin"))
+    heads = [_shard_head(p) for p in present]
     held = sum(h[0] for h in heads if h is not None)
-    stray = len(list(partial.glob("shard-*.bin"))) - sum(h is not None for h in heads)
-    if any(h is None for h in heads) or held != report.examples or stray:
+    if present != paths or any(h is None for h in heads) or held != report.examples:
         fsops.remove_tree(partial)
         raise DataError(
             f"{partial}: its shards hold {held} examples, {source} has {report.examples}: a damaged "

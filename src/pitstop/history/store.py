@@ -171,6 +171,12 @@ def _header_problem(path: Path) -> str | None:
 def _describe(path: Path, exc: sqlite3.DatabaseError) -> str:
     if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
         return f"{path}: still locked by another process after {BUSY_TIMEOUT_S:.0f} s ({exc})"
+    text = str(exc).lower()
+    if isinstance(exc, sqlite3.OperationalError) and ("readonly" in text or "unable to open" in text):
+        return (
+            f"{path}: cannot be written here ({exc}): a read-only disk or another user's folder; "
+            "record elsewhere with --history PATH, or pass --no-history"
+        )
     return f"{path}: not a usable pitstop history ({exc}); left untouched"
 
 
