@@ -80,7 +80,9 @@ def test_resume_with_another_shard_size_keeps_every_example(
 
     with pytest.raises(KeyboardInterrupt):
         build_cache(data, tokenizer, out, workers=1, shard_size=5, on_progress=stop_after_two)
-    path = build_cache(data, tokenizer, out, workers=1, shard_size=7)  # the same cache, another layout
+    notes: list[str] = []
+    path = build_cache(data, tokenizer, out, workers=1, shard_size=7, on_note=notes.append)  # another layout
+    assert len(notes) == 1 and "other settings" in notes[0]
     reference = build_cache(data, tokenizer, tmp_path / "fresh", workers=1, shard_size=7)
     assert len(open_cache(path)) == 40
     assert _files(path) == _files(reference)
@@ -345,3 +347,21 @@ def test_shards_that_do_not_add_up_to_the_source_are_refused(
     with pytest.raises(DataError, match=r"shards hold 45 examples, .* has 40"):
         build_cache(data, tokenizer, tmp_path / "cache", workers=1, shard_size=5)
     assert len(open_cache(build_cache(data, tokenizer, tmp_path / "cache", workers=1, shard_size=5))) == 40
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_a_bad_meta_json_in_one_line(data: Path, tokenizer: Path, tmp_path: Path) -> None:
+    path = build_cache(data, tokenizer, tmp_path / "cache", workers=1)
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "examples": [40]}))
+    for command in (["stats"], ["pack"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pitstop", "data", *command, str(path)],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=120,
+        )
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert "invalid meta.json (examples is [40], not a count)" in line and "internal error" not in line

@@ -450,7 +450,9 @@ def _build_locked(
     identity = json.dumps({"format": CACHE_FORMAT, "key": key, "shard_size": shard_size}).encode()
     stamp = partial / "build.json"
     if partial.exists() and not (stamp.is_file() and stamp.read_bytes() == identity):
-        fsops.remove_tree(partial)  # another layout (or a folder that is not ours): start over
+        if stamp.is_file():
+            note(f"{partial} was started with other settings (shard size); starting it over")
+        fsops.remove_tree(partial)  # another layout, or killed before it had one: start over
     if not stamp.is_file():
         fsops.mkdir(partial)
         tmp = partial / ".build.json.tmp"

@@ -48,7 +48,8 @@ else:
 
 def _owner(fd: int) -> int | None:
     try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 32).decode("ascii", "replace").strip()
     except OSError:
         return None
     return int(text) if text.isdigit() else None
@@ -84,7 +85,8 @@ class BuildLock:
                     os.close(fd)  # the previous owner removed this file on its way out: take the new one
                     continue
                 os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.write(fd, f"{os.getpid()}\n".encode())
                 fsops.step()
             except BaseException:
                 os.close(fd)
