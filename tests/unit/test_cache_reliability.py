@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from pitstop.data import fsops
 from pitstop.data.cache import build_cache, open_cache
 from pitstop.data.errors import DataError
+from pitstop.data.lock import BuildLock
 from pitstop.demo.prepare import train_tokenizer
 
 pytest.importorskip("tokenizers")
@@ -365,3 +367,34 @@ def test_the_cli_refuses_a_bad_meta_json_in_one_line(data: Path, tokenizer: Path
         assert proc.returncode == 2, proc.stderr
         (line,) = proc.stderr.strip().splitlines()
         assert "invalid meta.json (examples is [40], not a count)" in line and "internal error" not in line
+
+
+def test_a_build_waits_for_the_lock_holder_and_takes_over_a_dead_ones_lock(
+    data: Path, tokenizer: Path, tmp_path: Path
+) -> None:
+    key = build_cache(data, tokenizer, tmp_path / "first", workers=1).name
+    out = tmp_path / "cache"
+    out.mkdir()
+    notes: list[str] = []
+    built: list[Path] = []
+    with BuildLock(out / f"{key}.lock"):  # another build holds this cache
+        worker = threading.Thread(
+            target=lambda: built.append(build_cache(data, tokenizer, out, workers=1, on_note=notes.append))
+        )
+        worker.start()
+        deadline = time.monotonic() + 120
+        while not notes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not built  # it waits
+    worker.join(120)
+    assert notes == [f"pid {os.getpid()} is building this cache ({out / key}); waiting for it to finish"]
+    assert built == [out / key] and [p.name for p in out.iterdir()] == [key]
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / f"{key}.lock").write_text(dead.stdout)  # left by a build that was killed
+    notes.clear()
+    assert build_cache(data, tokenizer, other, workers=1, on_note=notes.append) == other / key
+    assert notes == [] and [p.name for p in other.iterdir()] == [key]
