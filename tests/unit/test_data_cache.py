@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pitstop.data import cache as cache_mod
+from pitstop.data import fsops
 from pitstop.data.cache import build_cache, open_cache
 from pitstop.data.errors import DataError
 from pitstop.demo.prepare import train_tokenizer
@@ -106,7 +106,7 @@ def test_resumes_after_a_kill_and_is_never_half_open(data: Path, tokenizer: Path
     with pytest.raises(KeyboardInterrupt):
         build_cache(data, tokenizer, out, workers=1, shard_size=5, on_progress=killed_after_two)
     partial = next(out.glob("*.partial"))
-    assert len(list(partial.glob("shard-*.done"))) == 2
+    assert len(list(partial.glob("shard-*.bin"))) == 2
     with pytest.raises(DataError, match="unfinished build"):
         open_cache(out)
     resumed: list[int] = []
@@ -134,21 +134,23 @@ def test_full_disk_fails_cleanly(
     data: Path, tokenizer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = {"n": 0}
-    real_write = cache_mod._write
+    real_write = fsops.write_file
 
-    def filling_up(path: Path, payload: object) -> None:
+    def filling_up(path: Path, *payload: bytes) -> None:
         calls["n"] += 1
-        if calls["n"] > 6:  # the second shard runs out of space
+        if calls["n"] > 2:  # build.json, the first shard; the second shard runs out of space
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(path, payload)
+        real_write(path, *payload)
 
-    monkeypatch.setattr(cache_mod, "_write", filling_up)
+    monkeypatch.setattr(fsops, "write_file", filling_up)
     with pytest.raises(DataError, match="disk full"):
         build_cache(data, tokenizer, tmp_path / "cache", workers=1, shard_size=10)
     partial = next((tmp_path / "cache").glob("*.partial"))
     assert not list((tmp_path / "cache").glob("*/meta.json"))  # nothing looks complete
-    stems = {p.stem for p in partial.iterdir()}
-    assert all((partial / f"{s}.done").exists() for s in stems)  # no half-written shard left
+    assert [p.name for p in partial.glob("shard-*")] == ["shard-000000.bin"]  # no half-written shard
+    monkeypatch.undo()  # space is freed: the rerun resumes
+    path = build_cache(data, tokenizer, tmp_path / "cache", workers=1, shard_size=10)
+    assert len(open_cache(path)) == 40
 
 
 def test_bad_tokenizer_and_bad_data(tmp_path: Path, data: Path) -> None:

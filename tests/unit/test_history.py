@@ -546,3 +546,173 @@ def test_find_baseline_by_label_and_setup_or_by_id() -> None:
             find_baseline(store, run, "pr")  # the run itself is excluded
         with pytest.raises(HistoryError, match="no run #77"):
             find_baseline(store, run, "77")
+
+
+# -- damage inside a valid-looking file, read-only places, damaged rows -------------------------------------
+
+
+def _corrupt_a_cell_pointer(path: Path) -> None:
+    """Flip one byte of a b-tree page's cell pointers: the header stays valid, SQLite's quick_check fails."""
+    data = path.read_bytes()
+    page = int.from_bytes(data[16:18], "big")
+    for number in range(2, len(data) // page):
+        bad = bytearray(data)
+        bad[number * page + 8] ^= 0xFF
+        path.write_bytes(bytes(bad))
+        conn = sqlite3.connect(path)
+        try:
+            damaged = conn.execute("PRAGMA quick_check").fetchall() != [("ok",)]
+        except sqlite3.DatabaseError:
+            damaged = False  # refused already by the old code: not the case this test is about
+        finally:
+            conn.close()
+        if damaged:
+            return
+    pytest.fail("no page whose damage only quick_check sees")
+
+
+def test_a_history_that_fails_the_integrity_check_is_refused_and_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite3"
+    _valid_history(path, runs=30)
+    _corrupt_a_cell_pointer(path)
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    before = snapshot(path)
+    with pytest.raises(HistoryError, match="integrity check") as err:
+        record(run_doc(), "doctor", path=path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(HistoryError, match="integrity check"), open_store(path, create=False) as store:
+        store.list()
+    assert snapshot(path) == before
+
+
+_READER = """
+import json, sys
+from pitstop.history import open_store
+with open_store(sys.argv[1], create=False) as store:
+    print(json.dumps(sorted(r.id for r in store.list(limit=None))))
+"""
+
+_CRASHED_WRITER = """
+import json, os, sys
+from pitstop.history import open_store
+store = open_store(sys.argv[1])
+store.add(json.loads(open(sys.argv[2]).read()), "doctor")
+os._exit(0)  # no close, no checkpoint: the last runs live only in the -wal file
+"""
+
+
+def _read_on_a_read_only_disk(
+    folder: Path, path: Path, script: str = _READER
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` where ``folder`` cannot be written: permissions, or (as root) a read-only mount."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    if os.geteuid() != 0:
+        for p in folder.iterdir():
+            p.chmod(0o444)
+        folder.chmod(0o555)
+        try:
+            return subprocess.run(
+                [sys.executable, "-c", script, str(path)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+            )
+        finally:
+            folder.chmod(0o755)
+    mount = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" || exit 99; shift; exec "$@"'
+    try:
+        proc = subprocess.run(
+            [
+                "unshare",
+                "-m",
+                "sh",
+                "-c",
+                mount,
+                "sh",
+                str(folder),
+                sys.executable,
+                "-c",
+                script,
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    except FileNotFoundError:
+        pytest.skip("running as root without unshare: no way to make a folder read-only")
+    if proc.returncode == 99:
+        pytest.skip(f"cannot mount read-only here: {proc.stderr.strip()}")
+    return proc
+
+
+@pytest.mark.parametrize("pending_wal", [False, True])
+def test_a_wal_history_on_a_read_only_disk_is_readable(pending_wal: bool, tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    path = folder / "history.sqlite3"
+    _valid_history(path, runs=3)
+    if pending_wal:
+        doc = tmp_path / "doc.json"
+        doc.write_text(json.dumps(run_doc()))
+        subprocess.run([sys.executable, "-c", _CRASHED_WRITER, str(path), str(doc)], check=True, timeout=60)
+        assert Path(f"{path}-wal").stat().st_size > 0
+    before = sorted(p.name for p in folder.iterdir())
+    proc = _read_on_a_read_only_disk(folder, path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == list(range(1, 5 if pending_wal else 4))
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("result_json", "{not json"), ("fingerprint_json", "[1, 2]"), ("result_json", "NaN]")],
+)
+def test_a_damaged_row_is_named_in_one_line(column: str, value: str, tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite3"
+    _valid_history(path, runs=2)
+    conn = sqlite3.connect(path)
+    conn.execute(f"UPDATE runs SET {column} = ? WHERE id = 2", (value,))
+    conn.commit()
+    conn.close()
+    with (
+        open_store(path, create=False) as store,
+        pytest.raises(HistoryError, match=r"run #2 is damaged") as err,
+    ):
+        store.get(2) if column == "result_json" else store.list()
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pitstop", "history", "show", "2", "--history", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert proc.returncode == 2 and "run #2 is damaged" in proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+_WRITER_THERE = """
+import sys
+from pitstop.errors import PitstopError
+from pitstop.history import record
+try:
+    record({"schema": "pitstop.run/1"}, "doctor", path=sys.argv[1])
+except PitstopError as exc:
+    print(exc)
+"""
+
+
+def test_recording_on_a_read_only_disk_says_so_in_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    path = folder / "history.sqlite3"
+    _valid_history(path, runs=1)
+    doc = json.dumps(run_doc())
+    script = _WRITER_THERE.replace('{"schema": "pitstop.run/1"}', f"__import__('json').loads({doc!r})")
+    proc = _read_on_a_read_only_disk(folder, path, script)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith(f"{path}: cannot be written here") and "--no-history" in line

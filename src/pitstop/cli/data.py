@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -39,6 +43,26 @@ def _count_lines(path: Path) -> int | None:
     return None
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so a build ends like on Ctrl-C: pool ended, progress reported."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+@contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cache_of(
     source: Path,
     tokenizer: str | None,
@@ -48,14 +72,40 @@ def cache_of(
     skip_bad: bool,
     console: Console,
 ) -> Path:
-    """A built cache for ``source``: the cache itself, or the one made (or reused) for a data file."""
-    from pitstop.data.cache import build_cache, open_cache
+    """A built cache for ``source``: the cache itself, or the one made (or reused) for a data file.
+
+    Ctrl-C and SIGTERM end the build in one line that says what was kept for the resume (exit 130 / 143).
+    """
+    from pitstop.data.cache import open_cache
+    from pitstop.data.errors import BuildInterrupted
 
     if source.is_dir() and ((source / "meta.json").exists() or any(source.glob("*/meta.json"))):
         return open_cache(source).path
     if tokenizer is None:
         raise UserError(f"{source}: a data file needs --tokenizer (tokenizer.json or a folder holding it)")
     total = _count_lines(source)
+    try:
+        with _sigterm_stops():
+            return _build(source, tokenizer, template, out, workers, skip_bad, console, total)
+    except BuildInterrupted as stop:
+        by_term = isinstance(stop.__cause__, _Terminated)
+        raise UserError(
+            f"stopped by {'SIGTERM' if by_term else 'Ctrl-C'}: {stop.kept()}", 143 if by_term else 130
+        ) from None
+
+
+def _build(
+    source: Path,
+    tokenizer: str,
+    template: str,
+    out: Path | None,
+    workers: int | None,
+    skip_bad: bool,
+    console: Console,
+    total: int | None,
+) -> Path:
+    from pitstop.data.cache import build_cache
+
     with Progress(
         TextColumn("[bold]tokenizing"),
         BarColumn(),
@@ -73,6 +123,7 @@ def cache_of(
             workers=workers,
             skip_bad=skip_bad,
             on_progress=lambda n: progress.advance(task, n),
+            on_note=lambda text: progress.console.print(f"[yellow]{text}[/yellow]"),
         )
 
 
@@ -143,7 +194,10 @@ def cache(
     ] = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip and count unreadable examples.")] = False,
     verify: Annotated[
-        bool, typer.Option("--verify", help="Check every token's checksum after building.")
+        bool,
+        typer.Option(
+            "--verify", help="Check every array's SHA-256 after building (opening checks their CRC-32)."
+        ),
     ] = False,
 ) -> None:
     """Tokenize once into a content-addressed, memory-mapped cache (resumable; reused when unchanged)."""

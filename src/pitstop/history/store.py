@@ -2,8 +2,10 @@
 
 Safety first: a file is inspected from its raw header before SQLite opens it, so a text file, a truncated
 or foreign database, or one written by a newer pitstop is refused with a one-line ``HistoryError`` and left
-exactly as it was. Writers (ranks, parallel jobs) share the file through WAL, a busy timeout, ``BEGIN
-IMMEDIATE`` transactions and a retry loop, so none of them loses a record.
+exactly as it was; a history that fails SQLite's ``quick_check`` is refused the same way, before anything
+is written to it. Writers (ranks, parallel jobs) share the file through WAL, a busy timeout, ``BEGIN
+IMMEDIATE`` transactions and a retry loop, so none of them loses a record. Readers open the file read-only
+(a history on a read-only disk or in someone else's folder is readable, WAL mode included).
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import builtins
 import json
 import random
+import shutil
 import sqlite3
 import struct
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,7 +94,10 @@ class RunRecord:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> RunRecord:
+        """The record of one row; a row whose JSON is damaged raises ``HistoryError`` naming it."""
         keys = row.keys()
+        fields = _json_object(row, "fingerprint_json")
+        result = _json_object(row, "result_json") if "result_json" in keys else None
         return cls(
             id=row["id"],
             created_at=row["created_at"],
@@ -99,13 +106,23 @@ class RunRecord:
             git_commit=row["git_commit"],
             command=row["command"],
             fingerprint=row["fingerprint"],
-            fingerprint_fields=json.loads(row["fingerprint_json"]),
+            fingerprint_fields=fields,
             real_tokens_per_s=row["real_tokens_per_s"],
             tokens_per_s=row["tokens_per_s"],
             step_time_s=row["step_time_s"],
             mfu=row["mfu"],
-            result=json.loads(row["result_json"]) if "result_json" in keys else None,
+            result=result,
         )
+
+
+def _json_object(row: sqlite3.Row, column: str) -> dict[str, Any]:
+    try:
+        value = json.loads(row[column])
+    except (TypeError, ValueError) as exc:
+        raise HistoryError(f"run #{row['id']} is damaged: its {column} is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise HistoryError(f"run #{row['id']} is damaged: its {column} is not a JSON object")
+    return value
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -154,6 +171,12 @@ def _header_problem(path: Path) -> str | None:
 def _describe(path: Path, exc: sqlite3.DatabaseError) -> str:
     if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
         return f"{path}: still locked by another process after {BUSY_TIMEOUT_S:.0f} s ({exc})"
+    text = str(exc).lower()
+    if isinstance(exc, sqlite3.OperationalError) and ("readonly" in text or "unable to open" in text):
+        return (
+            f"{path}: cannot be written here ({exc}): a read-only disk or another user's folder; "
+            "record elsewhere with --history PATH, or pass --no-history"
+        )
     return f"{path}: not a usable pitstop history ({exc}); left untouched"
 
 
@@ -174,6 +197,61 @@ def _check_file(path: Path) -> None:
         if "truncated" not in problem or attempt == 2:
             raise HistoryError(f"{path}: {problem}; left untouched")
         time.sleep(0.05)  # a writer may be extending the file right now: look again
+
+
+def _integrity_problem(conn: sqlite3.Connection) -> str | None:
+    """SQLite's ``quick_check`` (pages, cells, free list: O(file size)), as one line, or ``None``."""
+    rows = [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]
+    if rows == ["ok"]:
+        return None
+    text = " ".join(" ".join(rows).replace("*** in database main ***", "").split())
+    return text if len(text) <= 160 else text[:159] + "…"
+
+
+def _probe(conn: sqlite3.Connection) -> sqlite3.Connection:
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect(path: Path, readonly: bool) -> tuple[sqlite3.Connection, Path | None]:
+    """A connection (and a private copy's folder to remove on close, if one was needed).
+
+    Reading first opens the file as writing does (closing it then leaves no ``-wal``/``-shm`` behind).
+    Where that fails because the folder is read-only (WAL needs its ``-shm`` file), it opens ``mode=ro``
+    (works when ``-shm`` exists), then ``immutable`` when no WAL content is pending; a history with pending
+    WAL content is copied (with its WAL) to a private folder and read there, so no committed run is missed.
+    """
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    if not readonly:
+        return conn, None
+    try:
+        return _probe(conn), None
+    except sqlite3.OperationalError as exc:
+        if _is_busy(exc):
+            raise
+    uri = path.resolve().as_uri()
+    try:
+        return _probe(
+            sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        ), None
+    except sqlite3.OperationalError as exc:
+        if _is_busy(exc):
+            raise
+    wal = Path(f"{path}-wal")
+    if not (wal.is_file() and wal.stat().st_size > 0):
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None), None
+    copy = Path(tempfile.mkdtemp(prefix="pitstop-history-"))
+    try:
+        shutil.copyfile(path, copy / path.name)
+        shutil.copyfile(wal, copy / wal.name)
+        return sqlite3.connect(copy / path.name, timeout=BUSY_TIMEOUT_S, isolation_level=None), copy
+    except BaseException:
+        shutil.rmtree(copy, ignore_errors=True)
+        raise
 
 
 def _identity(conn: sqlite3.Connection) -> tuple[int, int, int]:
@@ -197,6 +275,8 @@ class HistoryStore:
     def __init__(self, path: Path | str | None = None, *, create: bool = True) -> None:
         self.path = resolve_path(path)
         self._conn: sqlite3.Connection | None = None
+        self._writes = create
+        self._copy: Path | None = None
         exists = self.path.exists()
         if exists:
             _check_file(self.path)
@@ -208,23 +288,23 @@ class HistoryStore:
             except OSError as exc:
                 raise HistoryError(f"{self.path}: cannot create its folder ({exc.strerror or exc})") from None
         try:
-            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        except sqlite3.Error as exc:
+            conn, self._copy = _connect(self.path, readonly=not create)
+        except (sqlite3.Error, OSError) as exc:
             raise HistoryError(f"{self.path}: cannot open ({exc})") from None
         conn.row_factory = sqlite3.Row
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             ready = self._prepare(conn, create)
         except sqlite3.DatabaseError as exc:
-            conn.close()
+            self._close(conn)
             raise HistoryError(_describe(self.path, exc)) from None
         except BaseException:
-            conn.close()
+            self._close(conn)
             raise
         if ready:
             self._conn = conn
         else:
-            conn.close()
+            self._close(conn)
 
     def _prepare(self, conn: sqlite3.Connection, create: bool) -> bool:
         """Check what the file is; initialise an empty one when writing. True when it holds a history."""
@@ -241,6 +321,12 @@ class HistoryStore:
             return False
 
         if verify(*_retry(lambda: _identity(conn))):
+            problem = _retry(lambda: _integrity_problem(conn))  # before anything is written to it
+            if problem is not None:
+                raise HistoryError(
+                    f"{self.path}: fails SQLite's integrity check ({problem}); left untouched: move it aside "
+                    f"to start a new history (`sqlite3 {self.path} .recover` can save its rows)"
+                )
             if create:
                 self._use_wal(conn)
             return True
@@ -316,7 +402,7 @@ class HistoryStore:
         return self._guard(lambda: _retry(insert))
 
     def _writable(self) -> sqlite3.Connection:
-        if self._conn is None:
+        if self._conn is None or not self._writes:
             raise HistoryError(f"{self.path}: opened for reading only")
         return self._conn
 
@@ -343,12 +429,18 @@ class HistoryStore:
         if limit is not None:
             sql += " LIMIT ?"
             params += (limit,)
-        return [RunRecord.from_row(r) for r in self._query(sql, params)]
+        return [self._record(r) for r in self._query(sql, params)]
 
     def get(self, run_id: int) -> RunRecord | None:
         """One run with its whole document, or ``None``."""
         rows = self._query(f"SELECT {_SUMMARY_COLUMNS}, result_json FROM runs WHERE id = ?", (run_id,))
-        return RunRecord.from_row(rows[0]) if rows else None
+        return self._record(rows[0]) if rows else None
+
+    def _record(self, row: sqlite3.Row) -> RunRecord:
+        try:
+            return RunRecord.from_row(row)
+        except HistoryError as exc:
+            raise HistoryError(f"{self.path}: {exc}") from None
 
     def latest(
         self,
@@ -380,8 +472,14 @@ class HistoryStore:
 
     def close(self) -> None:
         if self._conn is not None:
-            self._conn.close()
+            self._close(self._conn)
             self._conn = None
+
+    def _close(self, conn: sqlite3.Connection) -> None:
+        conn.close()
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
+            self._copy = None
 
     def __enter__(self) -> HistoryStore:
         return self
