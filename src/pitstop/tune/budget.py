@@ -44,9 +44,10 @@ def _duration(seconds: float) -> str:
 
 
 def windows_cost(candidates: int, window_s: float) -> float:
-    """Candidates, the baselines between them and the closing one, at one window's length each."""
-    between = max(candidates - 1, 0) // BASELINE_EVERY  # none after the last candidate: the closing one
-    return (candidates + between + 1) * window_s
+    """Candidates and the baselines between them, at one window's length each. The closing baseline comes
+    only from what is left: a fix measured against the first baseline is worth more than a drift figure."""
+    between = max(candidates - 1, 0) // BASELINE_EVERY
+    return (candidates + between) * window_s
 
 
 def budget_plan(proposals: Sequence[Proposal], scout: Window, left_s: float) -> BudgetPlan:
@@ -57,7 +58,7 @@ def budget_plan(proposals: Sequence[Proposal], scout: Window, left_s: float) -> 
     while fit < len(names) and windows_cost(fit + 1, window_s) <= left_s:
         fit += 1
     tried, left_out = names[:fit], names[fit:]
-    needed = (scout.seconds + windows_cost(len(names), window_s)) * 1.1
+    needed = (scout.seconds + windows_cost(len(names), window_s) + window_s) * 1.1  # with a closing baseline
     step = _step_s(scout)
     pace = (
         f"at {step:.2g} s/step a window takes ~{_duration(window_s)}"

@@ -212,8 +212,8 @@ class Session:
         windows: list[tuple[Proposal, Window, int]] = []
         not_tried: list[tuple[str, str]] = []
         for proposal in proposals:
-            # keep room for the closing baseline: drift is measured against it
-            if self.left_s() < self.window_s * 2:
+            # a candidate before a closing baseline: drift is measured only with what is left
+            if self.left_s() < self.window_s:
                 not_tried.append((str(proposal.fix), "the time budget ran out"))
                 continue
             position = len(windows) + len(baselines)
