@@ -157,9 +157,10 @@ class StepBuilder:
     def batch(self, counts: BatchCounts) -> None:
         self._open.batches.append(counts)
 
-    def sync(self, seconds: float) -> None:
+    def sync(self, seconds: float | None) -> None:
+        """One host sync; ``seconds`` None when it was detected but could not be timed."""
         self._open.syncs += 1
-        self._open.sync_s += seconds
+        self._open.sync_s += seconds or 0.0
 
     def end_step(self) -> StepRecord:
         """Close the step at an optimizer-step end and return its record (device spans may follow)."""
