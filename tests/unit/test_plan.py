@@ -12,8 +12,7 @@ import pytest
 
 from pitstop.hardware import lookup_gpu
 from pitstop.plan.memory import GIB, Setup, activations, held_after_forward, memory, model_states
-from pitstop.plan.model_shape import model_info_from_config
-from pitstop.plan.model_shape import ModelShape
+from pitstop.plan.model_shape import ModelShape, model_info_from_config
 from pitstop.plan.params import count_params, presets, resolve_model
 from pitstop.plan.planner import PlanError, make_plan
 
