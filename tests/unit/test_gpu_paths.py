@@ -6,6 +6,7 @@ objects that have the real function names and return shapes. `tests/gpu/` confir
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import types
 import warnings
@@ -275,7 +276,7 @@ def test_nvml_sampler_keeps_ten_hertz_although_pcie_queries_block() -> None:
 
     sampler.run_until(lambda: len(sampler.samples) >= 20, wait)
     times = [s.t for s in sampler.samples]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert gaps == pytest.approx([0.1] * 19)  # not 0.14 (0.1 after 40 ms of PCIe reads)
 
 

@@ -231,7 +231,7 @@ class Hooks:
             if (
                 not self.active
                 or (tensor_first and not (args and getattr(args[0], "is_cuda", False)))
-                or getattr(self._inside, "depth", 0)  # nested (a subclass re-dispatching): counted once
+                or self._depth()  # nested (a subclass re-dispatching): counted once
                 or compiling()
                 or capturing()
             ):
@@ -239,6 +239,9 @@ class Hooks:
             return self._timed(kind, original, args, kwargs)
 
         return method
+
+    def _depth(self) -> int:
+        return int(getattr(self._inside, "depth", 0))
 
     def _timed(self, kind: str, original: Any, args: Any, kwargs: Any) -> Any:
         inside = self._inside
@@ -262,7 +265,7 @@ class Hooks:
         capturing = graph_capturing()
 
         def method(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            if not self.active or getattr(self._inside, "depth", 0) or compiling() or capturing():
+            if not self.active or self._depth() or compiling() or capturing():
                 return original(tensor, *args, **kwargs)
             non_blocking = bool(kwargs.get("non_blocking", False)) or any(
                 isinstance(a, bool) and a for a in args[:3]
