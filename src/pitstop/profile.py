@@ -35,6 +35,7 @@ class StepRecord:
     real_tokens: int | None = None
     loss_tokens: int | None = None
     examples: int | None = None  # examples in the step (several per row when packed)
+    attended: int | None = None  # Σ L² over the step's examples: T = attended / real_tokens (plan.flops)
     seq_len: int | None = None
     syncs: int | None = None
     sync_s: float | None = None

@@ -453,3 +453,20 @@ def test_a_hugging_face_model_inside_the_users_module_is_recognised() -> None:
     env = probe.environment
     assert env is not None and env.model.model_type == "llama" and env.model.library == "transformers"
     assert env.model.n_layers == 2 and env.attention.implementation == "sdpa"
+
+
+def test_the_probe_counts_the_square_lengths_the_attention_term_needs() -> None:
+    from pitstop.diagnose.metrics import context_length
+    from pitstop.probe.batch import count_batch
+    from pitstop.profile import RankProfile, RunProfile, StepRecord
+
+    packed = count_batch(
+        {"input_ids": torch.ones(1, 5, dtype=torch.long), "position_ids": torch.tensor([[0, 1, 0, 1, 2]])}
+    )
+    assert packed.attended == 2**2 + 3**2
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    padded = count_batch({"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": mask})
+    assert padded.attended == 3**2 + 1**2 and padded.real_tokens == 4
+    step = StepRecord(index=1, wall_s=1.0, real_tokens=2000, examples=4, attended=3 * 100**2 + 1700**2)
+    profile = RunProfile(source="watch", ranks=[RankProfile(steps=[step])])
+    assert context_length(profile) == pytest.approx(1460.0)  # E[L²]/E[L]; the mean length would be 500

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from pitstop.profile import StepRecord
 
-_COUNT_FIELDS = ("samples", "tokens", "real_tokens", "loss_tokens", "examples")
+_COUNT_FIELDS = ("samples", "tokens", "real_tokens", "loss_tokens", "examples", "attended")
 START, DATA, BWD_START, BWD_END, OPT_START, OPT_END = (
     "start",
     "data",
@@ -98,6 +98,7 @@ class BatchCounts:
     real_tokens: Any = None
     loss_tokens: Any = None
     examples: Any = None
+    attended: Any = None  # Σ L² over the examples (the attention FLOPs weight)
     seq_len: int | None = None
     nbytes: int = 0
 
@@ -224,6 +225,7 @@ class StepBuilder:
         lens = [b.seq_len for b in batches if b.seq_len is not None]
         record.seq_len = max(lens) if lens else None
         record.examples = _add([b.examples for b in batches])
+        record.attended = _add([b.attended for b in batches])
         if any(not isinstance(getattr(record, n), int | None) for n in _COUNT_FIELDS):
             self._lazy.append(record)
 
