@@ -470,3 +470,11 @@ def test_the_probe_counts_the_square_lengths_the_attention_term_needs() -> None:
     step = StepRecord(index=1, wall_s=1.0, real_tokens=2000, examples=4, attended=3 * 100**2 + 1700**2)
     profile = RunProfile(source="watch", ranks=[RankProfile(steps=[step])])
     assert context_length(profile) == pytest.approx(1460.0)  # E[L²]/E[L]; the mean length would be 500
+
+
+def test_an_optimizer_over_offloaded_copies_still_finds_the_model() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).to("meta")  # off the CPU
+    masters = [torch.zeros(p.shape, requires_grad=True) for p in model.parameters()]  # CPU fp32 copies
+    opt = torch.optim.AdamW(masters, lr=1e-3)
+    assert envmod.find_model(opt) is model
+    assert envmod.model_info(model, opt).params_total == 8 * 8 + 8 + 8 * 2 + 2

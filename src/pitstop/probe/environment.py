@@ -149,7 +149,11 @@ def _all_modules() -> Iterator[Any]:
 
 
 def find_model(optimizer: Any, trainer: Any = None) -> Any:
-    """The top-level module whose parameters the optimizer trains."""
+    """The top-level module whose parameters the optimizer trains.
+
+    An offloaded optimizer (DeepSpeed's CPU Adam, a hand-written master-weights loop) steps fp32 copies
+    that no module holds: then the model is the root module off the CPU with the most trainable parameters.
+    """
     model = getattr(trainer, "model", None) if trainer is not None else None
     if model is not None:
         return model
@@ -165,6 +169,13 @@ def find_model(optimizer: Any, trainer: Any = None) -> Any:
         hits = sum(1 for p in m.parameters() if id(p) in wanted)
         if hits > best_hits:
             best, best_hits = m, hits
+    if best is None:
+        sizes = [
+            (sum(_numel(p) for p in m.parameters() if p.requires_grad and p.device.type != "cpu"), i)
+            for i, m in enumerate(roots)
+        ]
+        size, index = max(sizes, default=(0, -1))
+        best = roots[index] if size else None
     return best
 
 
