@@ -264,21 +264,39 @@ class Hooks:
         compiling = torch.compiler.is_compiling
         capturing = graph_capturing()
 
+        dtype = torch.dtype
+
         def method(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            if not self.active or self._depth() or compiling() or capturing():
+            if (
+                not self.active
+                or (args and type(args[0]) is dtype and "device" not in kwargs)  # a cast: the common case
+                or self._depth()
+                or compiling()
+                or capturing()
+            ):
                 return original(tensor, *args, **kwargs)
+            source = tensor.device.type
+            inside = self._inside
+            inside.depth = self._depth() + 1
+            t0 = time.perf_counter()
+            try:
+                result = original(tensor, *args, **kwargs)
+            finally:
+                seconds = time.perf_counter() - t0
+                inside.depth -= 1
+            target = getattr(getattr(result, "device", None), "type", source)
+            if target == source or "cuda" not in (source, target):
+                return result  # a cast or a move that does not involve the GPU
             non_blocking = bool(kwargs.get("non_blocking", False)) or any(
                 isinstance(a, bool) and a for a in args[:3]
             )
-            source = tensor.device.type
-            if non_blocking:
-                result = original(tensor, *args, **kwargs)
-            else:
-                result = self._timed("copy_to_device", original, (tensor, *args), kwargs)
-            target = getattr(result, "device", tensor.device).type
-            if source == "cpu" and target == "cuda":
-                pinned = bool(tensor.is_pinned())
-                self.listener.guard(self.listener.on_copy, pinned, non_blocking)
+            if source == "cpu":
+                self.listener.guard(self.listener.on_copy, bool(tensor.is_pinned()), non_blocking)
+            if not non_blocking:
+                site = call_site(sys._getframe(1))
+                if site is not None:
+                    kind = "copy_to_device" if source == "cpu" else "copy_to_host"
+                    self.listener.guard(self.listener.on_sync, seconds, kind, site)
             return result
 
         return method
@@ -357,9 +375,7 @@ def graph_capturing() -> Callable[[], bool]:
 def call_site(frame: Any) -> str | None:
     """ "file.py:line in function" of the first frame outside torch, the warnings module and these hooks;
     None when that frame is the probe's own (its syncs are not the job's)."""
-    import torch
-
-    skip = (os.path.dirname(torch.__file__), warnings.__file__, __file__)
+    skip = _skipped_files()
     depth = 0
     while frame is not None and depth < 32:
         filename = frame.f_code.co_filename
@@ -367,6 +383,13 @@ def call_site(frame: Any) -> str | None:
             return None if filename.startswith(os.path.join(_PITSTOP_DIR, "probe")) else _site(frame)
         frame, depth = frame.f_back, depth + 1
     return None
+
+
+@functools.cache
+def _skipped_files() -> tuple[str, ...]:
+    import torch
+
+    return (os.path.dirname(torch.__file__), warnings.__file__, __file__)
 
 
 def _site(frame: Any) -> str:
