@@ -478,3 +478,25 @@ def test_an_optimizer_over_offloaded_copies_still_finds_the_model() -> None:
     opt = torch.optim.AdamW(masters, lr=1e-3)
     assert envmod.find_model(opt) is model
     assert envmod.model_info(model, opt).params_total == 8 * 8 + 8 + 8 * 2 + 2
+
+
+def test_the_sync_detector_stays_in_front_of_a_handler_installed_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    listener = _Recorder()
+    hooks = Hooks(listener)  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        hooks.install()
+        hooks._install_sync_detector(torch)
+        logged: list[str] = []
+        warnings.showwarning = lambda message, *rest: logged.append(str(message))  # logging.captureWarnings
+        try:
+            _steps(1)  # the detector puts itself back in front at the step
+            warnings.warn(SYNC_WARNING, stacklevel=1)
+            warnings.warn("something else", UserWarning, stacklevel=1)
+        finally:
+            hooks.remove()
+    assert [k for _, k, _ in listener.syncs] == ["other"]
+    assert logged == ["something else"]  # the job's handler still sees its own warnings, not ours

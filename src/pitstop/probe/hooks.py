@@ -69,6 +69,7 @@ class Hooks:
         self._sync_installed = False
         self.sync_watched = False  # whether the sync watch ran at any time (its counts mean something)
         self._inside = threading.local()  # depth of wrapped sync calls on this thread
+        self._ensure_detector: Callable[[], None] | None = None
 
     # -- helpers ----------------------------------------------------------------------------------
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
@@ -103,6 +104,8 @@ class Hooks:
         def on_step(opt: Any, starting: bool) -> None:
             if self.active and not compiling() and not capturing():
                 listener.guard(listener.on_optimizer, opt, starting)
+                if self._ensure_detector is not None:
+                    self._ensure_detector()
 
         pre = optim_mod.register_optimizer_step_pre_hook(lambda opt, args, kwargs: on_step(opt, True))
         post = optim_mod.register_optimizer_step_post_hook(lambda opt, args, kwargs: on_step(opt, False))
@@ -308,31 +311,40 @@ class Hooks:
             torch.cuda.set_sync_debug_mode("warn")
         except Exception:  # a build without it: the wrapped calls are still counted
             return
-        shown = warnings.showwarning
+        shown = [warnings.showwarning]  # whoever showed warnings before us (re-read if replaced later)
         hooks = self
 
         def showwarning(message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
             if SYNC_WARNING not in str(message):
-                shown(message, category, filename, lineno, *rest)
+                shown[0](message, category, filename, lineno, *rest)
                 return
-            if hooks.active and not getattr(hooks._inside, "depth", 0):
+            if hooks.active and not hooks._depth():
                 site = call_site(sys._getframe(1))
                 if site is not None:
                     hooks.listener.guard(hooks.listener.on_sync, None, "other", site)
             if previous:  # the job asked for these warnings itself
-                shown(message, category, filename, lineno, *rest)
+                shown[0](message, category, filename, lineno, *rest)
 
-        warnings.showwarning = showwarning  # type: ignore[assignment]
+        def ensure() -> None:
+            """Stay in front when the job installs its own handler later (``logging.captureWarnings``)."""
+            current = warnings.showwarning
+            if current is not showwarning:
+                shown[0] = current
+                warnings.showwarning = showwarning  # type: ignore[assignment]
+
+        ensure()
         warnings.filterwarnings("always", message=SYNC_WARNING)
         added = warnings.filters[0]
+        self._ensure_detector = ensure
 
         def undo() -> None:
+            self._ensure_detector = None
+            torch.cuda.set_sync_debug_mode(previous)
             if warnings.showwarning is showwarning:
-                warnings.showwarning = shown
-            with contextlib.suppress(ValueError):
+                warnings.showwarning = shown[0]
+            with contextlib.suppress(Exception):
                 warnings.filters.remove(added)  # type: ignore[attr-defined]
                 warnings._filters_mutated()  # type: ignore[attr-defined]
-            torch.cuda.set_sync_debug_mode(previous)
 
         self._restore.append(undo)
 
