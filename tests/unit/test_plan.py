@@ -242,3 +242,20 @@ def test_the_margin_grows_with_what_the_run_adds() -> None:
         CONTEXT_BYTES + FRAGMENTATION * tensors + NCCL_BASE_BYTES + 8 * NCCL_PER_RANK_BYTES
     )  # NCCL's buffers once a process group spans GPUs
     assert graphs.margin > one.margin + 0.2 * one.activations  # a captured graph's private pool
+
+
+def test_plan_is_built_outside_the_cli_and_an_offload_plan_renders() -> None:
+    import io
+
+    from rich.console import Console
+
+    from pitstop.cli.plan import render_plan
+    from pitstop.plan.build import PlanRequest, build_plan
+
+    plan = build_plan(PlanRequest(model="qwen2-0.5b", gpu="L4", seq=512, zero=2, offload="optimizer"))
+    assert plan.offload is not None and plan.gpu.memory_mib == 23034
+    out = io.StringIO()
+    render_plan(plan, Console(file=out, width=200))  # raised KeyError 'compute_s_per_micro_batch' before
+    assert "offload:" in out.getvalue() and "s of compute" in out.getvalue()
+    with pytest.raises(PlanError, match="unknown GPU 'H999'"):
+        build_plan(PlanRequest(model="qwen2-0.5b", gpu="H999"))
