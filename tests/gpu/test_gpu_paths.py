@@ -82,6 +82,8 @@ def test_2_moe_flops_count_active_experts_and_the_device_is_matched(figure: Any)
         samples = [s for s in rank.gpu_samples if s.mem_total]
         figure("nvml_samples", len(rank.gpu_samples))
         assert samples, f"NVML gave no samples: {rank.probe_errors}"
+        if len(samples) > 2:  # item 9: the sampler's real rate, with both PCIe queries in every sample
+            figure("nvml_hz", round((len(samples) - 1) / (samples[-1].t - samples[0].t), 2))
         if spec is not None and spec.mig:  # the slice's own memory, and no made-up utilization
             assert all(s.util is None for s in samples)
 
