@@ -19,7 +19,7 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
     s = plan.setup
     gib = plan.mem.gib()
     head = (
-        f"[bold]{plan.name}[/bold] on {s.gpus}× {plan.gpu.key} ({plan.gpu.memory_gib:g} GiB): {s.method} "
+        f"[bold]{plan.name}[/bold] on {s.gpus}× {plan.gpu.key} ({plan.gpu.memory_gib:.1f} GiB): {s.method} "
         f"fine-tune, {plan.params.total / 1e9:.2f}B params ({plan.params.trainable / 1e6:,.1f}M trained), "
         f"seq {s.seq}, micro-batch {s.micro_batch}, ZeRO-{s.zero}, offload {s.offload}, {s.optimizer}, "
         f"{s.attn} attention" + (", checkpointing" if s.checkpointing else "")
@@ -43,7 +43,7 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
         )
     verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
     console.print(
-        f"{verdict} in {plan.gpu.memory_gib:g} GiB · largest micro-batch that fits: "
+        f"{verdict} in {plan.gpu.memory_gib:.1f} GiB · largest micro-batch that fits: "
         f"[bold]{plan.max_micro_batch}[/bold]"
         + (f" · gradient accumulation {plan.gradient_accumulation}" if plan.gradient_accumulation else "")
         + (" · [red]needs offload or one of the changes below[/red]" if plan.needs_offload else "")
