@@ -167,6 +167,7 @@ def test_mixtral_8x7b_plan_is_about_84_gflop_per_token_not_286() -> None:
     assert fpt is not None and 80e9 < fpt.total < 88e9
 
 
+@pytest.mark.slow
 def test_fsdp1_counts_the_whole_model_not_the_local_shard() -> None:
     import json
     import subprocess
