@@ -62,9 +62,18 @@ def cap_memory() -> None:
 def predicted_batch() -> int:
     """pitstop's memory model: activations and logits per row of this model, against the budget."""
     from pitstop.plan.memory import Setup, activations, logits
+    from pitstop.plan.model_shape import ModelShape
 
-    shape = {"layers": LAYERS, "hidden": HIDDEN, "intermediate": 4 * HIDDEN, "heads": 4, "kv_heads": 4}
-    s = Setup.for_shape({**shape, "head_dim": HIDDEN // 4, "vocab": VOCAB}, seq=SEQ)
+    shape = ModelShape(
+        layers=LAYERS,
+        hidden=HIDDEN,
+        intermediate=4 * HIDDEN,
+        heads=4,
+        head_dim=HIDDEN // 4,
+        kv_heads=4,
+        vocab=VOCAB,
+    )
+    s = Setup.for_shape(shape, seq=SEQ)
     per_row = activations(s) + logits(s)
     return max(1, int(BUDGET / per_row))
 

@@ -4,10 +4,16 @@ Peaks are *dense* (no 2:4 sparsity) tensor-core figures from the vendors' datash
 gives only a sparse figure, the dense one is half of it, as the datasheet's footnote states. GeForce cards
 are listed at their fp32-accumulate tensor rate (what training uses), which is half of the fp16-accumulate
 headline number. An accelerator that is not in this table is "unknown": pitstop never guesses its peak.
+
+Memory is the capacity the driver reports (``nvidia-smi --query-gpu=memory.total``, ``rocm-smi``), in MiB,
+per variant: a "24 GB" L4 or A10G holds ~22.5 GiB, an "80 GB" H100 79.6 GiB; a datasheet's decimal
+gigabytes are never read as GiB. A MIG slice (``... MIG 1g.10gb``) is its own device: its share of the
+parent's SMs (``1g`` is 14 of the A100's 108 SMs, 16 of the H100's 132) and its own memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -21,12 +27,21 @@ DTYPES = ("bf16", "fp16", "tf32", "fp32")
 class GpuSpec:
     key: str
     vendor: str
-    memory_gib: float
+    memory_mib: int  # what the driver reports as total memory
     peak_tflops: dict[str, float | None]  # dense peaks by compute dtype; None = not supported
     mem_bw_tbs: float
     pcie_gen: int
     patterns: tuple[str, ...]  # regexes matched against a normalized device name
     source: str
+    mig: str | None = None  # the MIG profile ("1g.10gb") when this is a slice of the row's GPU
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_mib / 1024
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * 2**20
 
     def peak_flops(self, dtype: str) -> float | None:
         """Dense peak in FLOP/s for a compute dtype, or None when the GPU has no such path."""
@@ -49,24 +64,27 @@ _NV_A100 = "NVIDIA A100 datasheet (2021): 312 TF BF16/FP16, 156 TF TF32, 19.5 TF
 _NV_H100 = "NVIDIA H100 datasheet / Hopper whitepaper (2023); dense = half the sparse figures"
 
 # fmt: off
-# key          vendor   GiB    bf16    fp16    tf32   fp32   TB/s  PCIe  name patterns                      source
+# key          vendor   MiB      bf16    fp16    tf32   fp32   TB/s  PCIe  name patterns                      source
 _ROWS: tuple[tuple, ...] = (
-    ("A100-40GB", "nvidia", 40,  312,    312,    156,   19.5,  1.555, 4, (r"a100.*40\s*gb", r"a100(?!.*80)"), _NV_A100 + "; 1,555 GB/s"),
-    ("A100-80GB", "nvidia", 80,  312,    312,    156,   19.5,  2.039, 4, (r"a100.*80\s*gb",), _NV_A100 + "; 2,039 GB/s SXM (PCIe 1,935)"),
-    ("H100-SXM",  "nvidia", 80,  989.4,  989.4,  494.7, 66.9,  3.35,  5, (r"h100.*sxm", r"h100.*hbm3", r"h100(?!.*(pcie|nvl))"), _NV_H100 + "; SXM5 3.35 TB/s"),
-    ("H100-PCIe", "nvidia", 80,  756.5,  756.5,  378,   51.2,  2.0,   5, (r"h100.*pcie",), _NV_H100 + "; PCIe 2.0 TB/s"),
-    ("H200",      "nvidia", 141, 989.4,  989.4,  494.7, 66.9,  4.8,   5, (r"h200(?!.*nvl)",), "NVIDIA H200 product page (2024): H100 SXM tensor peaks; 141 GB, 4.8 TB/s"),
-    ("B200",      "nvidia", 180, 2250,   2250,   1100,  75,    7.7,   5, (r"b200",), "NVIDIA HGX B200 spec table: 4.5 PF sparse BF16 → 2.25 PF dense, 2.2 PF sparse TF32, 75 TF FP32; 180 GB, 7.7 TB/s"),
-    ("L4",        "nvidia", 24,  121,    121,    60,    30.3,  0.3,   4, (r"\bl4\b",), "NVIDIA L4 product page: 242 TF sparse BF16, 120 TF sparse TF32, 30.3 TF FP32; 300 GB/s"),
-    ("L40S",      "nvidia", 48,  362.05, 362.05, 183,   91.6,  0.864, 4, (r"l40s",), "NVIDIA L40S datasheet: 362 TF dense BF16, 366 TF sparse TF32, 91.6 TF FP32; 864 GB/s"),
-    ("A10G",      "nvidia", 24,  70,     70,     35,    35,    0.6,   4, (r"a10g",), "NVIDIA/AWS A10G datasheet (2022): 70 TF BF16/FP16, 35 TF TF32, 35 TF FP32 dense; 600 GB/s"),
-    ("RTX-3090",  "nvidia", 24,  71,     71,     35.6,  35.6,  0.936, 4, (r"3090",), "NVIDIA GA102 whitepaper: 71 TF FP16 tensor with FP32 accumulate; 936 GB/s"),
-    ("RTX-4090",  "nvidia", 24,  165.2,  165.2,  82.6,  82.6,  1.008, 4, (r"4090",), "NVIDIA Ada whitepaper: 165 TF FP16 tensor with FP32 accumulate, 82.6 TF TF32; 1,008 GB/s"),
-    ("V100",      "nvidia", 32,  None,   125,    None,  15.7,  0.9,   3, (r"v100",), "NVIDIA V100 datasheet (SXM2): 125 TF FP16 tensor, 15.7 TF FP32, no BF16/TF32; 900 GB/s"),
-    ("T4",        "nvidia", 16,  None,   65,     None,  8.1,   0.32,  3, (r"\bt4\b",), "NVIDIA T4 datasheet: 65 TF FP16 mixed precision, 8.1 TF FP32, no BF16/TF32; 320 GB/s"),
+    ("A100-40GB", "nvidia", 40960,  312,    312,    156,   19.5,  1.555, 4, (r"a100.*40\s*gb", r"a100(?!.*80)"), _NV_A100 + "; 1,555 GB/s"),
+    ("A100-80GB", "nvidia", 81920,  312,    312,    156,   19.5,  2.039, 4, (r"a100.*80\s*gb",), _NV_A100 + "; 2,039 GB/s SXM (PCIe 1,935)"),
+    ("H100-SXM",  "nvidia", 81559,  989.4,  989.4,  494.7, 66.9,  3.35,  5, (r"h100.*sxm", r"h100.*hbm3", r"h100(?!.*(pcie|nvl))"), _NV_H100 + "; SXM5 3.35 TB/s"),
+    ("H100-PCIe", "nvidia", 81559,  756.5,  756.5,  378,   51.2,  2.0,   5, (r"h100.*pcie",), _NV_H100 + "; PCIe 2.0 TB/s"),
+    ("H200",      "nvidia", 143771, 989.4,  989.4,  494.7, 66.9,  4.8,   5, (r"(?<!g)h200(?!.*nvl)",), "NVIDIA H200 product page (2024): H100 SXM tensor peaks; 141 GB, 4.8 TB/s"),
+    ("GH200-144GB", "nvidia", 146831, 989.4, 989.4, 494.7, 66.9, 4.9,   5, (r"gh200.*14[14]\s*g",), "NVIDIA GH200 datasheet (2024): H100 SXM tensor peaks; 144 GB HBM3e, 4.9 TB/s"),
+    ("GH200-96GB", "nvidia", 97871,  989.4,  989.4,  494.7, 66.9,  4.0,   5, (r"gh200",), "NVIDIA GH200 datasheet (2023): H100 SXM tensor peaks; 96 GB HBM3, 4 TB/s"),
+    ("B200",      "nvidia", 183359, 2250,   2250,   1100,  75,    7.7,   5, (r"b200",), "NVIDIA HGX B200 spec table: 4.5 PF sparse BF16 → 2.25 PF dense, 2.2 PF sparse TF32, 75 TF FP32; 180 GB, 7.7 TB/s"),
+    ("L4",        "nvidia", 23034,  121,    121,    60,    30.3,  0.3,   4, (r"\bl4\b",), "NVIDIA L4 product page: 242 TF sparse BF16, 120 TF sparse TF32, 30.3 TF FP32; 300 GB/s"),
+    ("L40S",      "nvidia", 46068,  362.05, 362.05, 183,   91.6,  0.864, 4, (r"l40s",), "NVIDIA L40S datasheet: 362 TF dense BF16, 366 TF sparse TF32, 91.6 TF FP32; 864 GB/s"),
+    ("A10G",      "nvidia", 23028,  70,     70,     35,    35,    0.6,   4, (r"a10g",), "NVIDIA/AWS A10G datasheet (2022): 70 TF BF16/FP16, 35 TF TF32, 35 TF FP32 dense; 600 GB/s"),
+    ("RTX-3090",  "nvidia", 24576,  71,     71,     35.6,  35.6,  0.936, 4, (r"3090",), "NVIDIA GA102 whitepaper: 71 TF FP16 tensor with FP32 accumulate; 936 GB/s"),
+    ("RTX-4090",  "nvidia", 24564,  165.2,  165.2,  82.6,  82.6,  1.008, 4, (r"4090",), "NVIDIA Ada whitepaper: 165 TF FP16 tensor with FP32 accumulate, 82.6 TF TF32; 1,008 GB/s"),
+    ("V100-32GB", "nvidia", 32510,  None,   125,    None,  15.7,  0.9,   3, (r"v100.*32\s*gb",), "NVIDIA V100 datasheet (SXM2): 125 TF FP16 tensor, 15.7 TF FP32, no BF16/TF32; 900 GB/s"),
+    ("V100-16GB", "nvidia", 16160,  None,   125,    None,  15.7,  0.9,   3, (r"v100",), "NVIDIA V100 datasheet (SXM2): 125 TF FP16 tensor, 15.7 TF FP32, no BF16/TF32; 900 GB/s"),
+    ("T4",        "nvidia", 15360,  None,   65,     None,  8.1,   0.32,  3, (r"\bt4\b",), "NVIDIA T4 datasheet: 65 TF FP16 mixed precision, 8.1 TF FP32, no BF16/TF32; 320 GB/s"),
     # torch sees each of the MI250X's two dies (GCDs) as one device: per-device figures are half the package's
-    ("MI250X",    "amd",    64,  191.5,  191.5,  None,  47.9,  1.6,   4, (r"mi250",), "AMD MI250X product page: 383 TF BF16/FP16, 95.7 TF FP32 matrix, 3.2 TB/s per package of 2 GCDs"),
-    ("MI300X",    "amd",    192, 1307.4, 1307.4, 653.7, 163.4, 5.3,   5, (r"mi300x",), "AMD MI300X datasheet: 1,307.4 TF dense BF16/FP16, 653.7 TF TF32, 163.4 TF FP32; 5.3 TB/s"),
+    ("MI250X",    "amd",    65536,  191.5,  191.5,  None,  47.9,  1.6,   4, (r"mi250",), "AMD MI250X product page: 383 TF BF16/FP16, 95.7 TF FP32 matrix, 3.2 TB/s per package of 2 GCDs"),
+    ("MI300X",    "amd",    196608, 1307.4, 1307.4, 653.7, 163.4, 5.3,   5, (r"mi300x",), "AMD MI300X datasheet: 1,307.4 TF dense BF16/FP16, 653.7 TF TF32, 163.4 TF FP32; 5.3 TB/s"),
 )
 # fmt: on
 
@@ -74,6 +92,32 @@ GPUS: tuple[GpuSpec, ...] = tuple(
     GpuSpec(key, vendor, mem, {"bf16": bf16, "fp16": fp16, "tf32": tf32, "fp32": fp32}, bw, pcie, pats, src)
     for key, vendor, mem, bf16, fp16, tf32, fp32, bw, pcie, pats, src in _ROWS
 )
+
+_MIG = re.compile(r"\bmig\s+(\d)g\.(\d+)gb\b")
+_MIG_SMS = {"A100": (14, 108), "H100": (16, 132), "H200": (16, 132), "GH200": (16, 132), "B200": (18, 148)}
+"""SMs per MIG compute slice and on the full GPU (NVIDIA MIG user guide, "Supported MIG profiles")."""
+MIG_MEMORY_SHARE = 0.95
+"""A profile's "5gb" is its share of the parent's memory; the driver reports ~0.95 GiB per named GB
+(1g.5gb: 4,864 MiB; 2g.10gb: 9,728 MiB). The probe reads the slice's real size from torch."""
+
+
+def mig_slice(parent: GpuSpec, profile: str, slices: int, gb: int) -> GpuSpec:
+    """The part of ``parent`` a MIG profile gets: its SMs' share of every peak, its own memory."""
+    family = parent.key.split("-")[0]
+    per_slice, total = _MIG_SMS.get(family, (1, 7))
+    share = min(slices * per_slice / total, 1.0)
+    peaks = {k: None if v is None else round(v * share, 2) for k, v in parent.peak_tflops.items()}
+    return dataclasses.replace(
+        parent,
+        key=f"{parent.key} MIG {profile}",
+        memory_mib=int(gb * 1024 * MIG_MEMORY_SHARE),
+        peak_tflops=peaks,
+        mem_bw_tbs=round(parent.mem_bw_tbs * min(slices / 8, 1.0), 3),  # memory slices: 1 of 8 per g
+        patterns=(),
+        source=f"{parent.source}; MIG {profile}: {slices * per_slice} of {total} SMs",
+        mig=profile,
+    )
+
 
 EXPECTED_MFU = (0.40, 0.50)
 """The MFU a well-tuned dense fine-tune reaches on one modern GPU; the range users are told to expect."""
@@ -86,13 +130,22 @@ def _normalize(name: str) -> str:
 
 
 def lookup_gpu(name: str | None) -> GpuSpec | None:
-    """Find a GPU by a device name (``torch.cuda.get_device_name``, NVML) or a table key; None if unknown."""
+    """Find a GPU by a device name (``torch.cuda.get_device_name``, NVML) or a table key; None if unknown.
+
+    A MIG slice ("NVIDIA A100-SXM4-40GB MIG 1g.5gb") is the parent's row cut to the slice (``mig_slice``).
+    """
     if not name:
         return None
     for spec in GPUS:
         if name.strip().lower() == spec.key.lower():
             return spec
     normalized = _normalize(name)
+    mig = _MIG.search(normalized)
+    if mig is not None:
+        parent = lookup_gpu(normalized[: mig.start()].strip())
+        if parent is None:
+            return None
+        return mig_slice(parent, f"{mig.group(1)}g.{mig.group(2)}gb", int(mig.group(1)), int(mig.group(2)))
     for spec in GPUS:
         if any(re.search(p, normalized) for p in spec.patterns):
             return spec

@@ -35,6 +35,7 @@ class StepRecord:
     real_tokens: int | None = None
     loss_tokens: int | None = None
     examples: int | None = None  # examples in the step (several per row when packed)
+    attended: int | None = None  # Σ L² over the step's examples: T = attended / real_tokens (plan.flops)
     seq_len: int | None = None
     syncs: int | None = None
     sync_s: float | None = None
@@ -84,6 +85,13 @@ class DataLoaderInfo:
     dataset: str | None = None
     examples_are_text: bool | None = None
     collate_s_per_batch: float | None = None
+    # host-to-device copies the job made in the measured steps (Tensor.to / .cuda), by kind; None = not watched.
+    # pin_memory=True overlaps nothing unless the copy also passes non_blocking=True.
+    h2d_copies: int | None = None
+    h2d_copies_pinned_blocking: int | None = (
+        None  # pinned source, non_blocking=False: staged but still blocking
+    )
+    h2d_copies_non_blocking: int | None = None
 
 
 @dataclass
@@ -102,6 +110,10 @@ class ModelInfo:
     params_total: int | None = None
     params_trainable: int | None = None
     params_embedding: int | None = None
+    n_experts: int | None = None  # mixture-of-experts: experts per layer, and how many a token is routed to
+    experts_active: int | None = None
+    params_inactive: int | None = None  # expert weights a token does not pass through: (E - k) / E of them
+    library: str | None = None  # "transformers" when the trained model is a PreTrainedModel
 
 
 @dataclass
@@ -218,6 +230,16 @@ class RunTotals:
 
 
 @dataclass
+class SyncSite:
+    """One call site that blocked the host on the GPU during the measured steps."""
+
+    site: str  # "file.py:123 in function"
+    kind: str  # item, tolist, cpu, bool, float, int, nonzero, copy_to_device, synchronize, other
+    count: int = 0
+    seconds: float | None = None  # host time blocked, where the call could be timed; None = counted only
+
+
+@dataclass
 class RankProfile:
     """Everything one process measured."""
 
@@ -237,6 +259,9 @@ class RankProfile:
     stopped_by_probe: bool = False
     probe_errors: list[str] = field(default_factory=list)
     window_rule: str | None = None  # why an adaptive window ended ("12 steps: mean step time known to ±2.1%")
+    sync_sites: list[SyncSite] = field(
+        default_factory=list
+    )  # where the host waited on the GPU, busiest first
 
     def total(self, name: str) -> float | None:
         """Sum of one StepRecord field over the measured steps (None if any step lacks it)."""

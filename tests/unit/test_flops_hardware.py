@@ -27,7 +27,10 @@ from pitstop.profile import ModelInfo
         ("NVIDIA A10G", "A10G"),
         ("NVIDIA GeForce RTX 3090", "RTX-3090"),
         ("NVIDIA GeForce RTX 4090", "RTX-4090"),
-        ("Tesla V100-SXM2-32GB", "V100"),
+        ("Tesla V100-SXM2-32GB", "V100-32GB"),
+        ("Tesla V100-SXM2-16GB", "V100-16GB"),
+        ("NVIDIA GH200 480GB", "GH200-96GB"),
+        ("NVIDIA GH200 144G HBM3e", "GH200-144GB"),
         ("Tesla T4", "T4"),
         ("AMD Instinct MI250X/MI250", "MI250X"),
         ("AMD Instinct MI300X", "MI300X"),
@@ -99,3 +102,21 @@ def test_mfu_and_expected_are_consistent() -> None:
 
 def test_flops_unknown_without_parameter_count() -> None:
     assert flops_per_token(ModelInfo(), 1024) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "gib"),
+    [
+        ("NVIDIA L4", 22.49),  # "24 GB" on the datasheet
+        ("NVIDIA A10G", 22.49),
+        ("NVIDIA L40S", 44.99),
+        ("Tesla T4", 15.0),
+        ("Tesla V100-SXM2-16GB", 15.78),  # not planned as the 32 GB card
+        ("NVIDIA GH200 480GB", 95.58),  # the 96 GB HBM3 superchip, not the H200's 141 GB
+        ("NVIDIA H200", 140.4),
+    ],
+)
+def test_capacities_are_what_the_driver_reports_in_mib(name: str, gib: float) -> None:
+    spec = lookup_gpu(name)
+    assert spec is not None and spec.memory_gib == pytest.approx(gib, abs=0.01)
+    assert spec.memory_bytes == spec.memory_mib * 2**20

@@ -12,8 +12,8 @@ import pytest
 
 from pitstop.hardware import lookup_gpu
 from pitstop.plan.memory import GIB, Setup, activations, held_after_forward, memory, model_states
-from pitstop.plan.model_shape import model_info_from_config
-from pitstop.plan.params import count_params, presets, resolve_model, shape_of
+from pitstop.plan.model_shape import ModelShape, model_info_from_config
+from pitstop.plan.params import count_params, presets, resolve_model
 from pitstop.plan.planner import PlanError, make_plan
 
 MLC_PRESETS = [
@@ -118,7 +118,9 @@ def test_activation_formula_within_10pct_of_the_simulated_step(
     from pitstop.plan.simulate import simulate_step
 
     config = resolve_model(name)[1]
-    s = Setup.for_shape(shape_of(config), seq=seq, micro_batch=batch, checkpointing=checkpointing)
+    s = Setup.for_shape(
+        ModelShape.from_config(config), seq=seq, micro_batch=batch, checkpointing=checkpointing
+    )
     simulated = simulate_step(config, batch, seq, "sdpa", checkpointing).activations
     assert held_after_forward(s) == pytest.approx(simulated, rel=0.10)
 
@@ -134,7 +136,7 @@ def _plan(**kw: Any) -> Any:
     config = resolve_model("llama-3.1-8b")[1]
     params = count_params(config, kw.get("method", "full"))
     lora = count_params(config, "lora").trainable
-    sh = shape_of(config)
+    sh = ModelShape.from_config(config)
     s = Setup.for_shape(
         sh,
         total_params=params.total,
@@ -146,7 +148,7 @@ def _plan(**kw: Any) -> Any:
     )
     gpu = lookup_gpu(kw.get("gpu_name", "H100-SXM"))
     return make_plan(
-        "llama-3.1-8b", gpu, s, params, sh, False, global_batch=64, auto_micro_batch=kw.get("auto", False)
+        "llama-3.1-8b", gpu, s, params, sh, global_batch=64, auto_micro_batch=kw.get("auto", False)
     )
 
 
@@ -201,7 +203,7 @@ def test_impossible_combinations() -> None:
         replace(s, zero=4),
     ):
         with pytest.raises(PlanError):
-            make_plan("m", gpu, bad, count_params_stub(), shape_stub(), False)
+            make_plan("m", gpu, bad, count_params_stub(), shape_stub())
     assert memory(s, 80 * GIB).total > 0
 
 
@@ -217,20 +219,43 @@ def count_params_stub() -> Any:
     )
 
 
-def shape_stub() -> dict[str, int]:
-    return {
-        "layers": 32,
-        "hidden": 4096,
-        "intermediate": 14336,
-        "heads": 32,
-        "head_dim": 128,
-        "kv_heads": 8,
-        "vocab": 128256,
-        "experts_active": 1,
-    }
+def shape_stub() -> ModelShape:
+    return ModelShape(
+        layers=32, hidden=4096, intermediate=14336, heads=32, head_dim=128, kv_heads=8, vocab=128256
+    )
 
 
 def test_presets_ship_and_resolve() -> None:
     names = presets()
     assert {"llama-3.1-8b", "qwen2-7b", "mistral-7b", "gemma2-9b", "smollm2-135m"} <= set(names)
     assert all(v.get("_source") for v in names.values())
+
+
+def test_the_margin_grows_with_what_the_run_adds() -> None:
+    one = memory(_setup(), 80 * GIB)
+    eight = memory(_setup(gpus=8, zero=3), 80 * GIB)
+    graphs = memory(_setup(cuda_graphs=True), 80 * GIB)
+    from pitstop.plan.memory import CONTEXT_BYTES, FRAGMENTATION, NCCL_BASE_BYTES, NCCL_PER_RANK_BYTES
+
+    tensors = eight.total - eight.margin
+    assert eight.margin == pytest.approx(
+        CONTEXT_BYTES + FRAGMENTATION * tensors + NCCL_BASE_BYTES + 8 * NCCL_PER_RANK_BYTES
+    )  # NCCL's buffers once a process group spans GPUs
+    assert graphs.margin > one.margin + 0.2 * one.activations  # a captured graph's private pool
+
+
+def test_plan_is_built_outside_the_cli_and_an_offload_plan_renders() -> None:
+    import io
+
+    from rich.console import Console
+
+    from pitstop.cli.plan import render_plan
+    from pitstop.plan.build import PlanRequest, build_plan
+
+    plan = build_plan(PlanRequest(model="qwen2-0.5b", gpu="L4", seq=512, zero=2, offload="optimizer"))
+    assert plan.offload is not None and plan.gpu.memory_mib == 23034
+    out = io.StringIO()
+    render_plan(plan, Console(file=out, width=200))  # raised KeyError 'compute_s_per_micro_batch' before
+    assert "offload:" in out.getvalue() and "s of compute" in out.getvalue()
+    with pytest.raises(PlanError, match="unknown GPU 'H999'"):
+        build_plan(PlanRequest(model="qwen2-0.5b", gpu="H999"))

@@ -1,4 +1,4 @@
-"""``pitstop plan``: render a Plan in the terminal and as JSON."""
+"""``pitstop plan``: render a Plan in the terminal and as JSON (``plan.build`` makes it)."""
 
 from __future__ import annotations
 
@@ -9,89 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
-from pitstop.hardware import GPUS, lookup_gpu
-from pitstop.plan.memory import GIB, Setup, held_after_forward
-from pitstop.plan.model_shape import ModelConfigError, model_info_from_config
-from pitstop.plan.params import count_params, resolve_model, shape_of
-from pitstop.plan.planner import Plan, PlanError, make_plan
-
-
-def build_plan(
-    model: str,
-    gpu: str,
-    gpus: int,
-    seq: int,
-    micro_batch: str,
-    global_batch: int | None,
-    zero: int,
-    offload: str,
-    method: str,
-    rank: int,
-    optimizer: str,
-    attn: str,
-    checkpointing: bool,
-    chunked_loss: bool,
-    simulate: bool,
-) -> Plan:
-    spec = lookup_gpu(gpu)
-    if spec is None:
-        known = ", ".join(g.key for g in GPUS)
-        raise UserError(f"unknown GPU '{gpu}'; pitstop knows: {known}")
-    try:
-        name, config = resolve_model(model)
-        shape = shape_of(config)
-    except (ModelConfigError, KeyError, TypeError, ValueError) as exc:
-        detail = str(exc) or f"{model}: the config misses fields"
-        raise UserError(f"--model: {detail}") from None
-    auto = micro_batch == "auto"
-    if not auto and not micro_batch.isdigit():
-        raise UserError("--micro-batch is a number or auto")
-    params = count_params(config, method, rank)
-    lora = params.trainable if method != "full" else count_params(config, "lora", rank).trainable
-    setup = Setup.for_shape(
-        shape,
-        total_params=params.total,
-        lora_params=lora,
-        embedding_params=params.embedding,
-        largest_module=params.largest_module,
-        seq=seq,
-        micro_batch=1 if auto else int(micro_batch),
-        gpus=gpus,
-        zero=zero,
-        offload=offload,
-        method=method,
-        optimizer=optimizer,
-        attn=attn,
-        checkpointing=checkpointing,
-        chunked_loss=chunked_loss,
-        lora_rank=rank,
-    )
-    tied = bool(model_info_from_config(config).tied_embeddings)
-    try:
-        plan = make_plan(name, spec, setup, params, shape, tied, global_batch, auto)
-    except PlanError as exc:
-        raise UserError(str(exc)) from None
-    if simulate:
-        try:
-            from pitstop.plan.simulate import simulate_step
-
-            sim = simulate_step(
-                config,
-                plan.setup.micro_batch,
-                seq,
-                "eager" if attn == "eager" else "sdpa",
-                checkpointing,
-                None,  # peft cannot wrap a model under fake tensors: LoRA is simulated without its adapters
-            )
-            plan.simulated_activations = sim.activations
-            if method != "full":
-                plan.notes.append(
-                    "simulated without the LoRA adapters (peft cannot wrap fake tensors); they add "
-                    f"{2 * rank * 7} bytes per token per layer to the formula"
-                )
-        except Exception as exc:  # the simulation is a cross-check; its failure must not hide the plan
-            plan.notes.append(f"fake-tensor simulation unavailable ({type(exc).__name__}: {str(exc)[:120]})")
-    return plan
+from pitstop.plan.build import PlanRequest, build_plan
+from pitstop.plan.memory import GIB, held_after_forward
+from pitstop.plan.planner import Plan
 
 
 def render_plan(plan: Plan, console: Console | None = None) -> None:
@@ -99,7 +19,7 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
     s = plan.setup
     gib = plan.mem.gib()
     head = (
-        f"[bold]{plan.name}[/bold] on {s.gpus}× {plan.gpu.key} ({plan.gpu.memory_gib:g} GiB): {s.method} "
+        f"[bold]{plan.name}[/bold] on {s.gpus}× {plan.gpu.key} ({plan.gpu.memory_gib:.1f} GiB): {s.method} "
         f"fine-tune, {plan.params.total / 1e9:.2f}B params ({plan.params.trainable / 1e6:,.1f}M trained), "
         f"seq {s.seq}, micro-batch {s.micro_batch}, ZeRO-{s.zero}, offload {s.offload}, {s.optimizer}, "
         f"{s.attn} attention" + (", checkpointing" if s.checkpointing else "")
@@ -123,7 +43,7 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
         )
     verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
     console.print(
-        f"{verdict} in {plan.gpu.memory_gib:g} GiB · largest micro-batch that fits: "
+        f"{verdict} in {plan.gpu.memory_gib:.1f} GiB · largest micro-batch that fits: "
         f"[bold]{plan.max_micro_batch}[/bold]"
         + (f" · gradient accumulation {plan.gradient_accumulation}" if plan.gradient_accumulation else "")
         + (" · [red]needs offload or one of the changes below[/red]" if plan.needs_offload else "")
@@ -137,7 +57,7 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
         o = plan.offload
         console.print(
             f"offload: {o['pcie_gb_per_step']} GB over PCIe per micro-batch ({o['pcie_s_per_step']} s) and "
-            f"{o['cpu_optimizer_s_per_step']} s of CPU optimizer vs {o['compute_s_per_micro_batch']} s of "
+            f"{o['cpu_optimizer_s_per_step']} s of CPU optimizer vs {o['compute_s_per_step']} s of "
             f"compute: about ×{o['est_slowdown']} slower"
         )
     alt = Table(title="Changes that save memory, cheapest first", title_justify="left")
@@ -153,7 +73,7 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
 
 
 def run_plan(json_out: Path | None, **kwargs: object) -> int:
-    plan = build_plan(**kwargs)  # type: ignore[arg-type]
+    plan = build_plan(PlanRequest(**kwargs))  # type: ignore[arg-type]
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(plan.to_dict(), indent=1))

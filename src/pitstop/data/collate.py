@@ -6,7 +6,10 @@ example from 0) and ignores the first label of each example (so the previous exa
 predicts across the boundary). What keeps attention inside an example depends on the backend:
 
 * ``flash_attention_2`` / ``flash_attention_3``: the batch is flattened into one row; ``position_ids`` plus
-  ``cu_seq_lens_q/k`` and ``max_length_q/k`` drive the variable-length kernel; no mask.
+  ``cu_seq_lens_q/k`` and ``max_length_q/k`` drive the variable-length kernel; no mask. The kernel wants
+  the two maxima as Python ints (a tensor would cost a device sync to read), yet a plain loop moves a batch
+  with ``{k: v.to(device) for k, v in batch.items()}``: they are ``Length``, an ``int`` that also answers
+  ``.to()``, ``.cuda()`` and ``.pin_memory()`` with itself, so the batch goes through any loop unchanged.
 * ``sdpa``: a 4-D boolean block-diagonal causal mask (True = may attend). With transformers 5, SDPA given
   only reset ``position_ids`` can mix examples, so the mask is explicit.
 * ``eager``: the same blocks as an additive float mask (0 or the dtype's minimum); eager attention *adds* the
@@ -31,6 +34,22 @@ FLASH = (
     "kernels-community/flash-attn",
     "kernels-community/flash-attn3",
 )
+
+
+class Length(int):
+    """An ``int`` that moves like a tensor: ``.to(...)``, ``.cuda()``, ``.pin_memory()`` return it as is."""
+
+    def to(self, *args: Any, **kwargs: Any) -> Length:
+        return self
+
+    def cuda(self, *args: Any, **kwargs: Any) -> Length:
+        return self
+
+    def pin_memory(self, *args: Any, **kwargs: Any) -> Length:
+        return self
+
+    def __reduce__(self) -> tuple[type[Length], tuple[int]]:  # DataLoader workers pickle batches
+        return (Length, (int(self),))
 
 
 def _as_array(value: Any) -> Any:
@@ -148,8 +167,8 @@ class PackingCollator:
             "position_ids": torch.from_numpy(_restarting_positions(seq_lens)[None]),
             "cu_seq_lens_q": cu,
             "cu_seq_lens_k": cu,
-            "max_length_q": longest,
-            "max_length_k": longest,
+            "max_length_q": Length(longest),
+            "max_length_k": Length(longest),
         }
 
 

@@ -116,8 +116,12 @@ def rank_metrics(rank: RankProfile) -> RankMetrics:
 
 
 def context_length(profile: RunProfile) -> float | None:
-    """Mean length of the context a token attends over: real tokens per example."""
+    """Length of the context the average token attends over: E[L²] / E[L] over examples when the probe
+    counted Σ L² (``StepRecord.attended``), else real tokens per example (exact for equal lengths)."""
     real = [r.total("real_tokens") for r in profile.ranks]
+    attended = [r.total("attended") for r in profile.ranks]
+    if real and not any(v is None for v in real + attended):
+        return _ratio(sum(a for a in attended if a is not None), sum(r for r in real if r is not None))
     samples = [r.total("examples") for r in profile.ranks]
     if any(v is None for v in real + samples):
         return None

@@ -6,11 +6,17 @@ The model (PaLM, Chowdhery et al. 2022, appendix B), per trained token, forward 
 
 * ``N_matmul``: parameters that take part in a matrix multiply for every token: all parameters except the
   input embedding table (the output projection counts; with tied embeddings it is the same tensor, counted
-  once, as a matmul).
+  once, as a matmul). For a mixture of experts only the experts a token is routed to count: the
+  ``(E - k) / E`` share of the expert weights a token skips (``ModelInfo.params_inactive``) is left out.
 * ``12 · n_layers · d_attn · T``: the attention scores (QKᵀ) and the weighted sum (AV), 2 matmuls × 2 FLOPs
-  per multiply-add × 3 for forward + backward, with ``d_attn = n_heads · head_dim`` and ``T`` the length of
-  context each token attends over (the example length, not the padded row length, for packed or
-  variable-length data). Like PaLM, the causal mask's halving is not credited: kernels do the full work.
+  per multiply-add × 3 for forward + backward, with ``d_attn = n_heads · head_dim`` and ``T`` the context
+  length the *average token* sees. For examples of varying length L (packed or variable-length data) a
+  token of an example of length L works over L positions, so the token-weighted mean is
+  ``T = E[L²] / E[L]`` (``attention_context``), not the mean example length E[L].
+* Convention: the full T × T work is counted, causal masking not credited (PaLM's and Megatron's MFU
+  convention). That is what eager attention and SDPA's math kernel do. FlashAttention-2 and SDPA's flash /
+  memory-efficient kernels skip the masked upper tiles and do about half of it: their MFU by this count
+  is up to the attention share higher than the FLOPs they actually executed.
 * When the base weights are frozen (LoRA and friends) there is no weight gradient for them: 4 FLOPs per
   frozen parameter per token instead of 6, and 6 for the trainable ones.
 
@@ -19,6 +25,7 @@ MFU = achieved model FLOP/s ÷ (number of accelerators × dense peak FLOP/s for 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pitstop.hardware import EXPECTED_MFU, GpuSpec
@@ -41,10 +48,16 @@ def matmul_params(model: ModelInfo) -> int | None:
     if model.params_total is None:
         return None
     embedding = model.params_embedding or 0
-    n = model.params_total - embedding
+    n = model.params_total - embedding - (model.params_inactive or 0)
     if model.tied_embeddings and embedding:
         n += embedding  # the tied table is still used once per token, as the output projection
     return max(n, 0)
+
+
+def attention_context(lengths: Sequence[float]) -> float | None:
+    """The context length T of the attention term for examples of these lengths: E[L²] / E[L]."""
+    total = float(sum(lengths))
+    return float(sum(n * n for n in lengths)) / total if total > 0 else None
 
 
 def flops_per_token(model: ModelInfo, context_len: float | None) -> FlopsPerToken | None:
@@ -53,7 +66,7 @@ def flops_per_token(model: ModelInfo, context_len: float | None) -> FlopsPerToke
     if n is None:
         return None
     trainable = model.params_trainable if model.params_trainable is not None else model.params_total
-    frozen = max(n - (trainable or 0), 0)
+    frozen = max(n - min(trainable or 0, n), 0)
     dense = 6.0 * (n - frozen) + 4.0 * frozen
     attention = 0.0
     d_attn = None
@@ -64,6 +77,8 @@ def flops_per_token(model: ModelInfo, context_len: float | None) -> FlopsPerToke
     if model.n_layers and d_attn and context_len:
         attention = 12.0 * model.n_layers * d_attn * context_len
     basis = "6·N_matmul + 12·L·d_attn·T (PaLM appendix B)"
+    if model.params_inactive:
+        basis += f"; {model.experts_active} of {model.n_experts} experts active per token"
     if frozen:
         basis += "; frozen weights at 4·N (no weight gradient)"
     return FlopsPerToken(dense=dense, attention=attention, basis=basis)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pitstop.plan.memory import Setup
+from pitstop.plan.model_shape import ModelShape
 from pitstop.profile import Environment
 
 _ATTENTION = {"flash_attention_2": "flash", "flash_attention_3": "flash", "sdpa": "sdpa", "eager": "eager"}
@@ -21,15 +22,15 @@ def setup_for_run(env: Environment, seq: int = 0, gpus: int | None = None) -> Se
     trainable = model.params_trainable if model.params_trainable is not None else total
     embedding = model.params_embedding or (model.hidden_size or 0) * (model.vocab_size or 0)
     heads = model.n_heads or 0
-    shape = {
-        "layers": model.n_layers or 0,
-        "hidden": model.hidden_size or 0,
-        "intermediate": model.intermediate_size or 0,
-        "heads": heads,
-        "head_dim": model.head_dim or ((model.hidden_size or 0) // heads if heads else 0),
-        "kv_heads": model.n_kv_heads or heads,
-        "vocab": model.vocab_size or 0,
-    }
+    shape = ModelShape(
+        layers=model.n_layers or 0,
+        hidden=model.hidden_size or 0,
+        intermediate=model.intermediate_size or 0,
+        heads=heads,
+        head_dim=model.head_dim or ((model.hidden_size or 0) // heads if heads else 0),
+        kv_heads=model.n_kv_heads or heads,
+        vocab=model.vocab_size or 0,
+    )
     return Setup.for_shape(
         shape,
         total_params=total,

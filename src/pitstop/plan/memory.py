@@ -22,17 +22,29 @@ backward in bf16 (and checked against a fake-tensor simulation of a real step, `
 Plus 8h per token outside the layers (embedding output, final norm), and the logits: the loss upcasts them
 to fp32 (4 · vocab bytes per token, held for backward) and backward adds an fp32 and a bf16 gradient of the
 same shape (10 · vocab bytes per token at its peak); a chunked / fused cross-entropy avoids most of it.
+
+The margin is what the run adds beyond tensors: the CUDA context and library workspaces (1 GiB), the caching
+allocator's fragmentation (8% of the rest), NCCL's communication buffers once there is more than one GPU
+(each channel keeps send / receive buffers for its peers, ~18 MiB per channel at the default 4 MiB
+NCCL_BUFFSIZE, 16-32 channels on NVLink: 384 MiB plus 16 MiB per rank), and with CUDA graphs
+(``torch.compile(mode="reduce-overhead")``) the graph's private pool, which eager allocations cannot reuse
+(taken as a quarter of the activations plus the static copies of the inputs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pitstop.plan.model_shape import ModelShape
+
 GIB = 2**30
+MIB = 2**20
 CONTEXT_BYTES = 1.0 * GIB  # CUDA context, cuBLAS / cuDNN workspaces
 FRAGMENTATION = 0.08  # share of the rest the caching allocator typically cannot reuse
+NCCL_BASE_BYTES = 384 * MIB  # communication buffers once a process group spans GPUs (module doc)
+NCCL_PER_RANK_BYTES = 16 * MIB
+CUDA_GRAPH_POOL_SHARE = 0.25  # of the activations, held by a captured graph's private memory pool
 
 OPTIMIZERS = {  # bytes per trainable parameter the optimizer keeps (fp32 master weight included)
     "adamw": 12,
@@ -68,6 +80,7 @@ class Setup:
     checkpointing: bool = False
     chunked_loss: bool = False
     lora_rank: int = 16
+    cuda_graphs: bool = False  # torch.compile(mode="reduce-overhead") / captured steps
 
     @property
     def trainable_params(self) -> int:
@@ -76,26 +89,26 @@ class Setup:
     @classmethod
     def for_shape(
         cls,
-        shape: Mapping[str, int],
+        shape: ModelShape,
         total_params: int = 0,
         lora_params: int = 0,
         embedding_params: int = 0,
         largest_module: int = 0,
         **options: Any,
     ) -> Setup:
-        """A setup for a model of this shape (``params.shape_of``); ``options`` are the training choices."""
+        """A setup for a model of this shape; ``options`` are the training choices."""
         return cls(
             total_params=total_params,
             lora_params=lora_params,
             embedding_params=embedding_params,
             largest_module=largest_module,
-            layers=shape["layers"],
-            hidden=shape["hidden"],
-            intermediate=shape["intermediate"],
-            heads=shape["heads"],
-            head_dim=shape["head_dim"],
-            kv_heads=shape["kv_heads"],
-            vocab=shape["vocab"],
+            layers=shape.layers,
+            hidden=shape.hidden,
+            intermediate=shape.intermediate,
+            heads=shape.heads,
+            head_dim=shape.head_dim,
+            kv_heads=shape.kv_heads,
+            vocab=shape.vocab,
             **options,
         )
 
@@ -191,11 +204,21 @@ def logits(s: Setup) -> float:
     return tokens * per_token
 
 
+def margin(s: Setup, tensors: float, act: float) -> float:
+    """What the run holds beyond its tensors (module doc): context, fragmentation, NCCL, CUDA graphs."""
+    extra = CONTEXT_BYTES + FRAGMENTATION * tensors
+    if s.gpus > 1:
+        extra += NCCL_BASE_BYTES + NCCL_PER_RANK_BYTES * s.gpus
+    if s.cuda_graphs:
+        extra += CUDA_GRAPH_POOL_SHARE * act + 8.0 * s.micro_batch * s.seq  # + static input_ids / labels
+    return extra
+
+
 def memory(s: Setup, gpu_bytes: float) -> Memory:
     weights, grads, opt, host = model_states(s)
     act = activations(s)
     lg = logits(s)
-    margin = CONTEXT_BYTES + FRAGMENTATION * (weights + grads + opt + act + lg)
+    margin_ = margin(s, weights + grads + opt + act + lg, act)
     return Memory(
-        weights=weights, gradients=grads, optimizer=opt, activations=act, logits=lg, margin=margin, cpu=host
+        weights=weights, gradients=grads, optimizer=opt, activations=act, logits=lg, margin=margin_, cpu=host
     )

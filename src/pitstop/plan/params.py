@@ -14,8 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
-from pitstop.profile import ModelInfo
+from pitstop.plan.model_shape import ModelConfigError, ModelShape, load_model_config
 
 
 @dataclass
@@ -25,6 +24,7 @@ class ParamCounts:
     trainable: int
     largest_module: int  # the biggest single module's own parameters (what ZeRO-3 gathers at once)
     exact: bool  # counted from the built model, not from a formula
+    inactive: int = 0  # mixture-of-experts weights a token does not pass through ((E - k) / E of them)
 
     @property
     def non_embedding(self) -> int:
@@ -64,14 +64,22 @@ def count_params(
     config: dict[str, Any], method: str = "full", rank: int = 16, targets: str | list[str] = "all-linear"
 ) -> ParamCounts:
     """Total, embedding, trainable and largest-module parameter counts for full / LoRA / QLoRA training."""
+    shape = ModelShape.from_config(config)
     try:
         model = _meta_model(config)
     except Exception:
-        return _analytic(config, method, rank)
+        return _analytic(shape, method, rank)
     embed = model.get_input_embeddings()
     embedding = embed.weight.numel() if embed is not None else 0
     total = sum(p.numel() for p in model.parameters())
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    experts = sum(
+        p.numel()
+        for name, m in model.named_modules()
+        if name.rsplit(".", 1)[-1] == "experts"
+        for p in m.parameters()
+    )
+    inactive = experts * (shape.experts - shape.experts_active) // shape.experts if shape.experts else 0
     trainable = total
     if method in ("lora", "qlora"):
         try:
@@ -83,45 +91,29 @@ def count_params(
             peft_model = get_peft_model(model, LoraConfig(r=rank, target_modules=targets))
         trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     return ParamCounts(
-        total=total, embedding=embedding, trainable=trainable, largest_module=largest, exact=True
-    )
-
-
-def _analytic(config: dict[str, Any], method: str, rank: int) -> ParamCounts:
-    info: ModelInfo = model_info_from_config(config)
-    total = info.params_total or 0
-    trainable = total
-    if method in ("lora", "qlora") and info.n_layers and info.hidden_size:
-        cfg = config.get("text_config") or config
-        inter = int(cfg.get("intermediate_size") or 4 * info.hidden_size)
-        q = (info.n_heads or 1) * (info.head_dim or 1)
-        kv = int(cfg.get("num_key_value_heads") or info.n_heads or 1) * (info.head_dim or 1)
-        d = info.hidden_size
-        per_layer = rank * ((d + q) + 2 * (d + kv) + (q + d) + 2 * (d + inter) + (inter + d))
-        trainable = info.n_layers * per_layer
-    largest = max(info.params_embedding or 0, 1)
-    return ParamCounts(
         total=total,
-        embedding=info.params_embedding or 0,
+        embedding=embedding,
         trainable=trainable,
         largest_module=largest,
-        exact=False,
+        exact=True,
+        inactive=inactive,
     )
 
 
-def shape_of(config: dict[str, Any]) -> dict[str, int]:
-    """The dimensions the activation formula needs."""
-    cfg = config.get("text_config") or config
-    d = int(cfg.get("hidden_size") or cfg["n_embd"])
-    heads = int(cfg.get("num_attention_heads") or cfg["n_head"])
-    head_dim = int(cfg.get("head_dim") or d // heads)
-    return {
-        "layers": int(cfg.get("num_hidden_layers") or cfg["n_layer"]),
-        "hidden": d,
-        "intermediate": int(cfg.get("intermediate_size") or cfg.get("n_inner") or 4 * d),
-        "heads": heads,
-        "head_dim": head_dim,
-        "kv_heads": int(cfg.get("num_key_value_heads") or heads),
-        "vocab": int(cfg["vocab_size"]),
-        "experts_active": int(cfg.get("num_experts_per_tok") or 1),
-    }
+def _analytic(shape: ModelShape, method: str, rank: int) -> ParamCounts:
+    counts = shape.counts()
+    trainable = counts.total
+    if method in ("lora", "qlora"):
+        q = shape.heads * shape.head_dim
+        kv = shape.kv_heads * shape.head_dim
+        d, inter = shape.hidden, shape.intermediate
+        per_layer = rank * ((d + q) + 2 * (d + kv) + (q + d) + 2 * (d + inter) + (inter + d))
+        trainable = shape.layers * per_layer
+    return ParamCounts(
+        total=counts.total,
+        embedding=counts.embedding,
+        trainable=trainable,
+        largest_module=max(counts.embedding, 1),
+        exact=False,
+        inactive=counts.inactive,
+    )

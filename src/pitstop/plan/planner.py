@@ -7,6 +7,7 @@ activation figure as its cross-check.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,6 +17,7 @@ from pitstop.errors import PitstopError
 from pitstop.hardware import EXPECTED_MFU, GpuSpec
 from pitstop.plan.flops import FlopsPerToken, flops_per_token
 from pitstop.plan.memory import GIB, Memory, Setup, held_after_forward, memory
+from pitstop.plan.model_shape import ModelShape
 from pitstop.plan.params import ParamCounts
 from pitstop.profile import ModelInfo
 
@@ -68,7 +70,7 @@ class Plan:
 
     @property
     def gpu_bytes(self) -> float:
-        return self.gpu.memory_gib * GIB
+        return float(self.gpu.memory_bytes)
 
     @property
     def tokens_per_s_at_100pct(self) -> float:
@@ -109,7 +111,7 @@ class Plan:
             },
             "memory_gib": self.mem.gib(),
             "cpu_memory_gib": round(self.mem.cpu / GIB, 2),
-            "gpu_memory_gib": round(self.gpu.memory_gib, 1),
+            "gpu_memory_gib": round(self.gpu.memory_gib, 2),
             "fits": self.fits,
             "needs_offload": self.needs_offload,
             "max_micro_batch": self.max_micro_batch,
@@ -153,17 +155,14 @@ def validate(s: Setup) -> None:
         raise PlanError("sequence length, micro-batch and GPUs must be at least 1")
 
 
-def model_info(params: ParamCounts, shape: dict[str, int], tied: bool) -> ModelInfo:
-    return ModelInfo(
-        n_layers=shape["layers"],
-        hidden_size=shape["hidden"],
-        n_heads=shape["heads"],
-        head_dim=shape["head_dim"],
-        vocab_size=shape["vocab"],
-        tied_embeddings=tied,
+def model_info(params: ParamCounts, shape: ModelShape) -> ModelInfo:
+    """The FLOPs model's view of the planned model: its shape with the counted parameters."""
+    return dataclasses.replace(
+        shape.model_info(),
         params_total=params.total,
         params_trainable=params.trainable,
         params_embedding=params.embedding,
+        params_inactive=params.inactive if shape.experts else None,
     )
 
 
@@ -212,7 +211,7 @@ def offload_cost(
 def alternatives(
     s: Setup, params: ParamCounts, gpu: GpuSpec, fpt: FlopsPerToken, accumulation: int = 1
 ) -> list[Alternative]:
-    gpu_bytes = gpu.memory_gib * GIB
+    gpu_bytes = float(gpu.memory_bytes)
     options: list[tuple[str, Setup, float, str]] = []
     if not s.chunked_loss:
         options.append(
@@ -267,14 +266,13 @@ def make_plan(
     gpu: GpuSpec,
     s: Setup,
     params: ParamCounts,
-    shape: dict[str, int],
-    tied: bool,
+    shape: ModelShape,
     global_batch: int | None = None,
     auto_micro_batch: bool = False,
 ) -> Plan:
     validate(s)
-    gpu_bytes = gpu.memory_gib * GIB
-    info = model_info(params, shape, tied)
+    gpu_bytes = float(gpu.memory_bytes)
+    info = model_info(params, shape)
     fpt = flops_per_token(info, float(s.seq))
     if fpt is None:  # pragma: no cover - counts are always known here
         raise PlanError("cannot compute FLOPs without parameter counts")

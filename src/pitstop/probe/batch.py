@@ -130,4 +130,25 @@ def count_batch(batch: Any, pad_token_id: int | None = None) -> BatchCounts:
         counts.examples = rows
     if _is_int_tensor(labels) and labels.shape == ids.shape:
         counts.loss_tokens = _count(labels != IGNORE_INDEX)
+    counts.attended = _attended(ids, mask, positions, pad_token_id)
     return counts
+
+
+def _attended(ids: Any, mask: Any, positions: Any, pad_token_id: int | None) -> Any:
+    """Σ L² over the batch's examples, without a device sync: a token at position p of an example adds
+    2p + 1 (Σ_{p<L} (2p + 1) = L²); a padded row of n real tokens adds n². The attention term of the FLOPs
+    model weights context by it (E[L²] / E[L], ``plan.flops``)."""
+    real: Any = None
+    if _is_tensor(mask) and mask.dim() == 2 and mask.shape == ids.shape:
+        real = mask != 0
+    elif pad_token_id is not None:
+        real = ids != pad_token_id
+    if _is_int_tensor(positions) and positions.shape == ids.shape:
+        weights = 2 * positions + 1
+        return _count(weights if real is None else weights * real)
+    if ids.dim() != 2:
+        return None
+    if real is None:
+        return int(ids.shape[0]) * int(ids.shape[1]) ** 2  # every row is one full-length example
+    n = real.sum(-1)
+    return _count(n * n)

@@ -47,8 +47,50 @@ def optimizer_params(optimizer: Any) -> list[Any]:
 
 
 def _numel(p: Any) -> int:
-    """Element count, including ZeRO-3 partitioned parameters (whose local tensor is empty)."""
-    return int(getattr(p, "ds_numel", None) or p.numel())
+    """The parameter's real element count, whatever holds it.
+
+    ZeRO-3 partitioned parameters keep an empty local tensor and the real count in ``ds_numel``;
+    bitsandbytes 4-bit weights (``Params4bit``) pack two values per byte of their storage dtype, so
+    ``numel()`` is 1 / (2 · itemsize) of the real count, which is what transformers' ``num_parameters``
+    corrects for in the same way.
+    """
+    ds = getattr(p, "ds_numel", None)
+    if ds:
+        return int(ds)
+    if type(p).__name__ == "Params4bit":
+        return int(p.numel()) * 2 * int(p.element_size())
+    return int(p.numel())
+
+
+def _fsdp1_flat_params(model: Any) -> list[Any]:
+    """FSDP1 ``FlatParameter``s under ``model``: after the first step its parameters are local shards."""
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        flat = getattr(getattr(module, "_handle", None), "flat_param", None)
+        if flat is not None and hasattr(flat, "_numels"):
+            found[id(flat)] = flat
+    return list(found.values())
+
+
+def _clean_name(name: str) -> str:
+    for wrapper in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "module."):
+        name = name.replace(wrapper, "")
+    return name
+
+
+def _fsdp1_counts(flats: list[Any]) -> tuple[int, int, dict[str, int]]:
+    """(total, trainable, numel by parameter name) of the unsharded model from FSDP1's own bookkeeping."""
+    total = trainable = 0
+    by_name: dict[str, int] = {}
+    for flat in flats:
+        numels = [int(n) for n in flat._numels]
+        originals = getattr(flat, "_params", None)  # use_orig_params=True keeps each one's requires_grad
+        grads = [p.requires_grad for p in originals] if originals else [flat.requires_grad] * len(numels)
+        for name, n, grad in zip(getattr(flat, "_fqns", [""] * len(numels)), numels, grads, strict=False):
+            total += n
+            trainable += n if grad else 0
+            by_name[_clean_name(name)] = n
+    return total, trainable, by_name
 
 
 # -- finding the trainer and the model ----------------------------------------------------------------
@@ -107,7 +149,11 @@ def _all_modules() -> Iterator[Any]:
 
 
 def find_model(optimizer: Any, trainer: Any = None) -> Any:
-    """The top-level module whose parameters the optimizer trains."""
+    """The top-level module whose parameters the optimizer trains.
+
+    An offloaded optimizer (DeepSpeed's CPU Adam, a hand-written master-weights loop) steps fp32 copies
+    that no module holds: then the model is the root module off the CPU with the most trainable parameters.
+    """
     model = getattr(trainer, "model", None) if trainer is not None else None
     if model is not None:
         return model
@@ -123,19 +169,37 @@ def find_model(optimizer: Any, trainer: Any = None) -> Any:
         hits = sum(1 for p in m.parameters() if id(p) in wanted)
         if hits > best_hits:
             best, best_hits = m, hits
+    if best is None:
+        sizes = [
+            (sum(_numel(p) for p in m.parameters() if p.requires_grad and p.device.type != "cpu"), i)
+            for i, m in enumerate(roots)
+        ]
+        size, index = max(sizes, default=(0, -1))
+        best = roots[index] if size else None
     return best
 
 
+def _has_config(module: Any) -> bool:
+    return getattr(module, "config", None) is not None and hasattr(module.config, "to_dict")
+
+
 def unwrap(model: Any) -> Any:
-    """Look through DDP / DeepSpeed / FSDP / compile wrappers to the model with a config."""
-    seen = 0
+    """The model with a config inside DDP / DeepSpeed / FSDP / compile / PEFT wrappers, or inside the
+    user's own ``nn.Module`` that holds a Hugging Face model (the outermost one found); else ``model``."""
+    seen, outer = 0, model
     while model is not None and seen < 6:
-        if getattr(model, "config", None) is not None and hasattr(model.config, "to_dict"):
+        if _has_config(model):
             return model
         inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
         if inner is None:
-            return model
+            break
         model, seen = inner, seen + 1
+    named = getattr(outer, "named_modules", None)
+    if callable(named):
+        with contextlib.suppress(Exception):
+            for _, module in named():
+                if _has_config(module):
+                    return module
     return model
 
 
@@ -150,10 +214,19 @@ def model_info(model: Any, optimizer: Any) -> ModelInfo:
     info.params_total = sum(_numel(p) for p in unique)
     info.params_trainable = sum(_numel(p) for p in unique if p.requires_grad)
     core = unwrap(model)
-    embeddings = _embedding_params(core)
-    info.params_embedding = embeddings
+    flats = _fsdp1_flat_params(model)
+    by_name: dict[str, int] = {}
+    if flats:  # FSDP1 registers its local shard as the parameters: count the unsharded model instead
+        info.params_total, info.params_trainable, by_name = _fsdp1_counts(flats)
+    info.params_embedding = _embedding_params(core, by_name)
     cfg = getattr(core, "config", None)
     if cfg is not None:
+        info.library = (
+            "transformers"
+            if type(core).__module__.startswith("transformers")
+            or any(c.__name__ == "PreTrainedModel" for c in type(core).__mro__)
+            else None
+        )
         text_cfg = getattr(cfg, "text_config", None) or cfg
         get = lambda *names: next((getattr(text_cfg, n) for n in names if getattr(text_cfg, n, None)), None)  # noqa: E731
         info.model_type = getattr(cfg, "model_type", None)
@@ -167,25 +240,51 @@ def model_info(model: Any, optimizer: Any) -> ModelInfo:
         info.intermediate_size = get("intermediate_size", "n_inner")
         info.n_kv_heads = get("num_key_value_heads") or info.n_heads
         info.tied_embeddings = _tied(core, cfg)
+        info.n_experts = get("num_local_experts", "num_experts", "n_routed_experts")
+        if info.n_experts:
+            info.experts_active = get("num_experts_per_tok", "moe_topk", "top_k") or 1
+            info.params_inactive = _inactive_expert_params(core, info.n_experts, info.experts_active)
     return info
 
 
-def _embedding_params(model: Any) -> int | None:
+def _inactive_expert_params(model: Any, experts: int, active: int) -> int | None:
+    """Expert weights a token skips: (E - k) / E of every parameter under a module named ``experts``."""
+    seen: set[int] = set()
+    total = 0
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] != "experts":
+            continue
+        for p in module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += _numel(p)
+    return total * (experts - min(active, experts)) // experts if total else None
+
+
+def _embedding_params(model: Any, by_name: dict[str, int] | None = None) -> int | None:
+    """Input embedding (and learned position) parameters; ``by_name`` gives unsharded counts (FSDP1)."""
     import torch
+
+    by_name = by_name or {}
+
+    def count(name: str, module: Any) -> int:
+        key = _clean_name(f"{name}.weight" if name else "weight")
+        hits = [n for k, n in by_name.items() if key.endswith(k) or k.endswith(key)]
+        return hits[0] if hits else _numel(module.weight)
 
     get_in = getattr(model, "get_input_embeddings", None)
     if callable(get_in):
         try:
             emb = get_in()
             if emb is not None:
-                total = _numel(emb.weight)
-                for name, module in model.named_modules():  # learned absolute positions (GPT-2 style)
-                    if isinstance(module, torch.nn.Embedding) and module is not emb and "pos" in name:
-                        total += _numel(module.weight)
+                total = 0
+                for name, module in model.named_modules():  # + learned absolute positions (GPT-2 style)
+                    if module is emb or (isinstance(module, torch.nn.Embedding) and "pos" in name):
+                        total += count(name, module)
                 return total
         except Exception:
             pass
-    total = sum(_numel(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    total = sum(count(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding))
     return total or None
 
 
@@ -238,18 +337,51 @@ def tf32_enabled() -> bool | None:
         return None
 
 
-def device_facts(params: list[Any], env: Environment) -> None:
+def compute_device(model: Any, params: list[Any]) -> Any:
+    """The device the model computes on: the first accelerator holding its parameters or buffers.
+
+    Not the optimizer's: under ZeRO-Offload or FSDP CPU offload the optimizer steps fp32 partitions on
+    the CPU while forward and backward run on the GPU. The optimizer's device is the answer only when
+    the model is unknown or holds nothing on an accelerator.
+    """
+    import itertools
+
     import torch
 
-    device = next((p.device for p in params if p.requires_grad), None)
+    tensors: Iterator[Any] = iter(())
+    if model is not None:
+        tensors = itertools.chain(model.parameters(), model.buffers())
+    first = None
+    for t in itertools.chain(tensors, params):
+        device = t.device
+        if device.type not in ("cpu", "meta"):
+            index = device.index if device.index is not None else _current(device)
+            return device if index is None else torch.device(device.type, index)
+        first = first or device
+    trained = next((p.device for p in params if p.requires_grad), None)
+    return trained or first
+
+
+def _current(device: Any) -> int | None:
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.current_device())
+    return None
+
+
+def device_facts(device: Any, env: Environment) -> None:
+    """Device kind, GPU name, memory and count of the device the model computes on (``compute_device``)."""
+    import torch
+
     if device is None:
         return
     env.device = "cuda" if device.type == "cuda" else device.type
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
-        env.gpu_name = torch.cuda.get_device_name(index)
-        env.gpu_memory_bytes = int(props.total_memory)
+        env.gpu_name = torch.cuda.get_device_name(index)  # "... MIG 1g.10gb" on a MIG slice
+        env.gpu_memory_bytes = int(props.total_memory)  # the slice's own memory under MIG
         env.gpu_count = torch.cuda.device_count()
         env.tf32 = tf32_enabled()
 

@@ -4,15 +4,44 @@ Optimizer steps use torch's own global step hooks. The rest are thin wrappers th
 first-class function unchanged and report to a listener afterwards: the DataLoader iterator's
 ``__next__`` (time blocked, what the batch carried), ``torch.autograd.backward``, SDPA and autocast
 entry (which attention path and dtype ran), and, on a GPU, the calls that block the host on the device.
-A wrapper never alters arguments or results, and under ``torch.compile`` tracing it steps aside.
+A wrapper never alters arguments or results; under ``torch.compile`` tracing and during CUDA-graph
+capture it steps aside (recording a timing event or reading the clock there would break the capture or
+be traced into the graph).
+
+Host syncs on a GPU are found two ways. The Python-visible ones (``item``, ``tolist``, ``cpu``,
+``bool(t)``, ``float(t)``, ``int(t)``, ``nonzero``, blocking ``.to()`` / ``.cuda()`` copies and the
+explicit device / stream / event ``synchronize``) are wrapped and timed. Everything else that syncs inside
+a C++ op (boolean-mask indexing, ``masked_select``, ``unique``, ``copy_`` ...) is caught by torch's own
+detector, ``torch.cuda.set_sync_debug_mode("warn")``, whose warning is raised as the op returns and is
+swallowed here: counted and attributed to its call site, but not timed (the op's start is not seen).
+``torch.cuda._gpu_trace``'s synchronization callbacks were not used: activating the GPU trace cannot be
+undone and sends every allocation and event through Python for the rest of the process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
+import sys
+import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
+
+SYNC_WARNING = "called a synchronizing CUDA operation"  # c10::cuda::warn_or_error_on_sync's text
+_TENSOR_SYNCS = {
+    "item": "item",
+    "tolist": "tolist",
+    "cpu": "cpu",
+    "__bool__": "bool",
+    "__float__": "float",
+    "__int__": "int",
+    "__index__": "int",
+    "nonzero": "nonzero",
+}
+_PITSTOP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Listener(Protocol):
@@ -24,7 +53,8 @@ class Listener(Protocol):
     def on_sdpa(self, has_mask: bool) -> None: ...
     def on_autocast(self, device_type: str, dtype: Any, enabled: bool) -> None: ...
     def on_checkpoint(self) -> None: ...
-    def on_sync(self, seconds: float) -> None: ...
+    def on_sync(self, seconds: float | None, kind: str, site: str) -> None: ...
+    def on_copy(self, pinned: bool, non_blocking: bool) -> None: ...
     def guard(self, fn: Callable[..., None], *args: Any) -> None:
         """Run a listener callback; an internal error disables the probe, never the run."""
 
@@ -37,6 +67,9 @@ class Hooks:
         self.active = False
         self._restore: list[Callable[[], None]] = []
         self._sync_installed = False
+        self.sync_watched = False  # whether the sync watch ran at any time (its counts mean something)
+        self._inside = threading.local()  # depth of wrapped sync calls on this thread
+        self._ensure_detector: Callable[[], None] | None = None
 
     # -- helpers ----------------------------------------------------------------------------------
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
@@ -65,18 +98,17 @@ class Hooks:
 
         listener = self.listener
         compiling = torch.compiler.is_compiling
+        capturing = graph_capturing()
         self.active = True
 
-        pre = optim_mod.register_optimizer_step_pre_hook(
-            lambda opt, args, kwargs: (
-                listener.guard(listener.on_optimizer, opt, True) if self.active else None
-            )
-        )
-        post = optim_mod.register_optimizer_step_post_hook(
-            lambda opt, args, kwargs: (
-                listener.guard(listener.on_optimizer, opt, False) if self.active else None
-            )
-        )
+        def on_step(opt: Any, starting: bool) -> None:
+            if self.active and not compiling() and not capturing():
+                listener.guard(listener.on_optimizer, opt, starting)
+                if self._ensure_detector is not None:
+                    self._ensure_detector()
+
+        pre = optim_mod.register_optimizer_step_pre_hook(lambda opt, args, kwargs: on_step(opt, True))
+        post = optim_mod.register_optimizer_step_post_hook(lambda opt, args, kwargs: on_step(opt, False))
         self._restore += [pre.remove, post.remove]
 
         def make_iter_init(original: Any) -> Any:
@@ -116,7 +148,7 @@ class Hooks:
 
         def make_backward(original: Any) -> Any:
             def backward(*args: Any, **kwargs: Any) -> Any:
-                if not self.active or compiling():
+                if not self.active or compiling() or capturing():
                     return original(*args, **kwargs)
                 listener.guard(listener.on_backward, True)
                 try:
@@ -170,41 +202,151 @@ class Hooks:
         self._patch(ckpt, "checkpoint", make_checkpoint)
 
     def install_sync_watch(self) -> None:
-        """Count and time the calls that block the host on a CUDA device (GPU runs only)."""
+        """Count, time and locate the calls that block the host on a CUDA device (GPU runs only)."""
         if self._sync_installed:
             return
         import torch
 
-        listener = self.listener
-        compiling = torch.compiler.is_compiling
         self._sync_installed = True
+        self.sync_watched = True
+        for name, kind in _TENSOR_SYNCS.items():
+            self._patch(torch.Tensor, name, functools.partial(self._timed_sync, kind=kind))
+        self._patch(torch, "nonzero", lambda original: self._timed_sync(original, "nonzero"))
+        for name in ("to", "cuda"):
+            self._patch(torch.Tensor, name, self._timed_copy)
+        self._patch(
+            torch.cuda, "synchronize", lambda original: self._timed_sync(original, "synchronize", False)
+        )
+        for owner in (torch.cuda.Stream, torch.cuda.Event):
+            self._patch(
+                owner, "synchronize", lambda original: self._timed_sync(original, "synchronize", False)
+            )
+        self._install_sync_detector(torch)
 
-        def make_tensor_sync(original: Any) -> Any:
-            def method(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-                if not self.active or compiling() or not tensor.is_cuda:
-                    return original(tensor, *args, **kwargs)
-                t0 = time.perf_counter()
+    def _timed_sync(self, original: Any, kind: str, tensor_first: bool = True) -> Any:
+        """A wrapper that times ``original`` when it runs on a CUDA tensor (or always, for synchronize)."""
+        import torch
+
+        compiling = torch.compiler.is_compiling
+        capturing = graph_capturing()
+
+        def method(*args: Any, **kwargs: Any) -> Any:
+            if (
+                not self.active
+                or (tensor_first and not (args and getattr(args[0], "is_cuda", False)))
+                or self._depth()  # nested (a subclass re-dispatching): counted once
+                or compiling()
+                or capturing()
+            ):
+                return original(*args, **kwargs)
+            return self._timed(kind, original, args, kwargs)
+
+        return method
+
+    def _depth(self) -> int:
+        return int(getattr(self._inside, "depth", 0))
+
+    def _timed(self, kind: str, original: Any, args: Any, kwargs: Any) -> Any:
+        inside = self._inside
+        inside.depth = getattr(inside, "depth", 0) + 1
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seconds = time.perf_counter() - t0
+            inside.depth -= 1
+            site = call_site(sys._getframe(1))
+            if site is not None:
+                self.listener.guard(self.listener.on_sync, seconds, kind, site)
+
+    def _timed_copy(self, original: Any) -> Any:
+        """``Tensor.to`` / ``.cuda``: a copy between host and device without ``non_blocking=True`` blocks the
+        host until it (and all work queued before it) is done, even from pinned memory."""
+        import torch
+
+        compiling = torch.compiler.is_compiling
+        capturing = graph_capturing()
+
+        dtype = torch.dtype
+
+        def method(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if (
+                not self.active
+                or (args and type(args[0]) is dtype and "device" not in kwargs)  # a cast: the common case
+                or self._depth()
+                or compiling()
+                or capturing()
+            ):
+                return original(tensor, *args, **kwargs)
+            source = tensor.device.type
+            inside = self._inside
+            inside.depth = self._depth() + 1
+            t0 = time.perf_counter()
+            try:
                 result = original(tensor, *args, **kwargs)
-                listener.guard(listener.on_sync, time.perf_counter() - t0)
-                return result
+            finally:
+                seconds = time.perf_counter() - t0
+                inside.depth -= 1
+            target = getattr(getattr(result, "device", None), "type", source)
+            if target == source or "cuda" not in (source, target):
+                return result  # a cast or a move that does not involve the GPU
+            non_blocking = bool(kwargs.get("non_blocking", False)) or any(
+                isinstance(a, bool) and a for a in args[:3]
+            )
+            if source == "cpu":
+                self.listener.guard(self.listener.on_copy, bool(tensor.is_pinned()), non_blocking)
+            if not non_blocking:
+                site = call_site(sys._getframe(1))
+                if site is not None:
+                    kind = "copy_to_device" if source == "cpu" else "copy_to_host"
+                    self.listener.guard(self.listener.on_sync, seconds, kind, site)
+            return result
 
-            return method
+        return method
 
-        for name in ("item", "tolist", "cpu"):
-            self._patch(torch.Tensor, name, make_tensor_sync)
+    def _install_sync_detector(self, torch: Any) -> None:
+        """torch's sync debug mode in "warn": its warnings are counted here and never shown."""
+        try:
+            previous = int(torch.cuda.get_sync_debug_mode())
+            torch.cuda.set_sync_debug_mode("warn")
+        except Exception:  # a build without it: the wrapped calls are still counted
+            return
+        shown = [warnings.showwarning]  # whoever showed warnings before us (re-read if replaced later)
+        hooks = self
 
-        def make_device_sync(original: Any) -> Any:
-            def synchronize(*args: Any, **kwargs: Any) -> Any:
-                if not self.active or compiling():
-                    return original(*args, **kwargs)
-                t0 = time.perf_counter()
-                result = original(*args, **kwargs)
-                listener.guard(listener.on_sync, time.perf_counter() - t0)
-                return result
+        def showwarning(message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+            if SYNC_WARNING not in str(message):
+                shown[0](message, category, filename, lineno, *rest)
+                return
+            if hooks.active and not hooks._depth():
+                site = call_site(sys._getframe(1))
+                if site is not None:
+                    hooks.listener.guard(hooks.listener.on_sync, None, "other", site)
+            if previous:  # the job asked for these warnings itself
+                shown[0](message, category, filename, lineno, *rest)
 
-            return synchronize
+        def ensure() -> None:
+            """Stay in front when the job installs its own handler later (``logging.captureWarnings``)."""
+            current = warnings.showwarning
+            if current is not showwarning:
+                shown[0] = current
+                warnings.showwarning = showwarning  # type: ignore[assignment]
 
-        self._patch(torch.cuda, "synchronize", make_device_sync)
+        ensure()
+        warnings.filterwarnings("always", message=SYNC_WARNING)
+        added = warnings.filters[0]
+        self._ensure_detector = ensure
+
+        def undo() -> None:
+            self._ensure_detector = None
+            torch.cuda.set_sync_debug_mode(previous)
+            if warnings.showwarning is showwarning:
+                warnings.showwarning = shown[0]
+            with contextlib.suppress(Exception):
+                warnings.filters.remove(added)  # type: ignore[attr-defined]
+                warnings._filters_mutated()  # type: ignore[attr-defined]
+
+        self._restore.append(undo)
 
     def _timed_collate(self, collate: Any) -> Any:
         listener = self.listener
@@ -228,3 +370,39 @@ class Hooks:
             with contextlib.suppress(Exception):  # restoring an attribute does not fail in practice
                 undo()
         self._sync_installed = False
+
+
+def graph_capturing() -> Callable[[], bool]:
+    """A cheap test for "the current CUDA stream is being captured into a CUDA graph"."""
+    import torch
+
+    cuda = torch.cuda
+
+    def capturing() -> bool:
+        return bool(cuda.is_initialized() and cuda.is_current_stream_capturing())
+
+    return capturing
+
+
+def call_site(frame: Any) -> str | None:
+    """ "file.py:line in function" of the first frame outside torch, the warnings module and these hooks;
+    None when that frame is the probe's own (its syncs are not the job's)."""
+    skip = _skipped_files()
+    depth = 0
+    while frame is not None and depth < 32:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(skip):
+            return None if filename.startswith(os.path.join(_PITSTOP_DIR, "probe")) else _site(frame)
+        frame, depth = frame.f_back, depth + 1
+    return None
+
+
+@functools.cache
+def _skipped_files() -> tuple[str, ...]:
+    import torch
+
+    return (os.path.dirname(torch.__file__), warnings.__file__, __file__)
+
+
+def _site(frame: Any) -> str:
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"

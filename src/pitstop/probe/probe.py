@@ -18,6 +18,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from pitstop.atomic import write_atomic
@@ -29,22 +30,34 @@ from pitstop.probe.hooks import Hooks
 from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
 from pitstop.probe.stopping import WindowTracker
 from pitstop.probe.timeline import BWD_END, BWD_START, DATA, OPT_START, BatchCounts, HostClock, StepBuilder
-from pitstop.profile import AttentionInfo, Environment, MemoryStats, RankProfile, StepRecord, to_jsonable
+from pitstop.profile import (
+    AttentionInfo,
+    Environment,
+    MemoryStats,
+    RankProfile,
+    StepRecord,
+    SyncSite,
+    to_jsonable,
+)
 
 PROGRESS_EVERY_S = 0.5
+MAX_SYNC_SITES = 20
 
 
 class CudaEventClock:
-    """Marks are CUDA events on the current stream; read only once the device has passed them."""
+    """Marks are CUDA events on the model's device's current stream; read only once the device has passed
+    them. The device is explicit: a model on ``cuda:1`` without ``set_device`` must not be timed on GPU
+    0's idle stream (nor create a context there)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: Any) -> None:
         import torch
 
         self._event = torch.cuda.Event
+        self._stream = lambda: torch.cuda.current_stream(device)
 
     def mark(self) -> Any:
         event = self._event(enable_timing=True)
-        event.record()
+        event.record(self._stream())
         return event
 
     def ready(self, handle: Any) -> bool:
@@ -101,6 +114,9 @@ class Probe:
         self._host: HostSampler | None = None
         self._last_progress = 0.0
         self._lock = threading.Lock()
+        self._device: Any = None  # where the model computes (torch.device), read at the first step
+        self._sync_sites: dict[tuple[str, str], SyncSite] = {}
+        self._copies = [0, 0, 0]  # host-to-device copies: all, pinned but blocking, non_blocking
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def install(self) -> Probe:
@@ -199,9 +215,24 @@ class Probe:
     def on_checkpoint(self) -> None:
         self._checkpoint_calls += 1
 
-    def on_sync(self, seconds: float) -> None:
+    def on_sync(self, seconds: float | None, kind: str, site: str) -> None:
+        if not self._on_train_thread():
+            return
+        self.builder.sync(seconds)
+        found = self._sync_sites.get((site, kind))
+        if found is None:
+            found = self._sync_sites[(site, kind)] = SyncSite(site=site, kind=kind, seconds=0.0)
+        found.count += 1
+        if seconds is None:
+            found.seconds = None
+        elif found.seconds is not None:
+            found.seconds += seconds
+
+    def on_copy(self, pinned: bool, non_blocking: bool) -> None:
         if self._on_train_thread():
-            self.builder.sync(seconds)
+            self._copies[0] += 1
+            self._copies[1] += int(pinned and not non_blocking)
+            self._copies[2] += int(non_blocking)
 
     # -- step bookkeeping -----------------------------------------------------------------------------
     def _after_step(self, record: StepRecord, optimizer: Any) -> None:
@@ -245,6 +276,8 @@ class Probe:
         self._sdpa = [0, 0]
         self._checkpoint_calls = 0
         self._collate = [0, 0.0]
+        self._sync_sites = {}
+        self._copies = [0, 0, 0]
 
     def _capture(self, optimizer: Any) -> None:
         with warnings.catch_warnings():  # reading deprecated attributes must not print in the user's run
@@ -260,7 +293,8 @@ class Probe:
         env.framework = framework
         model = envmod.find_model(optimizer, trainer)
         params = envmod.optimizer_params(optimizer)
-        envmod.device_facts(params, env)
+        self._device = envmod.compute_device(model, params)
+        envmod.device_facts(self._device, env)
         env.model = envmod.model_info(model, optimizer)
         env.param_dtype = envmod.majority_dtype([p for p in params if p.requires_grad])
         env.attention = AttentionInfo(implementation=envmod.attention_implementation(model))
@@ -278,9 +312,9 @@ class Probe:
         self._pad_token_id = pad if isinstance(pad, int) and pad not in eos_ids else None
         self.environment = env
         if env.device == "cuda":
-            self.builder.switch_clock(CudaEventClock())
+            self.builder.switch_clock(CudaEventClock(self._device))
             self.hooks.install_sync_watch()
-        self._start_samplers(env, params)
+        self._start_samplers(env)
         if self.config.announce and self.rank == 0:
             window = "until the run ends" if self.config.steps is None else f"{self.config.steps} steps"
             print(
@@ -293,7 +327,7 @@ class Probe:
         ref = self._loaders.get(self._train_iter) if self._train_iter is not None else None
         return ref() if ref is not None else None
 
-    def _start_samplers(self, env: Environment, params: list[Any]) -> None:
+    def _start_samplers(self, env: Environment) -> None:
         try:
             self._host = HostSampler(self.origin)
             self._host.start()
@@ -301,23 +335,26 @@ class Probe:
             self.errors.append(f"host sampler: {exc}")
         nvml: Any = None
         handle: Any = None
+        owns = False
         if self.config.nvml_replay is not None:
             nvml = RecordedNvml.load(self.config.nvml_replay)
         elif env.device == "cuda":
             try:
                 import torch
 
-                device = next(p.device for p in params if p.device.type == "cuda")
-                index = device.index if device.index is not None else torch.cuda.current_device()
+                index = self._device.index if self._device.index is not None else torch.cuda.current_device()
                 props = torch.cuda.get_device_properties(index)
-                bus = _pci_bus_id(props)
-                nvml, handle = open_nvml(index, bus)
+                nvml, handle, notes = open_nvml(index, _pci_bus_id(props), _uuid(props), env.gpu_name)
+                self.errors.extend(notes)
+                owns = True
+                if handle is None:
+                    nvml = None
             except ImportError:
                 self.errors.append("GPU utilization not sampled: install pitstop[nvml] (nvidia-ml-py)")
             except Exception as exc:
                 self.errors.append(f"NVML unavailable: {exc}")
         if nvml is not None:
-            self._nvml = NvmlSampler(nvml, handle, self.origin)
+            self._nvml = NvmlSampler(nvml, handle, self.origin, owns_nvml=owns)
             self._nvml.start()
 
     def _stop_samplers(self) -> None:
@@ -378,6 +415,12 @@ class Probe:
         batches, seconds = self._collate
         env.dataloader.examples_are_text = self._examples_are_text
         env.dataloader.collate_s_per_batch = seconds / batches if batches else None
+        if self.hooks.sync_watched:
+            copies, pinned_blocking, non_blocking = self._copies
+            env.dataloader.h2d_copies = copies
+            env.dataloader.h2d_copies_pinned_blocking = pinned_blocking
+            env.dataloader.h2d_copies_non_blocking = non_blocking
+        sites = sorted(self._sync_sites.values(), key=lambda x: (-(x.seconds or 0.0), -x.count))
         steps = self.measured_steps()
         warmup = self.config.warmup
         if not steps and len(self.records) > 1:  # the run ended inside the warm-up: keep what there is
@@ -397,6 +440,7 @@ class Probe:
             memory=self._memory_stats(env),
             environment=env,
             probe_errors=list(self.errors),
+            sync_sites=[replace(x) for x in sites[:MAX_SYNC_SITES]],
         )
 
     def _memory_stats(self, env: Environment) -> MemoryStats:
@@ -405,10 +449,11 @@ class Probe:
         try:
             import torch
 
-            stats = torch.cuda.memory_stats()
+            device = self._device
+            stats = torch.cuda.memory_stats(device)
             return MemoryStats(
-                peak_allocated=int(torch.cuda.max_memory_allocated()),
-                peak_reserved=int(torch.cuda.max_memory_reserved()),
+                peak_allocated=int(torch.cuda.max_memory_allocated(device)),
+                peak_reserved=int(torch.cuda.max_memory_reserved(device)),
                 alloc_retries=int(stats.get("num_alloc_retries", 0)),
                 ooms=int(stats.get("num_ooms", 0)),
             )
@@ -435,3 +480,9 @@ def _pci_bus_id(props: Any) -> str | None:
     if bus is None or device is None:
         return None
     return f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{device:02x}.0"
+
+
+def _uuid(props: Any) -> str | None:
+    """The CUDA device's UUID as text (a MIG slice has its own), to find its NVML handle."""
+    uuid = getattr(props, "uuid", None)
+    return None if uuid is None else str(uuid)

@@ -1,16 +1,22 @@
-"""Background samplers: the GPU through NVML (~10 Hz) and the trainer's CPU use through psutil (~2 Hz).
+"""Background samplers: the GPU through NVML (10 Hz) and the trainer's CPU use through psutil (2 Hz).
 
 Each sampler is a daemon thread that reads a *source* and appends samples; the source for NVML is any
 object with pynvml's functions, so recorded readings (``RecordedNvml``) go through exactly the code a
-live GPU does. A sampler that fails stops itself quietly; it never raises into the training process.
+live GPU does. Samples are taken on a fixed schedule (start + k · interval), not "interval after the
+last one": NVML's two PCIe throughput queries each block ~20 ms, which would otherwise stretch a 10 Hz
+sampler to ~7 Hz. A deadline missed because a sample took longer is skipped, not made up in a burst. A
+sampler that fails stops itself quietly; it never raises into the training process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +28,12 @@ NVML_CLOCK_SM = 1
 
 
 class _Sampler:
-    def __init__(self, interval_s: float, origin: float) -> None:
+    def __init__(
+        self, interval_s: float, origin: float, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.interval_s = interval_s
         self.origin = origin
+        self.clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None
@@ -37,12 +46,24 @@ class _Sampler:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
+        self.close()
+
+    def close(self) -> None:
+        """Release what the source holds (after the thread has ended)."""
 
     def _run(self) -> None:
+        self.run_until(self._stop.is_set, self._stop.wait)
+
+    def run_until(self, stopped: Callable[[], bool], wait: Callable[[float], object]) -> None:
+        """Sample at start + k · interval until ``stopped()``; ``wait`` sleeps (interruptibly)."""
         try:
-            while not self._stop.is_set():
+            start = self.clock()
+            k = 0
+            while not stopped():
                 self.sample_once()
-                self._stop.wait(self.interval_s)
+                if self.interval_s > 0:  # the next deadline still ahead; missed ones are skipped
+                    k = max(k + 1, int((self.clock() - start) / self.interval_s) + 1)
+                wait(max(0.0, start + k * self.interval_s - self.clock()))
         except Exception as exc:  # a sampler failure loses samples, never the run
             self.error = f"{type(self).__name__}: {exc}"
 
@@ -53,11 +74,26 @@ class _Sampler:
 class NvmlSampler(_Sampler):
     """Reads utilization, memory, PCIe, SM clock and power of one GPU."""
 
-    def __init__(self, nvml: Any, handle: Any, origin: float, interval_s: float = 0.1) -> None:
-        super().__init__(interval_s, origin)
+    def __init__(
+        self,
+        nvml: Any,
+        handle: Any,
+        origin: float,
+        interval_s: float = 0.1,
+        clock: Callable[[], float] = time.perf_counter,
+        owns_nvml: bool = False,
+    ) -> None:
+        super().__init__(interval_s, origin, clock)
         self.nvml = nvml
         self.handle = handle
+        self.owns_nvml = owns_nvml  # this sampler called nvmlInit and must call nvmlShutdown
         self.samples: list[GpuSample] = []
+
+    def close(self) -> None:
+        if self.owns_nvml:
+            self.owns_nvml = False
+            with contextlib.suppress(Exception):
+                self.nvml.nvmlShutdown()
 
     def _try(self, fn: str, *args: Any) -> Any:
         try:
@@ -74,7 +110,7 @@ class NvmlSampler(_Sampler):
         power = self._try("nvmlDeviceGetPowerUsage")
         self.samples.append(
             GpuSample(
-                t=time.perf_counter() - self.origin,
+                t=self.clock() - self.origin,
                 util=None if util is None else float(util.gpu),
                 mem_used=None if mem is None else int(mem.used),
                 mem_total=None if mem is None else int(mem.total),
@@ -168,21 +204,82 @@ class RecordedNvml:
         return self._field("power_mw")
 
 
-def open_nvml(cuda_index: int, pci_bus_id: str | None) -> tuple[Any, Any]:
-    """(pynvml module, handle) for the CUDA device this process trains on."""
+NVML_DEVICE_MIG_ENABLE = 1
+MIG_UNMEASURED = (
+    "GPU utilization cannot be measured on a MIG slice (NVML does not report it per instance); "
+    "memory is the slice's own"
+)
+
+
+def _uuid_hex(text: Any) -> str:
+    """A UUID's hex digits, without NVML's "GPU-" / "MIG-" prefix, for comparing across APIs."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return re.sub(r"[^0-9a-f]", "", re.sub(r"^(gpu|mig)-", "", str(text).strip().lower()))
+
+
+def mig_handle(nvml: Any, parent: Any, uuid: str | None) -> Any:
+    """The NVML handle of the MIG slice whose UUID is ``uuid`` on ``parent``; None when none matches."""
+    if not uuid:
+        return None
+    wanted = _uuid_hex(uuid)
+    for i in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(parent))):
+        try:
+            handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, i)
+        except Exception:  # NVML_ERROR_NOT_FOUND for unused slots
+            continue
+        if _uuid_hex(nvml.nvmlDeviceGetUUID(handle)) == wanted:
+            return handle
+    return None
+
+
+def open_nvml(
+    cuda_index: int, pci_bus_id: str | None, uuid: str | None = None, gpu_name: str | None = None
+) -> tuple[Any, Any, list[str]]:
+    """(pynvml module, handle, notes) for the CUDA device this process trains on.
+
+    On a MIG slice the PCI bus id and the index name the parent GPU, whose counters describe the whole
+    card; the slice's own handle comes from the parent's MIG devices, matched by the CUDA UUID. NVML does
+    not report utilization per MIG instance: the notes say so. The handle is None when no sampling is
+    possible (the module is then shut down again).
+    """
     import pynvml
 
     pynvml.nvmlInit()
+    try:
+        return _open_handle(pynvml, cuda_index, pci_bus_id, uuid, gpu_name)
+    except Exception:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+        raise
+
+
+def _open_handle(
+    pynvml: Any, cuda_index: int, pci_bus_id: str | None, uuid: str | None, gpu_name: str | None
+) -> tuple[Any, Any, list[str]]:
+    handle = None
     if pci_bus_id:
-        try:
-            return pynvml, pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id.encode())
-        except Exception:
-            pass
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    ordinals = [v.strip() for v in visible.split(",") if v.strip()]
-    index = (
-        int(ordinals[cuda_index])
-        if cuda_index < len(ordinals) and ordinals[cuda_index].isdigit()
-        else cuda_index
-    )
-    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+        with contextlib.suppress(Exception):
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id.encode())
+    if handle is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        ordinals = [v.strip() for v in visible.split(",") if v.strip()]
+        index = (
+            int(ordinals[cuda_index])
+            if cuda_index < len(ordinals) and ordinals[cuda_index].isdigit()
+            else cuda_index
+        )
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    mig_on = False
+    with contextlib.suppress(Exception):
+        mig_on = int(pynvml.nvmlDeviceGetMigMode(handle)[0]) == NVML_DEVICE_MIG_ENABLE
+    if not mig_on and not (gpu_name and " MIG " in f" {gpu_name} "):
+        return pynvml, handle, []
+    slice_handle = None
+    with contextlib.suppress(Exception):
+        slice_handle = mig_handle(pynvml, handle, uuid)
+    if slice_handle is None:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+        return pynvml, None, ["GPU not sampled: cannot tell which MIG slice this process uses"]
+    return pynvml, slice_handle, [MIG_UNMEASURED]

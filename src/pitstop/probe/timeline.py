@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from pitstop.profile import StepRecord
 
-_COUNT_FIELDS = ("samples", "tokens", "real_tokens", "loss_tokens", "examples")
+_COUNT_FIELDS = ("samples", "tokens", "real_tokens", "loss_tokens", "examples", "attended")
 START, DATA, BWD_START, BWD_END, OPT_START, OPT_END = (
     "start",
     "data",
@@ -98,6 +98,7 @@ class BatchCounts:
     real_tokens: Any = None
     loss_tokens: Any = None
     examples: Any = None
+    attended: Any = None  # Σ L² over the examples (the attention FLOPs weight)
     seq_len: int | None = None
     nbytes: int = 0
 
@@ -157,9 +158,10 @@ class StepBuilder:
     def batch(self, counts: BatchCounts) -> None:
         self._open.batches.append(counts)
 
-    def sync(self, seconds: float) -> None:
+    def sync(self, seconds: float | None) -> None:
+        """One host sync; ``seconds`` None when it was detected but could not be timed."""
         self._open.syncs += 1
-        self._open.sync_s += seconds
+        self._open.sync_s += seconds or 0.0
 
     def end_step(self) -> StepRecord:
         """Close the step at an optimizer-step end and return its record (device spans may follow)."""
@@ -223,6 +225,7 @@ class StepBuilder:
         lens = [b.seq_len for b in batches if b.seq_len is not None]
         record.seq_len = max(lens) if lens else None
         record.examples = _add([b.examples for b in batches])
+        record.attended = _add([b.attended for b in batches])
         if any(not isinstance(getattr(record, n), int | None) for n in _COUNT_FIELDS):
             self._lazy.append(record)
 

@@ -368,7 +368,8 @@ def attention_target(ctx: RuleContext) -> dict[str, object]:
     """What the attention advice loads: FlashAttention 2 on a GPU (SDPA as the no-install alternative), SDPA
     elsewhere; and whether the model is a transformers model (then the fix is a loading argument)."""
     on_gpu = ctx.env.device not in (None, "cpu")
-    hf_model = True if ctx.env.model.model_type else None
+    model = ctx.env.model
+    hf_model = True if model.library == "transformers" or model.model_type else None
     if on_gpu:
         return {"target": "flash_attention_2", "alternative": "sdpa", "hf_model": hf_model}
     return {"target": "sdpa", "hf_model": hf_model}

@@ -228,13 +228,21 @@ def pageable_copies(ctx: RuleContext) -> Finding | None:
         bytes_per_step = traced * 1e6
         basis_source = "pageable host-to-device copies in the trace"
     else:
-        if ctx.env.dataloader.pin_memory is not False:
+        dl = ctx.env.dataloader
+        # pinned memory overlaps nothing when the copy blocks (non_blocking=False, HF's default): such a
+        # copy is as exposed as a pageable one
+        blocking_pinned = bool(dl.h2d_copies_pinned_blocking) and not dl.h2d_copies_non_blocking
+        if dl.pin_memory is not False and not blocking_pinned:
             return None
         steps = [s for r in ctx.profile.ranks for s in r.steps if s.h2d_bytes]
         if not steps or not step:
             return None
         bytes_per_step = sum(s.h2d_bytes or 0 for s in steps) / len(steps)
-        basis_source = "batch bytes with pin_memory=False"
+        basis_source = (
+            "batch bytes copied from pinned memory with non_blocking=False"
+            if blocking_pinned and dl.pin_memory is not False
+            else "batch bytes with pin_memory=False"
+        )
     gpu = ctx.gpu
     link = (gpu.pcie_gbps if gpu else 31.5) * 1e9
     # a pageable copy is staged through a bounce buffer (about half the pinned rate) and blocks the host
@@ -245,11 +253,12 @@ def pageable_copies(ctx: RuleContext) -> Finding | None:
         severity=severity_for(frac, 0.10, 0.02),
         confidence=0.7 if traced is not None else 0.6,
         summary=(
-            f"Host-to-device copies come from pageable memory: {bytes_per_step / 1e6:.2f} MB per step that "
-            "cannot overlap compute."
+            f"Host-to-device copies cannot overlap compute ({basis_source}): {bytes_per_step / 1e6:.2f} MB per step."
         ),
         evidence={
             "pin_memory": ctx.env.dataloader.pin_memory,
+            "h2d_copies_pinned_blocking": ctx.env.dataloader.h2d_copies_pinned_blocking,
+            "h2d_copies_non_blocking": ctx.env.dataloader.h2d_copies_non_blocking,
             "h2d_pageable_mb_per_step": round(bytes_per_step / 1e6, 3),
             "est_copy_ms_lost": round(lost * 1000, 3),
         },

@@ -1,0 +1,102 @@
+"""Planning a named model on a named GPU: resolve both, count parameters, make the plan, cross-check it.
+
+The orchestration ``pitstop plan`` runs; the CLI only parses arguments and renders the result. Every
+failure here is a ``PitstopError`` said in one line (unknown GPU, unreadable config, impossible setup).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pitstop.errors import PitstopError
+from pitstop.hardware import GPUS, lookup_gpu
+from pitstop.plan.memory import Setup
+from pitstop.plan.model_shape import ModelConfigError, ModelShape
+from pitstop.plan.params import count_params, resolve_model
+from pitstop.plan.planner import Plan, PlanError, make_plan
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What ``pitstop plan`` was asked: the model, the hardware and the training choices."""
+
+    model: str
+    gpu: str = "H100-SXM"
+    gpus: int = 1
+    seq: int = 2048
+    micro_batch: str = "1"  # a number, or "auto": the largest that fits
+    global_batch: int | None = None
+    zero: int = 0
+    offload: str = "none"
+    method: str = "full"
+    rank: int = 16
+    optimizer: str = "adamw"
+    attn: str = "sdpa"
+    checkpointing: bool = False
+    chunked_loss: bool = False
+    simulate: bool = False
+
+
+def build_plan(request: PlanRequest) -> Plan:
+    """The plan for a request; raises PlanError / ModelConfigError with one line on bad input."""
+    r = request
+    spec = lookup_gpu(r.gpu)
+    if spec is None:
+        raise PlanError(f"unknown GPU '{r.gpu}'; pitstop knows: {', '.join(g.key for g in GPUS)}")
+    try:
+        name, config = resolve_model(r.model)
+        shape = ModelShape.from_config(config)
+    except (ModelConfigError, KeyError, TypeError, ValueError) as exc:
+        raise ModelConfigError(f"--model: {exc or f'{r.model}: the config misses fields'}") from None
+    auto = r.micro_batch == "auto"
+    if not auto and not r.micro_batch.isdigit():
+        raise PlanError("--micro-batch is a number or auto")
+    params = count_params(config, r.method, r.rank)
+    lora = params.trainable if r.method != "full" else count_params(config, "lora", r.rank).trainable
+    setup = Setup.for_shape(
+        shape,
+        total_params=params.total,
+        lora_params=lora,
+        embedding_params=params.embedding,
+        largest_module=params.largest_module,
+        seq=r.seq,
+        micro_batch=1 if auto else int(r.micro_batch),
+        gpus=r.gpus,
+        zero=r.zero,
+        offload=r.offload,
+        method=r.method,
+        optimizer=r.optimizer,
+        attn=r.attn,
+        checkpointing=r.checkpointing,
+        chunked_loss=r.chunked_loss,
+        lora_rank=r.rank,
+    )
+    plan = make_plan(name, spec, setup, params, shape, r.global_batch, auto)
+    if r.simulate:
+        _cross_check(plan, config, r)
+    return plan
+
+
+def _cross_check(plan: Plan, config: dict[str, object], r: PlanRequest) -> None:
+    """Simulate one step on fake tensors beside the formula; its failure is a note, never an error."""
+    try:
+        from pitstop.plan.simulate import simulate_step
+
+        sim = simulate_step(
+            config,
+            plan.setup.micro_batch,
+            r.seq,
+            "eager" if r.attn == "eager" else "sdpa",
+            r.checkpointing,
+            None,  # peft cannot wrap a model under fake tensors: LoRA is simulated without its adapters
+        )
+        plan.simulated_activations = sim.activations
+        if r.method != "full":
+            plan.notes.append(
+                "simulated without the LoRA adapters (peft cannot wrap fake tensors); they add "
+                f"{2 * r.rank * 7} bytes per token per layer to the formula"
+            )
+    except PitstopError:
+        raise
+    except Exception as exc:  # the simulation is a cross-check; its failure must not hide the plan
+        plan.notes.append(f"fake-tensor simulation unavailable ({type(exc).__name__}: {str(exc)[:120]})")
