@@ -106,3 +106,35 @@ def test_precision_offers_what_the_gpu_has() -> None:
     assert remedy(RemedyId.BF16).cannot_try(h100) is None and remedy(RemedyId.FP16).cannot_try(h100)
     plain_loop = dataclasses.replace(v100, framework=Framework.PYTORCH)
     assert "loss scaler" in (remedy(RemedyId.FP16).cannot_try(plain_loop) or "")
+
+
+def test_a_transformers_model_in_a_plain_loop_is_told_to_load_with_sdpa() -> None:
+    env = environment()
+    p = profile(
+        "cpu",
+        steps(),
+        framework="pytorch",
+        model=dataclasses.replace(env.model, library="transformers", model_type=None),
+        attention=dataclasses.replace(env.attention, implementation="eager", sdpa_calls=0),
+    )
+    fix = next(f for f in diagnose(p).findings if f.cause == "slow_attention").fix
+    assert 'attn_implementation="sdpa"' in (fix.snippet or "")
+    assert "scaled_dot_product_attention" not in (fix.snippet or "")
+
+
+def test_pinned_but_blocking_copies_overlap_nothing() -> None:
+    env = environment("cuda")
+    loader = dataclasses.replace(
+        env.dataloader,
+        pin_memory=True,
+        h2d_copies=40,
+        h2d_copies_pinned_blocking=40,
+        h2d_copies_non_blocking=0,
+    )
+    records = steps(wall=0.05)
+    for r in records:
+        r.h2d_bytes = 400 * 2**20
+    p = profile("cuda", records, util=60.0, dataloader=loader)
+    finding = next(f for f in diagnose(p).findings if f.cause == "pageable_copies")
+    assert finding.evidence["h2d_copies_pinned_blocking"] == 40
+    assert "non_blocking=False" in finding.summary and "non_blocking=True" in finding.fix.text
