@@ -96,6 +96,13 @@ CAUSES: dict[str, Cause] = {
             needs_gpu=False,
         ),
         Cause(
+            "checkpoint_stall",
+            "Checkpoint saves stall training",
+            "checkpoints are saved synchronously so often that the training loop spends a large share of its time "
+            "waiting for them",
+            needs_gpu=False,
+        ),
+        Cause(
             "low_mfu_unexplained",
             "Busy GPU, low FLOPs utilization",
             "utilization is high but model-FLOPs utilization stays far below what the GPU can do",

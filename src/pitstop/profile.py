@@ -167,6 +167,18 @@ class MemoryStats:
 
 
 @dataclass
+class SaveStats:
+    """Checkpoint saves that ran inside the measured window (torch.save, save_pretrained, a trainer's save),
+    counted once per outermost call; ``calls`` by what was called; ``steps_with_saves``: steps that saved
+    anything (one checkpoint is often several calls: the model, then the optimizer)."""
+
+    saves: int = 0
+    save_s: float = 0.0
+    steps_with_saves: int = 0
+    calls: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class TraceStats:
     """What a profiler trace of one rank says beyond per-step times. Times are per step, in ms, unless named
     otherwise; fractions are of the mean step time."""
@@ -234,6 +246,7 @@ class RankProfile:
     memory: MemoryStats = field(default_factory=MemoryStats)
     environment: Environment = field(default_factory=Environment)
     trace: TraceStats | None = None
+    checkpoints: SaveStats | None = None  # None: not watched (an offline source)
     stopped_by_probe: bool = False
     probe_errors: list[str] = field(default_factory=list)
 

@@ -27,8 +27,17 @@ from pitstop.probe.batch import count_batch
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
+from pitstop.probe.saves import install_save_watch
 from pitstop.probe.timeline import BWD_END, BWD_START, DATA, OPT_START, BatchCounts, HostClock, StepBuilder
-from pitstop.profile import AttentionInfo, Environment, MemoryStats, RankProfile, StepRecord, to_jsonable
+from pitstop.profile import (
+    AttentionInfo,
+    Environment,
+    MemoryStats,
+    RankProfile,
+    SaveStats,
+    StepRecord,
+    to_jsonable,
+)
 
 PROGRESS_EVERY_S = 0.5
 
@@ -89,6 +98,8 @@ class Probe:
         self._sdpa = [0, 0]  # calls, calls with an explicit mask
         self._autocast: tuple[str, Any] | None = None
         self._checkpoint_calls = 0
+        self._saves: SaveStats | None = None  # checkpoint saves in the window, once it starts
+        self._save_step = -1
         self._collate = [0, 0.0]  # batches, seconds
         self._examples_are_text: bool | None = None
         self._nvml: NvmlSampler | None = None
@@ -193,6 +204,15 @@ class Probe:
     def on_checkpoint(self) -> None:
         self._checkpoint_calls += 1
 
+    def on_save(self, label: str, seconds: float) -> None:
+        if self._saves is not None and not self.finished:
+            if self._save_step != len(self.records):
+                self._save_step = len(self.records)
+                self._saves.steps_with_saves += 1
+            self._saves.saves += 1
+            self._saves.save_s += seconds
+            self._saves.calls[label] = self._saves.calls.get(label, 0) + 1
+
     def on_sync(self, seconds: float) -> None:
         if self._on_train_thread():
             self.builder.sync(seconds)
@@ -219,6 +239,8 @@ class Probe:
         self._sdpa = [0, 0]
         self._checkpoint_calls = 0
         self._collate = [0, 0.0]
+        self._saves = SaveStats()
+        install_save_watch(self.hooks, self.on_save)
 
     def _capture(self, optimizer: Any) -> None:
         with warnings.catch_warnings():  # reading deprecated attributes must not print in the user's run
@@ -369,6 +391,7 @@ class Probe:
             window_end_t=self.window_end_t,
             memory=self._memory_stats(env),
             environment=env,
+            checkpoints=self._saves,
             probe_errors=list(self.errors),
         )
 

@@ -27,6 +27,7 @@ from pitstop.remedies import (  # noqa: F401  (each module registers its remedy)
     pack_batch,
     pin_memory,
     pretokenize,
+    save_less_often,
     tf32,
     trim_padding,
     use_every_gpu,
@@ -48,6 +49,7 @@ TUNE_ORDER: tuple[RemedyId, ...] = (
     RemedyId.FP16,
     RemedyId.TF32,
     RemedyId.NO_CHECKPOINTING,
+    RemedyId.SAVE_LESS_OFTEN,
 )
 
 

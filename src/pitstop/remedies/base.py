@@ -45,6 +45,7 @@ class RemedyId(StrEnum):
     OVERLAP_COMM = "overlap_comm"
     EVAL_LESS_OFTEN = "eval_less_often"
     USE_EVERY_GPU = "use_every_gpu"
+    SAVE_LESS_OFTEN = "save_less_often"
 
 
 def code(text: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pitstop.diagnose.context import RuleContext
+from pitstop.diagnose.rules.checkpoints import checkpoint_stall
 from pitstop.diagnose.rules.compute import (
     communication_bound,
     host_sync,
@@ -35,6 +36,7 @@ RULES: tuple[Rule, ...] = (
     communication_bound,
     straggler,
     eval_overhead,
+    checkpoint_stall,
     idle_gpu,
     low_mfu_unexplained,
 )
