@@ -103,6 +103,13 @@ CAUSES: dict[str, Cause] = {
             needs_gpu=False,
         ),
         Cause(
+            "cpu_oversubscribed",
+            "More busy threads than cores",
+            "torch's thread pools, DataLoader workers and ranks together run more threads than the cores the job "
+            "may use, so threads wait for a core",
+            needs_gpu=False,
+        ),
+        Cause(
             "low_mfu_unexplained",
             "Busy GPU, low FLOPs utilization",
             "utilization is high but model-FLOPs utilization stays far below what the GPU can do",

@@ -116,6 +116,24 @@ class AttentionInfo:
 
 
 @dataclass
+class CpuThreads:
+    """Threads the job runs against the cores it may use (read at the first step), and how many of the
+    job's threads were runnable during the window (sampled from /proc: OpenMP threads that spin count)."""
+
+    cores_allowed: int | None = None  # affinity and cgroup quota applied
+    machine_cores: int | None = None
+    cgroup_cores: float | None = None
+    torch_threads: int | None = None  # torch.get_num_threads() of the training process
+    interop_threads: int | None = None
+    omp_num_threads: str | None = None  # $OMP_NUM_THREADS as the job saw it; None: unset
+    local_ranks: int | None = None  # training processes on this machine
+    launcher: str | None = None  # "torchrun" when torch elastic started the job
+    runnable_threads: float | None = None  # mean runnable threads of the process and its children
+    machine_run_queue: float | None = None  # mean runnable threads of the whole machine (/proc/stat)
+    steal_frac: float | None = None  # share of CPU time the hypervisor took (psutil)
+
+
+@dataclass
 class Environment:
     device: str | None = None  # "cpu", "cuda", "mps", ...
     gpu_name: str | None = None
@@ -145,6 +163,7 @@ class Environment:
     save_steps: int | None = None
     logging_steps: int | None = None
     torch_compile: bool | None = None
+    cpu: CpuThreads | None = None  # thread counts and CPU load (live probe only)
     config_sources: list[str] = field(default_factory=list)
 
     @property

@@ -55,3 +55,28 @@ def test_no_saves_no_stall(tmp_path: Path) -> None:
     )
     assert "checkpoint_stall" not in causes(doc)
     assert doc["profile"]["ranks"][0]["checkpoints"]["saves"] == 0
+
+
+def test_eight_threads_and_two_workers_oversubscribe_this_machines_cores(tmp_path: Path) -> None:
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    threads = 4 * cores  # on the 2-core CI machine: 8 threads beside 2 workers
+    doc, _ = doctor_json(
+        tmp_path, "cpu_causes.py", "--threads", str(threads), "--workers", "2", "--steps", "100"
+    )
+    assert "cpu_oversubscribed" in causes(doc)
+    f = next(f for f in doc["findings"] if f["cause"] == "cpu_oversubscribed")
+    ev = f["evidence"]
+    assert ev["torch_threads"] == threads and ev["dataloader_workers"] == 2
+    assert ev["cores_allowed"] <= cores and ev["thread_demand"] > 1.25 * ev["cores_allowed"]
+    assert ev["runnable_threads"] is not None and ev["runnable_threads"] >= 1  # sampled from /proc
+    assert ev["suggested_threads"] < threads
+    assert f"torch.set_num_threads({ev['suggested_threads']})" in f["fix"]["snippets"]["pytorch"]
+
+
+def test_default_threads_are_not_oversubscribed(tmp_path: Path) -> None:
+    doc, _ = doctor_json(tmp_path, "cpu_causes.py", "--steps", "100")
+    assert "cpu_oversubscribed" not in causes(doc)
+    cpu = doc["profile"]["ranks"][0]["environment"]["cpu"]
+    assert cpu["torch_threads"] >= 1 and cpu["cores_allowed"] >= 1

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from tests.factories import profile, steps
 
+from pitstop import cpus
 from pitstop.diagnose import diagnose
 from pitstop.findings import Finding
-from pitstop.profile import RunProfile, RunTotals, SaveStats
+from pitstop.probe.cpu_threads import machine_run_queue, runnable_threads
+from pitstop.profile import CpuThreads, HostSample, RunProfile, RunTotals, SaveStats
 from pitstop.remedies import RemedyId, advise, remedy, use
 from pitstop.trials.request import FixReport, FixRequest
 
@@ -74,3 +77,92 @@ def test_tune_raises_the_trainers_save_steps() -> None:
     never.save_strategy = "no"
     remedy(RemedyId.SAVE_LESS_OFTEN).rewrite_training_args(never, FixRequest(), report)
     assert never.save_steps == 10
+
+
+# -- cpu_oversubscribed ----------------------------------------------------------------------------------
+def _threads(**kw: object) -> CpuThreads:
+    base: dict[str, object] = dict(cores_allowed=16, machine_cores=16, torch_threads=16, local_ranks=1)
+    return CpuThreads(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_four_ranks_each_taking_every_core_are_oversubscribed() -> None:
+    p = profile("cuda", steps(), util=90.0, cpu=_threads(local_ranks=4, runnable_threads=40.0))
+    f = finding(p, "cpu_oversubscribed")
+    assert f is not None and f.severity == "high" and f.confidence == 0.8
+    assert f.evidence["thread_demand"] == 4 * (16 + 4)  # 4 workers each, counted whole without host samples
+    assert f.evidence["suggested_threads"] == 1  # 16 cores / 4 ranks − 4 workers → 0 → at least 1
+    assert "OMP_NUM_THREADS is unset" in f.summary
+    assert f.est_speedup is None and "not estimated" in f.speedup_basis
+    assert "OMP_NUM_THREADS=1 torchrun --nproc_per_node=4" in (f.fix.snippets["pytorch"] or "")
+
+
+def test_a_container_with_fewer_cores_than_the_machine() -> None:
+    p = profile(
+        "cpu", steps(), cpu=_threads(cores_allowed=4, machine_cores=64, cgroup_cores=4.0, torch_threads=64)
+    )
+    p.environment.dataloader = dataclasses.replace(p.environment.dataloader, num_workers=0)
+    f = finding(p, "cpu_oversubscribed")
+    assert f is not None and "(of the machine's 64)" in f.summary
+    assert f.evidence["suggested_threads"] == 4 and f.confidence == 0.5  # nothing measured
+
+
+def test_threads_that_fit_are_no_finding() -> None:
+    fits = profile("cpu", steps(), cpu=_threads(torch_threads=12))  # 12 + 4 workers on 16 cores
+    assert finding(fits, "cpu_oversubscribed") is None
+    light_workers = profile("cpu", steps(), cpu=_threads(cores_allowed=2, torch_threads=2))
+    light_workers.ranks[0].host_samples = [
+        HostSample(t=i, main_cpu_pct=190, workers_cpu_pct=5, workers=4) for i in range(5)
+    ]
+    assert finding(light_workers, "cpu_oversubscribed") is None  # 2 + 0.05 busy worker cores on 2 cores
+    unknown = profile("cpu", steps())
+    assert finding(unknown, "cpu_oversubscribed") is None  # no thread facts (an offline source)
+
+
+def test_cgroup_quota_v1_and_v2(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    v2 = tmp_path / "v2"
+    (v2 / "job").mkdir(parents=True)
+    (v2 / "job" / "cpu.max").write_text("250000 100000\n")
+    (tmp_path / "proc" / "cgroup").write_text("0::/job\n")
+    assert cpus.cgroup_cores(v2, tmp_path / "proc" / "cgroup") == 2.5
+    (v2 / "job" / "cpu.max").write_text("max 100000\n")
+    assert cpus.cgroup_cores(v2, tmp_path / "proc" / "cgroup") is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu" / "docker").mkdir(parents=True)
+    (v1 / "cpu" / "docker" / "cpu.cfs_quota_us").write_text("300000")
+    (v1 / "cpu" / "docker" / "cpu.cfs_period_us").write_text("100000")
+    (tmp_path / "proc" / "cgroup").write_text("4:memory:/x\n1:cpu,cpuacct:/docker\n0::/\n")
+    assert cpus.cgroup_cores(v1, tmp_path / "proc" / "cgroup") == 3.0
+
+
+def test_runnable_threads_are_read_from_proc(tmp_path: Path) -> None:
+    task = tmp_path / "7" / "task"
+    for tid, state in ((7, "R"), (8, "S"), (9, "R")):
+        (task / str(tid)).mkdir(parents=True)
+        (task / str(tid) / "stat").write_text(f"{tid} (python (main)) {state} 1 2 3")
+    assert runnable_threads(7, tmp_path) == 2
+    (tmp_path / "stat").write_text("cpu 1 2 3\nprocs_running 5\nprocs_blocked 0\n")
+    assert machine_run_queue(tmp_path) == 5
+
+
+def test_trial_caps_the_jobs_own_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(cpus, "affinity_cores", lambda: 4)
+    monkeypatch.setattr(cpus, "cgroup_cores", lambda *a: None)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    before = torch.get_num_threads()
+    original = torch.set_num_threads
+    report = FixReport(None)
+    try:
+        remedy(RemedyId.CPU_THREADS).on_import()["torch"](torch, FixRequest(), report)
+        assert torch.get_num_threads() == 2  # 4 cores / 2 ranks
+        torch.set_num_threads(8)  # the job asks for more
+        assert torch.get_num_threads() == 2
+        remedy(RemedyId.CPU_THREADS).rewrite_loader({"num_workers": 1}, FixRequest(), report)
+        assert torch.get_num_threads() == 1 and report.params[RemedyId.CPU_THREADS]["threads"] == 1
+    finally:
+        monkeypatch.setattr(torch, "set_num_threads", original)
+        original(before)
+    kept = advise("pytorch", use(RemedyId.CPU_THREADS, **report.params[RemedyId.CPU_THREADS]))
+    assert "OMP_NUM_THREADS=1 torchrun --nproc_per_node=2" in (kept.snippet or "")

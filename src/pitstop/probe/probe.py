@@ -22,6 +22,7 @@ from typing import Any
 
 from pitstop.atomic import write_atomic
 from pitstop.data.rawtext import looks_like_text
+from pitstop.probe import cpu_threads
 from pitstop.probe import environment as envmod
 from pitstop.probe.batch import count_batch
 from pitstop.probe.config import ProbeConfig
@@ -100,6 +101,7 @@ class Probe:
         self._checkpoint_calls = 0
         self._saves: SaveStats | None = None  # checkpoint saves in the window, once it starts
         self._save_step = -1
+        self._load: cpu_threads.ThreadLoad | None = None
         self._collate = [0, 0.0]  # batches, seconds
         self._examples_are_text: bool | None = None
         self._nvml: NvmlSampler | None = None
@@ -241,6 +243,7 @@ class Probe:
         self._collate = [0, 0.0]
         self._saves = SaveStats()
         install_save_watch(self.hooks, self.on_save)
+        self._load = cpu_threads.ThreadLoad()
 
     def _capture(self, optimizer: Any) -> None:
         with warnings.catch_warnings():  # reading deprecated attributes must not print in the user's run
@@ -249,6 +252,7 @@ class Probe:
 
     def _capture_quietly(self, optimizer: Any) -> None:
         env = envmod.base_environment()
+        env.cpu = cpu_threads.thread_facts()
         framework, trainer = envmod.trainer_on_stack()
         if trainer is None and self.trainer_hint is not None:
             trainer = self.trainer_hint
@@ -371,6 +375,8 @@ class Probe:
             env.autocast_dtype = envmod.dtype_name(self._autocast[1])
         if env.gradient_checkpointing is None and self._checkpoint_calls:
             env.gradient_checkpointing = True
+        if self._load is not None and env.cpu is not None:
+            self._load.stop_into(env.cpu)
         batches, seconds = self._collate
         env.dataloader.examples_are_text = self._examples_are_text
         env.dataloader.collate_s_per_batch = seconds / batches if batches else None

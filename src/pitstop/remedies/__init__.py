@@ -14,6 +14,7 @@ from pitstop.remedies import (  # noqa: F401  (each module registers its remedy)
     attention,
     balance_ranks,
     bf16,
+    cpu_threads,
     eval_less_often,
     fewer_syncs,
     fp16,
@@ -50,6 +51,7 @@ TUNE_ORDER: tuple[RemedyId, ...] = (
     RemedyId.TF32,
     RemedyId.NO_CHECKPOINTING,
     RemedyId.SAVE_LESS_OFTEN,
+    RemedyId.CPU_THREADS,
 )
 
 

@@ -46,6 +46,7 @@ class RemedyId(StrEnum):
     EVAL_LESS_OFTEN = "eval_less_often"
     USE_EVERY_GPU = "use_every_gpu"
     SAVE_LESS_OFTEN = "save_less_often"
+    CPU_THREADS = "cpu_threads"
 
 
 def code(text: str) -> str:

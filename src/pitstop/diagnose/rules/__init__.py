@@ -19,6 +19,7 @@ from pitstop.diagnose.rules.inputs import dataloader_bound, padding_waste, pagea
 from pitstop.diagnose.rules.recompute import needless_recompute
 from pitstop.diagnose.rules.run import eval_overhead, idle_gpu
 from pitstop.diagnose.rules.scale import offload_bound, straggler
+from pitstop.diagnose.rules.threads import cpu_oversubscribed
 from pitstop.findings import Finding
 
 Rule = Callable[[RuleContext], Finding | None]
@@ -37,6 +38,7 @@ RULES: tuple[Rule, ...] = (
     straggler,
     eval_overhead,
     checkpoint_stall,
+    cpu_oversubscribed,
     idle_gpu,
     low_mfu_unexplained,
 )
