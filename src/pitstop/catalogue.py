@@ -110,6 +110,13 @@ CAUSES: dict[str, Cause] = {
             needs_gpu=False,
         ),
         Cause(
+            "unfused_kernels",
+            "Unfused loss, optimizer or norms",
+            "the loss materialises full large-vocabulary logits, the optimizer steps parameter by parameter, or "
+            "norms and activations run as separate kernels where fused ones are available",
+            needs_gpu=True,
+        ),
+        Cause(
             "low_mfu_unexplained",
             "Busy GPU, low FLOPs utilization",
             "utilization is high but model-FLOPs utilization stays far below what the GPU can do",

@@ -134,6 +134,18 @@ class CpuThreads:
 
 
 @dataclass
+class KernelFacts:
+    """Which fused paths the run uses: the optimizer's implementation, Liger Kernel, torch.compile."""
+
+    optimizer: str | None = None  # the optimizer's class name
+    optimizer_fused: bool | None = None
+    optimizer_foreach: bool | None = None  # as torch resolves it (None in the constructor = its default)
+    liger_installed: bool | None = None
+    liger_applied: bool | None = None  # some module or forward of the model comes from liger_kernel
+    compiled: bool | None = None  # the model (or the Trainer's) is torch.compile'd
+
+
+@dataclass
 class Environment:
     device: str | None = None  # "cpu", "cuda", "mps", ...
     gpu_name: str | None = None
@@ -164,6 +176,7 @@ class Environment:
     logging_steps: int | None = None
     torch_compile: bool | None = None
     cpu: CpuThreads | None = None  # thread counts and CPU load (live probe only)
+    kernels: KernelFacts | None = None  # fused optimizer / loss / norms (live probe only)
     config_sources: list[str] = field(default_factory=list)
 
     @property

@@ -12,7 +12,7 @@ from pitstop import cpus
 from pitstop.diagnose import diagnose
 from pitstop.findings import Finding
 from pitstop.probe.cpu_threads import machine_run_queue, runnable_threads
-from pitstop.profile import CpuThreads, HostSample, RunProfile, RunTotals, SaveStats
+from pitstop.profile import CpuThreads, HostSample, KernelFacts, RunProfile, RunTotals, SaveStats
 from pitstop.remedies import RemedyId, advise, remedy, use
 from pitstop.trials.request import FixReport, FixRequest
 
@@ -166,3 +166,126 @@ def test_trial_caps_the_jobs_own_thread_count(monkeypatch: pytest.MonkeyPatch) -
         original(before)
     kept = advise("pytorch", use(RemedyId.CPU_THREADS, **report.params[RemedyId.CPU_THREADS]))
     assert "OMP_NUM_THREADS=1 torchrun --nproc_per_node=2" in (kept.snippet or "")
+
+
+# -- unfused_kernels -------------------------------------------------------------------------------------
+def _kernels(**kw: object) -> KernelFacts:
+    base: dict[str, object] = dict(
+        optimizer="AdamW",
+        optimizer_fused=False,
+        optimizer_foreach=False,
+        liger_installed=False,
+        liger_applied=False,
+    )
+    return KernelFacts(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_large_vocabulary_loss_and_a_for_loop_optimizer_on_a_gpu() -> None:
+    # Llama-3.2-1B shape (vocabulary 128,256), 8 × 1024 tokens, 0.1 s steps with 5 ms optimizer on an H100
+    p = profile("cuda", steps(), util=95.0, kernels=_kernels())
+    f = finding(p, "unfused_kernels")
+    assert f is not None
+    gib = 2**30
+    tokens = 8 * 1024
+    assert f.evidence["logits_gib_per_micro_batch"] == pytest.approx(tokens * 10 * 128256 / gib, abs=0.01)
+    assert f.evidence["fused_loss_gib_per_micro_batch"] == pytest.approx(tokens * 2 * 128256 / gib, abs=0.01)
+    traffic_s = 2 * tokens * 8 * 128256 / (3.35e12 * 0.8)  # H100 SXM: 3.35 TB/s
+    assert f.evidence["estimated_loss_traffic_frac"] == pytest.approx(traffic_s / 0.1, rel=0.05)
+    assert f.evidence["optimizer_impl"] == "for-loop" and f.evidence["optimizer_frac"] == pytest.approx(0.05)
+    assert "estimate from the planner's bytes model" in f.speedup_basis and "assumed ×4" in f.speedup_basis
+    assert [u.remedy for u in f.fix.uses] == [
+        RemedyId.FUSED_OPTIMIZER,
+        RemedyId.LIGER_KERNELS,
+        RemedyId.COMPILE_MODEL,
+    ]
+    assert "pip install liger-kernel" in f.fix.text
+    assert 'optim="adamw_torch_fused"' in (f.fix.snippet or "")
+
+
+def test_fused_paths_already_taken_are_no_finding() -> None:
+    done = profile("cuda", steps(), util=95.0, kernels=_kernels(optimizer_fused=True, liger_applied=True))
+    assert finding(done, "unfused_kernels") is None
+    small_vocab = profile("cuda", steps(), util=95.0, kernels=_kernels(optimizer_foreach=True))
+    small_vocab.environment.model = dataclasses.replace(small_vocab.environment.model, vocab_size=32)
+    assert finding(small_vocab, "unfused_kernels") is None  # foreach optimizer at 5%: below the bar
+    on_cpu = profile("cpu", steps(), kernels=_kernels())
+    assert finding(on_cpu, "unfused_kernels") is None
+    assert finding(profile("cuda", steps(), util=95.0), "unfused_kernels") is None  # kernels unknown
+
+
+def test_installed_liger_not_applied_is_named_for_its_models() -> None:
+    p = profile("cuda", steps(), util=95.0, kernels=_kernels(optimizer_fused=True, liger_installed=True))
+    p.environment.model = dataclasses.replace(p.environment.model, vocab_size=32)
+    f = finding(p, "unfused_kernels")
+    assert f is not None and "RMSNorm, RoPE and SwiGLU" in f.summary and f.est_speedup is None
+    assert f.fix.uses[0].remedy is RemedyId.LIGER_KERNELS
+    assert "use_liger_kernel=True" in (f.fix.snippet or "")
+
+
+def _tiny_losses(optim_module: object | None, fused_patch: bool, steps_n: int = 5) -> list[float]:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    assert bool(opt.defaults.get("fused")) is fused_patch
+    losses = []
+    for _ in range(steps_n):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def test_fused_optimizer_trial_gives_the_same_losses(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    plain = _tiny_losses(None, fused_patch=False)
+    for name in ("Adam", "AdamW", "SGD", "Adagrad"):
+        monkeypatch.setattr(getattr(torch.optim, name), "__init__", getattr(torch.optim, name).__init__)
+    report = FixReport(None)
+    remedy(RemedyId.FUSED_OPTIMIZER).on_import()["torch.optim"](torch.optim, FixRequest(), report)
+    fused = _tiny_losses(None, fused_patch=True)
+    assert report.applied[RemedyId.FUSED_OPTIMIZER] == "AdamW(fused=True)"
+    assert fused == pytest.approx(plain, rel=1e-5)
+    assert plain[-1] < plain[0]
+    explicit = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), foreach=False)
+    assert not explicit.defaults.get("fused")  # the job's own choice stands
+    assert remedy(RemedyId.FUSED_OPTIMIZER).preserves_computation
+
+
+def test_kernel_facts_of_real_optimizers() -> None:
+    import torch
+
+    from pitstop.probe.kernels import kernel_facts
+
+    params = list(torch.nn.Linear(4, 4).parameters())
+    loop = kernel_facts(torch.optim.AdamW(params), None, None)
+    assert (
+        loop.optimizer == "AdamW" and loop.optimizer_foreach is False and not loop.optimizer_fused
+    )  # CPU default
+    fused = kernel_facts(torch.optim.AdamW(params, fused=True), None, None)
+    assert fused.optimizer_fused is True and fused.optimizer_foreach is False
+
+
+def test_compile_and_liger_trials_patch_the_first_hf_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    import torch
+
+    model = torch.nn.Linear(2, 2)
+    report = FixReport(None)
+    remedy(RemedyId.COMPILE_MODEL).on_first_forward(model, FixRequest(), report)
+    assert getattr(model.forward, "_torchdynamo_orig_callable", None) is not None
+    assert RemedyId.COMPILE_MODEL in report.applied
+    seen: list[object] = []
+    fake = types.ModuleType("liger_kernel.transformers")
+    fake._apply_liger_kernel_to_instance = lambda model: seen.append(model)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", fake)
+    remedy(RemedyId.LIGER_KERNELS).on_first_forward(model, FixRequest(), report)
+    assert seen == [model] and RemedyId.LIGER_KERNELS in report.applied

@@ -27,6 +27,7 @@ from pitstop.probe import environment as envmod
 from pitstop.probe.batch import count_batch
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.hooks import Hooks
+from pitstop.probe.kernels import kernel_facts
 from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
 from pitstop.probe.saves import install_save_watch
 from pitstop.probe.timeline import BWD_END, BWD_START, DATA, OPT_START, BatchCounts, HostClock, StepBuilder
@@ -262,6 +263,7 @@ class Probe:
         params = envmod.optimizer_params(optimizer)
         envmod.device_facts(params, env)
         env.model = envmod.model_info(model, optimizer)
+        env.kernels = kernel_facts(optimizer, model, trainer)
         env.param_dtype = envmod.majority_dtype([p for p in params if p.requires_grad])
         env.attention = AttentionInfo(implementation=envmod.attention_implementation(model))
         env.gradient_checkpointing = envmod.gradient_checkpointing(model, trainer)

@@ -14,12 +14,15 @@ from pitstop.remedies import (  # noqa: F401  (each module registers its remedy)
     attention,
     balance_ranks,
     bf16,
+    compile_model,
     cpu_threads,
     eval_less_often,
     fewer_syncs,
     fp16,
     fused_kernels,
+    fused_optimizer,
     group_by_length,
+    liger_kernels,
     micro_batch,
     no_checkpointing,
     no_offload,
@@ -52,6 +55,9 @@ TUNE_ORDER: tuple[RemedyId, ...] = (
     RemedyId.NO_CHECKPOINTING,
     RemedyId.SAVE_LESS_OFTEN,
     RemedyId.CPU_THREADS,
+    RemedyId.FUSED_OPTIMIZER,
+    RemedyId.LIGER_KERNELS,
+    RemedyId.COMPILE_MODEL,
 )
 
 

@@ -47,6 +47,9 @@ class RemedyId(StrEnum):
     USE_EVERY_GPU = "use_every_gpu"
     SAVE_LESS_OFTEN = "save_less_often"
     CPU_THREADS = "cpu_threads"
+    FUSED_OPTIMIZER = "fused_optimizer"
+    COMPILE_MODEL = "compile_model"
+    LIGER_KERNELS = "liger_kernels"
 
 
 def code(text: str) -> str:

@@ -16,6 +16,7 @@ from pitstop.diagnose.rules.compute import (
     small_batch,
 )
 from pitstop.diagnose.rules.inputs import dataloader_bound, padding_waste, pageable_copies
+from pitstop.diagnose.rules.kernels import unfused_kernels
 from pitstop.diagnose.rules.recompute import needless_recompute
 from pitstop.diagnose.rules.run import eval_overhead, idle_gpu
 from pitstop.diagnose.rules.scale import offload_bound, straggler
@@ -32,6 +33,7 @@ RULES: tuple[Rule, ...] = (
     offload_bound,
     small_batch,
     needless_recompute,
+    unfused_kernels,
     host_sync,
     pageable_copies,
     communication_bound,
