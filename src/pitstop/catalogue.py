@@ -117,6 +117,13 @@ CAUSES: dict[str, Cause] = {
             needs_gpu=True,
         ),
         Cause(
+            "allocator_thrash",
+            "The CUDA allocator thrashes",
+            "the caching allocator retries allocations, calls cudaMalloc / cudaFree step after step, or holds "
+            "memory fragmented near the limit",
+            needs_gpu=True,
+        ),
+        Cause(
             "low_mfu_unexplained",
             "Busy GPU, low FLOPs utilization",
             "utilization is high but model-FLOPs utilization stays far below what the GPU can do",

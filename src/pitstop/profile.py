@@ -196,6 +196,15 @@ class MemoryStats:
     peak_reserved: int | None = None
     alloc_retries: int | None = None
     ooms: int | None = None
+    # the caching allocator during the measured window (``torch.cuda.memory_stats`` read at each step's end)
+    window_steps: int | None = None
+    window_alloc_retries: int | None = None  # the allocator freed its cache and retried a cudaMalloc
+    window_device_allocs: int | None = None  # cudaMalloc calls
+    window_device_frees: int | None = None  # cudaFree calls
+    steps_with_device_allocs: int | None = None
+    reserved_mean: float | None = None  # bytes reserved by the allocator, mean over the steps
+    allocated_mean: float | None = None  # bytes in live tensors, mean over the steps
+    inactive_split_mean: float | None = None  # bytes free inside split blocks (fragmentation)
 
 
 @dataclass

@@ -11,8 +11,9 @@ from tests.factories import profile, steps
 from pitstop import cpus
 from pitstop.diagnose import diagnose
 from pitstop.findings import Finding
+from pitstop.probe.allocator import summarise
 from pitstop.probe.cpu_threads import machine_run_queue, runnable_threads
-from pitstop.profile import CpuThreads, HostSample, KernelFacts, RunProfile, RunTotals, SaveStats
+from pitstop.profile import CpuThreads, HostSample, KernelFacts, MemoryStats, RunProfile, RunTotals, SaveStats
 from pitstop.remedies import RemedyId, advise, remedy, use
 from pitstop.trials.request import FixReport, FixRequest
 
@@ -289,3 +290,101 @@ def test_compile_and_liger_trials_patch_the_first_hf_model(monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", fake)
     remedy(RemedyId.LIGER_KERNELS).on_first_forward(model, FixRequest(), report)
     assert seen == [model] and RemedyId.LIGER_KERNELS in report.applied
+
+
+# -- allocator_thrash ------------------------------------------------------------------------------------
+GIB = 2**30
+
+
+def _stats(
+    step: int, retries: int, allocs: int, frees: int, reserved: float, allocated: float
+) -> dict[str, int]:
+    """A torch.cuda.memory_stats() dict as torch writes it (flat dotted keys), with the counters we read."""
+    return {
+        "active.all.current": 400 + step,
+        "allocated_bytes.all.current": int(allocated * GIB),
+        "allocated_bytes.all.peak": int(allocated * GIB * 1.2),
+        "inactive_split_bytes.all.current": int((reserved - allocated) * GIB * 0.8),
+        "num_alloc_retries": retries,
+        "num_device_alloc": allocs,
+        "num_device_free": frees,
+        "num_ooms": 0,
+        "reserved_bytes.all.current": int(reserved * GIB),
+        "requested_bytes.all.current": int(allocated * GIB),
+    }
+
+
+def _thrashing(n: int = 12) -> list[dict[str, int]]:
+    # each step: 2 cudaMalloc, 2 cudaFree, a retry every 3 steps; 77 of 80 GiB reserved for ~45 GiB of tensors
+    return [_stats(i, 10 + i // 3, 500 + 2 * i, 300 + 2 * i, 77.0, 45.0 + (i % 2)) for i in range(n + 1)]
+
+
+def test_memory_stats_of_a_window_are_summarised() -> None:
+    memory = MemoryStats()
+    summarise(_thrashing(), memory)
+    assert memory.window_steps == 12
+    assert (
+        memory.window_alloc_retries == 4
+        and memory.window_device_allocs == 24
+        and memory.window_device_frees == 24
+    )
+    assert memory.steps_with_device_allocs == 12
+    assert memory.reserved_mean == pytest.approx(77 * GIB, rel=1e-6)
+    assert memory.allocated_mean == pytest.approx(45.5 * GIB, rel=0.02)
+    steady = MemoryStats()
+    summarise([_stats(i, 0, 500, 300, 40.0, 30.0) for i in range(13)], steady)
+    assert steady.window_device_allocs == 0 and steady.steps_with_device_allocs == 0
+    one = MemoryStats()
+    summarise([_stats(0, 0, 1, 1, 1, 1)], one)
+    assert one.window_steps is None  # a single snapshot is no window
+
+
+def test_allocator_retries_and_churn_near_full_memory_are_thrash() -> None:
+    p = profile("cuda", steps(), util=90.0)
+    summarise(_thrashing(), p.ranks[0].memory)
+    f = finding(p, "allocator_thrash")
+    assert f is not None
+    assert f.evidence["alloc_retries"] == 4 and f.evidence["cuda_mallocs"] == 24
+    assert f.evidence["near_full"] is True and f.evidence["reserved_over_allocated"] == pytest.approx(
+        77 / 45.5, rel=0.02
+    )
+    # (48 calls × 1 ms + 4 retries × 20 ms) / 12 steps = 10.7 ms of a 100 ms step
+    assert f.est_speedup == pytest.approx(1 / (1 - 0.128 / 12 / 0.1), rel=1e-3)
+    assert "assumed 1 ms per cudaMalloc" in f.speedup_basis
+    assert "expandable_segments:True" in f.fix.text and "halving the micro-batch" in f.fix.text
+
+
+def test_a_steady_allocator_is_no_finding() -> None:
+    p = profile("cuda", steps(), util=90.0)
+    summarise([_stats(i, 3, 500, 300, 40.0, 30.0) for i in range(13)], p.ranks[0].memory)  # old retries only
+    assert finding(p, "allocator_thrash") is None
+    cpu = profile("cpu", steps())
+    summarise(_thrashing(), cpu.ranks[0].memory)
+    assert finding(cpu, "allocator_thrash") is None
+
+
+def test_expandable_segments_trial_sets_the_allocator_before_cuda_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.setenv(var, "")  # so that monkeypatch restores what the hook writes
+        monkeypatch.delenv(var)
+    settings: list[str] = []
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(
+            is_initialized=lambda: False,
+            memory=types.SimpleNamespace(_set_allocator_settings=settings.append),
+        )
+    )
+    report = FixReport(None)
+    hook = remedy(RemedyId.EXPANDABLE_SEGMENTS).on_import()["torch"]
+    hook(fake, FixRequest(), report)
+    import os
+
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and not settings
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    fake.cuda.is_initialized = lambda: True
+    hook(fake, FixRequest(), FixReport(None))
+    assert settings == ["expandable_segments:True"]

@@ -24,6 +24,7 @@ from pitstop.atomic import write_atomic
 from pitstop.data.rawtext import looks_like_text
 from pitstop.probe import cpu_threads
 from pitstop.probe import environment as envmod
+from pitstop.probe.allocator import AllocatorWatch
 from pitstop.probe.batch import count_batch
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.hooks import Hooks
@@ -103,6 +104,7 @@ class Probe:
         self._saves: SaveStats | None = None  # checkpoint saves in the window, once it starts
         self._save_step = -1
         self._load: cpu_threads.ThreadLoad | None = None
+        self._alloc: AllocatorWatch | None = None
         self._collate = [0, 0.0]  # batches, seconds
         self._examples_are_text: bool | None = None
         self._nvml: NvmlSampler | None = None
@@ -229,6 +231,8 @@ class Probe:
             self.config.warmup == 0 and index == 1 and self.window_start_t is None
         ):
             self._start_window()
+        elif self._alloc is not None and not self.finished:
+            self._alloc.step()
         measured = self.measured_steps()
         self._progress(index)
         if self.config.steps is not None and len(measured) >= self.config.steps:
@@ -245,6 +249,8 @@ class Probe:
         self._saves = SaveStats()
         install_save_watch(self.hooks, self.on_save)
         self._load = cpu_threads.ThreadLoad()
+        if self.environment is not None and self.environment.device == "cuda":
+            self._alloc = AllocatorWatch()
 
     def _capture(self, optimizer: Any) -> None:
         with warnings.catch_warnings():  # reading deprecated attributes must not print in the user's run
@@ -397,15 +403,19 @@ class Probe:
             host_samples=list(self._host.samples) if self._host else [],
             window_start_t=self.window_start_t,
             window_end_t=self.window_end_t,
-            memory=self._memory_stats(env),
+            memory=self._memory_stats(env, self._alloc),
             environment=env,
             checkpoints=self._saves,
             probe_errors=list(self.errors),
         )
 
-    def _memory_stats(self, env: Environment) -> MemoryStats:
+    def _memory_stats(self, env: Environment, alloc: AllocatorWatch | None = None) -> MemoryStats:
         if env.device != "cuda":
             return MemoryStats()
+        if alloc is not None:
+            memory = self._memory_stats(env)
+            alloc.fill(memory)
+            return memory
         try:
             import torch
 

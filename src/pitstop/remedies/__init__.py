@@ -17,6 +17,7 @@ from pitstop.remedies import (  # noqa: F401  (each module registers its remedy)
     compile_model,
     cpu_threads,
     eval_less_often,
+    expandable_segments,
     fewer_syncs,
     fp16,
     fused_kernels,
@@ -58,6 +59,7 @@ TUNE_ORDER: tuple[RemedyId, ...] = (
     RemedyId.FUSED_OPTIMIZER,
     RemedyId.LIGER_KERNELS,
     RemedyId.COMPILE_MODEL,
+    RemedyId.EXPANDABLE_SEGMENTS,
 )
 
 

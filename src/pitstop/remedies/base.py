@@ -50,6 +50,7 @@ class RemedyId(StrEnum):
     FUSED_OPTIMIZER = "fused_optimizer"
     COMPILE_MODEL = "compile_model"
     LIGER_KERNELS = "liger_kernels"
+    EXPANDABLE_SEGMENTS = "expandable_segments"
 
 
 def code(text: str) -> str:

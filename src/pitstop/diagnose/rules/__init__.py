@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pitstop.diagnose.context import RuleContext
+from pitstop.diagnose.rules.allocator import allocator_thrash
 from pitstop.diagnose.rules.checkpoints import checkpoint_stall
 from pitstop.diagnose.rules.compute import (
     communication_bound,
@@ -36,6 +37,7 @@ RULES: tuple[Rule, ...] = (
     unfused_kernels,
     host_sync,
     pageable_copies,
+    allocator_thrash,
     communication_bound,
     straggler,
     eval_overhead,
