@@ -124,6 +124,13 @@ CAUSES: dict[str, Cause] = {
             needs_gpu=True,
         ),
         Cause(
+            "gpu_throttled",
+            "A GPU runs below its clock",
+            "a busy GPU is held below its application clock by a power cap or thermal / hardware slowdown "
+            "(and in a multi-GPU job the others wait for it)",
+            needs_gpu=True,
+        ),
+        Cause(
             "low_mfu_unexplained",
             "Busy GPU, low FLOPs utilization",
             "utilization is high but model-FLOPs utilization stays far below what the GPU can do",

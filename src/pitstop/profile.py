@@ -61,6 +61,10 @@ class GpuSample:
     pcie_tx: float | None = None
     sm_clock: float | None = None
     power_w: float | None = None
+    clock_reasons: int | None = None  # NVML clock-event (throttle) reasons bitmask
+    app_clock: float | None = (
+        None  # the SM application clock (MHz): what the GPU runs at when nothing holds it back
+    )
 
 
 @dataclass

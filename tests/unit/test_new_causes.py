@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 from pathlib import Path
 
 import pytest
 from tests.factories import profile, steps
 
 from pitstop import cpus
+from pitstop.clock_reasons import reason_names
 from pitstop.diagnose import diagnose
 from pitstop.findings import Finding
 from pitstop.probe.allocator import summarise
 from pitstop.probe.cpu_threads import machine_run_queue, runnable_threads
-from pitstop.profile import CpuThreads, HostSample, KernelFacts, MemoryStats, RunProfile, RunTotals, SaveStats
+from pitstop.profile import (
+    CpuThreads,
+    GpuSample,
+    HostSample,
+    KernelFacts,
+    MemoryStats,
+    RunProfile,
+    RunTotals,
+    SaveStats,
+)
 from pitstop.remedies import RemedyId, advise, remedy, use
 from pitstop.trials.request import FixReport, FixRequest
 
@@ -388,3 +399,106 @@ def test_expandable_segments_trial_sets_the_allocator_before_cuda_starts(
     fake.cuda.is_initialized = lambda: True
     hook(fake, FixRequest(), FixReport(None))
     assert settings == ["expandable_segments:True"]
+
+
+# -- gpu_throttled ---------------------------------------------------------------------------------------
+class FakePynvml:
+    """pynvml's reading functions by their real names; ``legacy`` has only the pre-535 throttle-reasons name."""
+
+    NVML_CLOCK_SM = 1
+    nvmlClocksEventReasonSwPowerCap = 0x4
+    nvmlClocksThrottleReasonHwSlowdown = 0x8
+    nvmlClocksEventReasonSwThermalSlowdown = 0x20
+
+    def __init__(self, reasons: int, sm: int, app: int, legacy: bool = False) -> None:
+        self.reasons, self.sm, self.app = reasons, sm, app
+        if legacy:
+            self.nvmlDeviceGetCurrentClocksThrottleReasons = lambda handle: self.reasons
+
+    def __getattr__(self, name: str) -> object:
+        raise AttributeError(name)  # a function this pynvml lacks
+
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> object:
+        return types.SimpleNamespace(gpu=97, memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> object:
+        return types.SimpleNamespace(used=60 * GIB, total=80 * GIB, free=20 * GIB)
+
+    def nvmlDeviceGetPcieThroughput(self, handle: object, counter: int) -> int:
+        return 1000
+
+    def nvmlDeviceGetClockInfo(self, handle: object, clock: int) -> int:
+        assert clock == self.NVML_CLOCK_SM
+        return self.sm
+
+    def nvmlDeviceGetPowerUsage(self, handle: object) -> int:
+        return 700_000
+
+    def nvmlDeviceGetApplicationsClock(self, handle: object, clock: int) -> int:
+        assert clock == self.NVML_CLOCK_SM
+        return self.app
+
+
+def test_the_nvml_sampler_reads_clock_event_reasons_and_the_application_clock() -> None:
+    from pitstop.probe.samplers import NvmlSampler
+
+    current = FakePynvml(0x4 | 0x20, sm=1410, app=1755)
+    current.nvmlDeviceGetCurrentClocksEventReasons = lambda handle: current.reasons  # type: ignore[attr-defined]
+    sampler = NvmlSampler(current, handle=object(), origin=0.0)
+    sampler.sample_once()
+    s = sampler.samples[0]
+    assert (s.clock_reasons, s.sm_clock, s.app_clock, s.power_w) == (0x24, 1410.0, 1755.0, 700.0)
+    old = NvmlSampler(FakePynvml(0x8, sm=1000, app=1755, legacy=True), handle=object(), origin=0.0)
+    old.sample_once()
+    assert old.samples[0].clock_reasons == 0x8
+    assert reason_names(0x24 | 0x1) == ["SW power cap", "SW thermal slowdown"]  # idle is not throttling
+
+
+def _clocked(util: float, reasons: int, sm: float, app: float = 1755.0, n: int = 20) -> list[GpuSample]:
+    return [
+        GpuSample(t=0.1 * i, util=util, sm_clock=sm, app_clock=app, clock_reasons=reasons if i % 4 else 0)
+        for i in range(n)
+    ]
+
+
+def test_one_power_capped_gpu_of_two_is_throttled() -> None:
+    p = profile("cuda", steps(), util=95.0, ranks=2)
+    p.ranks[0].gpu_samples = _clocked(95.0, 0, 1980.0)
+    p.ranks[1].gpu_samples = _clocked(95.0, 0x4 | 0x40, 1200.0)
+    f = finding(p, "gpu_throttled")
+    assert f is not None and f.evidence["throttled_ranks"] == [1]
+    gpu = f.evidence["gpus"]["1"]  # type: ignore[index]
+    assert gpu["reasons"] == ["SW power cap", "HW thermal slowdown"] and gpu["throttled_frac"] == 0.75
+    assert gpu["clock_ratio"] == pytest.approx(1200 / 1755, abs=1e-3)
+    assert f.evidence["gpus"]["0"]["throttled_frac"] == 0  # type: ignore[index]
+    assert "others wait" in f.summary and f.severity == "high"
+    assert (
+        "CUDA_VISIBLE_DEVICES" in f.fix.text and "power limit" in f.fix.text and "temperatures" in f.fix.text
+    )
+
+
+def test_clocks_at_speed_or_idle_gpus_are_not_throttled() -> None:
+    boosting = profile("cuda", steps(), util=95.0)
+    boosting.ranks[0].gpu_samples = _clocked(95.0, 0x4, 1700.0)  # power cap flagged, clock within 10%
+    assert finding(boosting, "gpu_throttled") is None
+    idle = profile("cuda", steps(), util=95.0)
+    idle.ranks[0].gpu_samples = _clocked(5.0, 0x20, 600.0)  # thermal at idle: nothing to slow
+    assert finding(idle, "gpu_throttled") is None
+    unread = profile("cuda", steps(), util=95.0)  # samples without reasons (an older recording)
+    assert finding(unread, "gpu_throttled") is None
+
+
+def test_recorded_nvml_replays_the_new_fields() -> None:
+    from pitstop.probe.samplers import NvmlSampler, RecordedNvml
+
+    reading = {
+        "util": 99,
+        "mem_used": 1,
+        "mem_total": 2,
+        "sm_clock": 1100,
+        "clock_reasons": 0x8,
+        "app_clock": 1755,
+    }
+    sampler = NvmlSampler(RecordedNvml([reading]), handle=None, origin=0.0)
+    sampler.sample_once()
+    assert (sampler.samples[0].clock_reasons, sampler.samples[0].app_clock) == (0x8, 1755.0)

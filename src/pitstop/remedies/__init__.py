@@ -35,6 +35,7 @@ from pitstop.remedies import (  # noqa: F401  (each module registers its remedy)
     save_less_often,
     tf32,
     trim_padding,
+    unthrottle_gpu,
     use_every_gpu,
     workers,
 )

@@ -51,6 +51,7 @@ class RemedyId(StrEnum):
     COMPILE_MODEL = "compile_model"
     LIGER_KERNELS = "liger_kernels"
     EXPANDABLE_SEGMENTS = "expandable_segments"
+    UNTHROTTLE_GPU = "unthrottle_gpu"
 
 
 def code(text: str) -> str:

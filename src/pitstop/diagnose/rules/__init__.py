@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pitstop.diagnose.context import RuleContext
 from pitstop.diagnose.rules.allocator import allocator_thrash
 from pitstop.diagnose.rules.checkpoints import checkpoint_stall
+from pitstop.diagnose.rules.clocks import gpu_throttled
 from pitstop.diagnose.rules.compute import (
     communication_bound,
     host_sync,
@@ -38,6 +39,7 @@ RULES: tuple[Rule, ...] = (
     host_sync,
     pageable_copies,
     allocator_thrash,
+    gpu_throttled,
     communication_bound,
     straggler,
     eval_overhead,
