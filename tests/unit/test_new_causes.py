@@ -502,3 +502,15 @@ def test_recorded_nvml_replays_the_new_fields() -> None:
     sampler = NvmlSampler(RecordedNvml([reading]), handle=None, origin=0.0)
     sampler.sample_once()
     assert (sampler.samples[0].clock_reasons, sampler.samples[0].app_clock) == (0x8, 1755.0)
+
+
+def test_reason_bits_are_nvmls() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    from pitstop import clock_reasons as cr
+
+    assert pynvml.nvmlClocksEventReasonSwPowerCap == cr.SW_POWER_CAP
+    assert pynvml.nvmlClocksEventReasonHwSlowdown == cr.HW_SLOWDOWN
+    assert pynvml.nvmlClocksEventReasonSwThermalSlowdown == cr.SW_THERMAL_SLOWDOWN
+    assert pynvml.nvmlClocksEventReasonHwThermalSlowdown == cr.HW_THERMAL_SLOWDOWN
+    assert pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown == cr.HW_POWER_BRAKE_SLOWDOWN
+    assert pynvml.nvmlClocksEventReasonGpuIdle == cr.GPU_IDLE

@@ -30,7 +30,7 @@ from pitstop.probe.config import ProbeConfig
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.kernels import kernel_facts
 from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
-from pitstop.probe.saves import install_save_watch
+from pitstop.probe.saves import install_save_watch, trainer_save_steps
 from pitstop.probe.timeline import BWD_END, BWD_START, DATA, OPT_START, BatchCounts, HostClock, StepBuilder
 from pitstop.profile import (
     AttentionInfo,
@@ -275,6 +275,7 @@ class Probe:
         env.gradient_checkpointing = envmod.gradient_checkpointing(model, trainer)
         env.dataloader = envmod.dataloader_info(self._train_loader())
         envmod.trainer_settings(trainer, env)
+        env.save_steps = env.save_steps or trainer_save_steps(trainer)
         if env.micro_batch_size is None:
             env.micro_batch_size = env.dataloader.batch_size
         envmod.offload_and_zero(trainer, optimizer, env)

@@ -59,3 +59,13 @@ def install_save_watch(hooks: Hooks, on_save: Callable[[str, float], None]) -> l
         hooks._patch(owner, fn, make(label))
         wrapped.append(label)
     return wrapped
+
+
+def trainer_save_steps(trainer: Any) -> int | None:
+    """The Trainer's checkpoint interval in steps (None: it saves by epoch, never, or there is no Trainer)."""
+    args = getattr(trainer, "args", None)
+    strategy = str(getattr(args, "save_strategy", "")).lower()
+    steps = getattr(args, "save_steps", None)
+    if not strategy.endswith("steps") or not isinstance(steps, int | float) or steps < 1:
+        return None
+    return int(steps)
