@@ -7,14 +7,15 @@ from types import ModuleType
 from typing import Any
 
 from pitstop.cpus import cores_allowed, local_ranks
-from pitstop.remedies.base import Advice, LoaderParams, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
 from pitstop.vocabulary import Framework
 
 
-def share(workers: int = 0) -> int:
-    """Torch threads for one process of this machine: its share of the allowed cores, minus its workers."""
-    return max(1, cores_allowed() // local_ranks() - workers)
+def share() -> int:
+    """Torch threads for one process of this machine: its share of the allowed cores. DataLoader workers are
+    not subtracted: in a trial their load is unknown, and most wait on a full prefetch queue."""
+    return max(1, cores_allowed() // local_ranks())
 
 
 @register
@@ -24,7 +25,6 @@ class CpuThreads(Remedy):
     causes = ("cpu_oversubscribed",)
     effect = "same math, fewer threads per process"
     tunable = True
-    loader_order = 90  # after the remedies that change num_workers: it reads the final count
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``threads``: per process; ``ranks``: processes per machine; ``basis``: how it was counted."""
@@ -79,36 +79,14 @@ class CpuThreads(Remedy):
 
     def _cap_threads(self, torch: ModuleType, request: FixRequest, report: FixReport) -> None:
         """Set the share now, and keep the job's own ``set_num_threads`` calls from raising it."""
-        cap = {"threads": share()}
+        threads, ranks = share(), local_ranks()
         original = torch.set_num_threads
 
         def set_num_threads(n: int) -> None:
-            original(min(int(n), cap["threads"]))
+            original(min(int(n), threads))
 
         set_num_threads.__wrapped__ = original  # type: ignore[attr-defined]
-        set_num_threads.cap = cap  # type: ignore[attr-defined]
         setattr(torch, "set_num_threads", set_num_threads)  # noqa: B010  (a module typed without the attribute)
-        original(cap["threads"])
-        report.apply(
-            self.id, f"torch.set_num_threads({cap['threads']})", threads=cap["threads"], ranks=local_ranks()
-        )
-
-    def rewrite_loader(self, params: LoaderParams, request: FixRequest, report: FixReport) -> None:
-        """The workers are known now: keep their cores free (their own torch thread each)."""
-        import torch
-
-        setter: Any = torch.set_num_threads
-        capped = getattr(setter, "cap", None)
-        workers = int(params.get("num_workers") or 0)
-        if capped is None or not workers:
-            return
-        capped["threads"] = min(capped["threads"], share(workers))
-        setter.__wrapped__(capped["threads"])
-        basis = f"{cores_allowed()} cores / {local_ranks()} processes, minus {workers} DataLoader workers"
-        report.apply(
-            self.id,
-            f"torch.set_num_threads({capped['threads']}) beside {workers} workers",
-            threads=capped["threads"],
-            ranks=local_ranks(),
-            basis=basis,
-        )
+        original(threads)
+        basis = f"{cores_allowed()} cores / {ranks} process{'es' if ranks > 1 else ''}"
+        report.apply(self.id, f"torch.set_num_threads({threads})", threads=threads, ranks=ranks, basis=basis)

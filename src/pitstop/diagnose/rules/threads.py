@@ -10,7 +10,6 @@ oversubscription costs depends on how much of the step is CPU work, which only a
 
 from __future__ import annotations
 
-import math
 import statistics
 
 from pitstop.diagnose.context import RuleContext
@@ -38,7 +37,7 @@ def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
     workers = ctx.env.dataloader.num_workers or 0
     busy_workers, measured_workers = _busy_workers(ctx, workers)
     demand = ranks * (threads + busy_workers)
-    fair = max(1, math.floor((cores - ranks * busy_workers) / ranks))
+    fair = max(1, round(cores / ranks - busy_workers))
     if demand <= MARGIN * cores or threads <= fair:
         return None
     evidence: dict[str, object] = {
