@@ -528,3 +528,35 @@ def test_the_new_fields_survive_a_saved_profile() -> None:
     old = p.to_dict()
     del old["ranks"][0]["checkpoints"]
     assert RunProfile.from_dict(old).ranks[0].checkpoints is None  # files from before these fields still load
+
+
+def test_the_probe_times_saves_in_the_window_and_reads_threads_and_kernels(tmp_path: Path) -> None:
+    import torch
+
+    from pitstop.integrations.loop import watch
+
+    original_save = torch.save
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 32), torch.randint(0, 8, (16,))
+    with watch(steps=8, warmup=2, report=False) as session:
+        for step in range(1, 11):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            if step % 2 == 0:  # after steps 2, 4, 6, 8: inside measured steps 3–10; after 10: past the window
+                torch.save(model.state_dict(), tmp_path / "model.pt")
+                torch.save(opt.state_dict(), tmp_path / "optimizer.pt")
+    assert torch.save is original_save  # restored
+    assert session.diagnosis is not None
+    rank = session.diagnosis.profile.ranks[0]
+    assert rank.checkpoints is not None
+    assert rank.checkpoints.calls == {"torch.save": 8} and rank.checkpoints.steps_with_saves == 4
+    assert rank.checkpoints.save_s > 0
+    env = rank.environment
+    assert env.cpu is not None and env.cpu.torch_threads == torch.get_num_threads()
+    assert env.cpu.cores_allowed is not None and env.cpu.cores_allowed >= 1
+    assert env.cpu.runnable_threads is not None  # sampled at least once from /proc
+    assert env.kernels is not None and env.kernels.optimizer == "AdamW"
+    assert env.kernels.optimizer_foreach is False and not env.kernels.optimizer_fused  # torch's CPU default

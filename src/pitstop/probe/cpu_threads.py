@@ -105,11 +105,15 @@ class ThreadLoad:
         except Exception:  # /proc unreadable: no load figures
             return
 
-    def stop_into(self, facts: CpuThreads) -> None:
-        """Stop sampling (once) and write the means into ``facts``."""
+    def stop(self) -> None:
         if not self._stop.is_set():
             self._stop.set()
-            self._thread.join(timeout=2.0)
+            if self._thread is not threading.current_thread():
+                self._thread.join(timeout=2.0)
+
+    def stop_into(self, facts: CpuThreads) -> None:
+        """Stop sampling (once) and write the means into ``facts``."""
+        self.stop()
         if self._job:
             facts.runnable_threads = round(sum(self._job) / len(self._job), 2)
         if self._machine:

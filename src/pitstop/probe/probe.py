@@ -330,6 +330,8 @@ class Probe:
             self._nvml.start()
 
     def _stop_samplers(self) -> None:
+        if self._load is not None:
+            self._load.stop()
         for sampler in (self._nvml, self._host):
             if sampler is not None:
                 sampler.stop()
