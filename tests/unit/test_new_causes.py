@@ -560,3 +560,28 @@ def test_the_probe_times_saves_in_the_window_and_reads_threads_and_kernels(tmp_p
     assert env.cpu.runnable_threads is not None  # sampled at least once from /proc
     assert env.kernels is not None and env.kernels.optimizer == "AdamW"
     assert env.kernels.optimizer_foreach is False and not env.kernels.optimizer_fused  # torch's CPU default
+
+
+SMI_LOG = """\
+timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], clocks.sm [MHz], \
+clocks.applications.graphics [MHz], clocks_event_reasons.active
+2026/11/30 10:00:00.000, 0, NVIDIA H100 80GB HBM3, 98 %, 70000 MiB, 81559 MiB, 1980 MHz, 1755 MHz, 0x0000000000000000
+2026/11/30 10:00:00.000, 1, NVIDIA H100 80GB HBM3, 97 %, 70000 MiB, 81559 MiB, 1095 MHz, 1755 MHz, 0x0000000000000024
+2026/11/30 10:00:01.000, 0, NVIDIA H100 80GB HBM3, 99 %, 70000 MiB, 81559 MiB, 1980 MHz, 1755 MHz, 0x0000000000000000
+2026/11/30 10:00:01.000, 1, NVIDIA H100 80GB HBM3, 98 %, 70000 MiB, 81559 MiB, 1110 MHz, 1755 MHz, 0x0000000000000004
+2026/11/30 10:00:02.000, 0, NVIDIA H100 80GB HBM3, 99 %, 70000 MiB, 81559 MiB, 1965 MHz, 1755 MHz, [N/A]
+2026/11/30 10:00:02.000, 1, NVIDIA H100 80GB HBM3, 98 %, 70000 MiB, 81559 MiB, 1100 MHz, 1755 MHz, 0x0000000000000024
+"""
+
+
+def test_an_nvidia_smi_log_with_clock_event_reasons_names_the_throttled_gpu(tmp_path: Path) -> None:
+    from pitstop.ingest.load import Inputs, load_run
+
+    log = tmp_path / "gpus.csv"
+    log.write_text(SMI_LOG)
+    f = finding(load_run(Inputs(paths=[log])), "gpu_throttled")
+    assert f is not None and f.evidence["throttled_ranks"] == [1]
+    gpus = f.evidence["gpus"]
+    assert gpus["1"]["reasons"] == ["SW power cap", "SW thermal slowdown"]  # type: ignore[index]
+    assert gpus["1"]["app_clock_mhz"] == 1755 and gpus["1"]["mean_sm_clock_mhz"] == 1102  # type: ignore[index]
+    assert gpus["0"]["busy_samples"] == 2  # the [N/A] reading has no reasons  # type: ignore[index]
