@@ -391,6 +391,9 @@ class Probe:
         batches, seconds = self._collate
         env.dataloader.examples_are_text = self._examples_are_text
         env.dataloader.collate_s_per_batch = seconds / batches if batches else None
+        memory = self._memory_stats(env)
+        if self._alloc is not None:
+            self._alloc.fill(memory)
         steps = self.measured_steps()
         warmup = self.config.warmup
         if not steps and len(self.records) > 1:  # the run ended inside the warm-up: keep what there is
@@ -406,19 +409,15 @@ class Probe:
             host_samples=list(self._host.samples) if self._host else [],
             window_start_t=self.window_start_t,
             window_end_t=self.window_end_t,
-            memory=self._memory_stats(env, self._alloc),
+            memory=memory,
             environment=env,
             checkpoints=self._saves,
             probe_errors=list(self.errors),
         )
 
-    def _memory_stats(self, env: Environment, alloc: AllocatorWatch | None = None) -> MemoryStats:
+    def _memory_stats(self, env: Environment) -> MemoryStats:
         if env.device != "cuda":
             return MemoryStats()
-        if alloc is not None:
-            memory = self._memory_stats(env)
-            alloc.fill(memory)
-            return memory
         try:
             import torch
 
