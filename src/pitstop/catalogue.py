@@ -96,6 +96,41 @@ CAUSES: dict[str, Cause] = {
             needs_gpu=False,
         ),
         Cause(
+            "checkpoint_stall",
+            "Checkpoint saves stall training",
+            "checkpoints are saved synchronously so often that the training loop spends a large share of its time "
+            "waiting for them",
+            needs_gpu=False,
+        ),
+        Cause(
+            "cpu_oversubscribed",
+            "More busy threads than cores",
+            "torch's thread pools, DataLoader workers and ranks together run more threads than the cores the job "
+            "may use, so threads wait for a core",
+            needs_gpu=False,
+        ),
+        Cause(
+            "unfused_kernels",
+            "Unfused loss, optimizer or norms",
+            "the loss materialises full large-vocabulary logits, the optimizer steps parameter by parameter, or "
+            "norms and activations run as separate kernels where fused ones are available",
+            needs_gpu=True,
+        ),
+        Cause(
+            "allocator_thrash",
+            "The CUDA allocator thrashes",
+            "the caching allocator retries allocations, calls cudaMalloc / cudaFree step after step, or holds "
+            "memory fragmented near the limit",
+            needs_gpu=True,
+        ),
+        Cause(
+            "gpu_throttled",
+            "A GPU runs below its clock",
+            "a busy GPU is held below its application clock by a power cap or thermal / hardware slowdown "
+            "(and in a multi-GPU job the others wait for it)",
+            needs_gpu=True,
+        ),
+        Cause(
             "low_mfu_unexplained",
             "Busy GPU, low FLOPs utilization",
             "utilization is high but model-FLOPs utilization stays far below what the GPU can do",

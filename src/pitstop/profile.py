@@ -62,6 +62,10 @@ class GpuSample:
     pcie_tx: float | None = None
     sm_clock: float | None = None
     power_w: float | None = None
+    clock_reasons: int | None = None  # NVML clock-event (throttle) reasons bitmask
+    app_clock: float | None = (
+        None  # the SM application clock (MHz): what the GPU runs at when nothing holds it back
+    )
 
 
 @dataclass
@@ -128,6 +132,36 @@ class AttentionInfo:
 
 
 @dataclass
+class CpuThreads:
+    """Threads the job runs against the cores it may use (read at the first step), and how many of the
+    job's threads were runnable during the window (sampled from /proc: OpenMP threads that spin count)."""
+
+    cores_allowed: int | None = None  # affinity and cgroup quota applied
+    machine_cores: int | None = None
+    cgroup_cores: float | None = None
+    torch_threads: int | None = None  # torch.get_num_threads() of the training process
+    interop_threads: int | None = None
+    omp_num_threads: str | None = None  # $OMP_NUM_THREADS as the job saw it; None: unset
+    local_ranks: int | None = None  # training processes on this machine
+    launcher: str | None = None  # "torchrun" when torch elastic started the job
+    runnable_threads: float | None = None  # mean runnable threads of the process and its children
+    machine_run_queue: float | None = None  # mean runnable threads of the whole machine (/proc/stat)
+    steal_frac: float | None = None  # share of CPU time the hypervisor took (psutil)
+
+
+@dataclass
+class KernelFacts:
+    """Which fused paths the run uses: the optimizer's implementation, Liger Kernel, torch.compile."""
+
+    optimizer: str | None = None  # the optimizer's class name
+    optimizer_fused: bool | None = None
+    optimizer_foreach: bool | None = None  # as torch resolves it (None in the constructor = its default)
+    liger_installed: bool | None = None
+    liger_applied: bool | None = None  # some module or forward of the model comes from liger_kernel
+    compiled: bool | None = None  # the model (or the Trainer's) is torch.compile'd
+
+
+@dataclass
 class Environment:
     device: str | None = None  # "cpu", "cuda", "mps", ...
     gpu_name: str | None = None
@@ -157,6 +191,8 @@ class Environment:
     save_steps: int | None = None
     logging_steps: int | None = None
     torch_compile: bool | None = None
+    cpu: CpuThreads | None = None  # thread counts and CPU load (live probe only)
+    kernels: KernelFacts | None = None  # fused optimizer / loss / norms (live probe only)
     config_sources: list[str] = field(default_factory=list)
 
     @property
@@ -176,6 +212,27 @@ class MemoryStats:
     peak_reserved: int | None = None
     alloc_retries: int | None = None
     ooms: int | None = None
+    # the caching allocator during the measured window (``torch.cuda.memory_stats`` read at each step's end)
+    window_steps: int | None = None
+    window_alloc_retries: int | None = None  # the allocator freed its cache and retried a cudaMalloc
+    window_device_allocs: int | None = None  # cudaMalloc calls
+    window_device_frees: int | None = None  # cudaFree calls
+    steps_with_device_allocs: int | None = None
+    reserved_mean: float | None = None  # bytes reserved by the allocator, mean over the steps
+    allocated_mean: float | None = None  # bytes in live tensors, mean over the steps
+    inactive_split_mean: float | None = None  # bytes free inside split blocks (fragmentation)
+
+
+@dataclass
+class SaveStats:
+    """Checkpoint saves that ran inside the measured window (torch.save, save_pretrained, a trainer's save),
+    counted once per outermost call; ``calls`` by what was called; ``steps_with_saves``: steps that saved
+    anything (one checkpoint is often several calls: the model, then the optimizer)."""
+
+    saves: int = 0
+    save_s: float = 0.0
+    steps_with_saves: int = 0
+    calls: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -256,6 +313,7 @@ class RankProfile:
     memory: MemoryStats = field(default_factory=MemoryStats)
     environment: Environment = field(default_factory=Environment)
     trace: TraceStats | None = None
+    checkpoints: SaveStats | None = None  # None: not watched (an offline source)
     stopped_by_probe: bool = False
     probe_errors: list[str] = field(default_factory=list)
     window_rule: str | None = None  # why an adaptive window ended ("12 steps: mean step time known to ±2.1%")

@@ -32,6 +32,7 @@ def main() -> int:
     p.add_argument("--packed", action="store_true")
     p.add_argument("--callback", type=Path, default=None, help="use PitstopCallback, writing its JSON here")
     p.add_argument("--trl", action="store_true", help="train with TRL's SFTTrainer instead")
+    p.add_argument("--save-steps", type=int, default=0, help="save a checkpoint every N steps (0: never)")
     args = p.parse_args()
 
     from transformers import Trainer, TrainingArguments
@@ -57,7 +58,8 @@ def main() -> int:
             max_steps=args.steps,
             learning_rate=1e-3,
             logging_steps=1000,
-            save_strategy="no",
+            save_strategy="steps" if args.save_steps else "no",
+            save_steps=args.save_steps or 500,
             report_to="none",
             use_cpu=True,
             dataloader_num_workers=0,

@@ -76,6 +76,10 @@ def _column_role(name: str) -> str | None:
         "power.draw": "power",
         "clocks.sm": "sm_clock",
         "clocks.current.sm": "sm_clock",
+        "clocks_event_reasons.active": "reasons",  # gpu_throttled (driver ≥ 535; the old name below)
+        "clocks_throttle_reasons.active": "reasons",
+        "clocks.applications.graphics": "app_clock",
+        "clocks.applications.gr": "app_clock",
     }
     return roles.get(n)
 
@@ -188,6 +192,7 @@ def read_smi(path: Path) -> SmiLog:
                 total = _number(cells.get("mem_total", ""))
                 power = _number(cells.get("power", ""))
                 clock = _number(cells.get("sm_clock", ""))
+                reasons = cells.get("reasons", "").strip()
                 timeline.samples.append(
                     GpuSample(
                         t=(t - t0) if (t is not None and t0 is not None) else float(len(timeline.samples)),
@@ -196,6 +201,8 @@ def read_smi(path: Path) -> SmiLog:
                         mem_total=None if total is None else int(total * MIB),
                         power_w=power,
                         sm_clock=clock,
+                        clock_reasons=int(reasons, 16) if re.fullmatch(r"0x[0-9a-fA-F]+", reasons) else None,
+                        app_clock=_number(cells.get("app_clock", "")),
                     )
                 )
         except (EOFError, OSError) as exc:

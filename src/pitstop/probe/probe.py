@@ -23,11 +23,15 @@ from typing import Any
 
 from pitstop.atomic import write_atomic
 from pitstop.data.rawtext import looks_like_text
+from pitstop.probe import cpu_threads
 from pitstop.probe import environment as envmod
+from pitstop.probe.allocator import AllocatorWatch
 from pitstop.probe.batch import count_batch
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.hooks import Hooks
+from pitstop.probe.kernels import kernel_facts
 from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
+from pitstop.probe.saves import install_save_watch, trainer_save_steps
 from pitstop.probe.stopping import WindowTracker
 from pitstop.probe.timeline import BWD_END, BWD_START, DATA, OPT_START, BatchCounts, HostClock, StepBuilder
 from pitstop.profile import (
@@ -35,6 +39,7 @@ from pitstop.profile import (
     Environment,
     MemoryStats,
     RankProfile,
+    SaveStats,
     StepRecord,
     SyncSite,
     to_jsonable,
@@ -108,6 +113,10 @@ class Probe:
         self._sdpa = [0, 0]  # calls, calls with an explicit mask
         self._autocast: tuple[str, Any] | None = None
         self._checkpoint_calls = 0
+        self._saves: SaveStats | None = None  # checkpoint saves in the window, once it starts
+        self._save_step = -1
+        self._load: cpu_threads.ThreadLoad | None = None
+        self._alloc: AllocatorWatch | None = None
         self._collate = [0, 0.0]  # batches, seconds
         self._examples_are_text: bool | None = None
         self._nvml: NvmlSampler | None = None
@@ -215,6 +224,15 @@ class Probe:
     def on_checkpoint(self) -> None:
         self._checkpoint_calls += 1
 
+    def on_save(self, label: str, seconds: float) -> None:
+        if self._saves is not None and not self.finished:
+            if self._save_step != len(self.records):
+                self._save_step = len(self.records)
+                self._saves.steps_with_saves += 1
+            self._saves.saves += 1
+            self._saves.save_s += seconds
+            self._saves.calls[label] = self._saves.calls.get(label, 0) + 1
+
     def on_sync(self, seconds: float | None, kind: str, site: str) -> None:
         if not self._on_train_thread():
             return
@@ -246,6 +264,8 @@ class Probe:
             self.config.warmup == 0 and index == 1 and self.window_start_t is None
         ):
             self._start_window()
+        elif self._alloc is not None and not self.finished:
+            self._alloc.step()
         measured = self.measured_steps()
         self._progress(index)
         if self.config.steps is not None and len(measured) >= self.config.steps:
@@ -278,6 +298,11 @@ class Probe:
         self._collate = [0, 0.0]
         self._sync_sites = {}
         self._copies = [0, 0, 0]
+        self._saves = SaveStats()
+        install_save_watch(self.hooks, self.on_save)
+        self._load = cpu_threads.ThreadLoad()
+        if self.environment is not None and self.environment.device == "cuda":
+            self._alloc = AllocatorWatch()
 
     def _capture(self, optimizer: Any) -> None:
         with warnings.catch_warnings():  # reading deprecated attributes must not print in the user's run
@@ -286,6 +311,7 @@ class Probe:
 
     def _capture_quietly(self, optimizer: Any) -> None:
         env = envmod.base_environment()
+        env.cpu = cpu_threads.thread_facts()
         framework, trainer = envmod.trainer_on_stack()
         if trainer is None and self.trainer_hint is not None:
             trainer = self.trainer_hint
@@ -296,11 +322,13 @@ class Probe:
         self._device = envmod.compute_device(model, params)
         envmod.device_facts(self._device, env)
         env.model = envmod.model_info(model, optimizer)
+        env.kernels = kernel_facts(optimizer, model, trainer)
         env.param_dtype = envmod.majority_dtype([p for p in params if p.requires_grad])
         env.attention = AttentionInfo(implementation=envmod.attention_implementation(model))
         env.gradient_checkpointing = envmod.gradient_checkpointing(model, trainer)
         env.dataloader = envmod.dataloader_info(self._train_loader())
         envmod.trainer_settings(trainer, env)
+        env.save_steps = env.save_steps or trainer_save_steps(trainer)
         if env.micro_batch_size is None:
             env.micro_batch_size = env.dataloader.batch_size
         envmod.offload_and_zero(trainer, optimizer, env)
@@ -358,6 +386,8 @@ class Probe:
             self._nvml.start()
 
     def _stop_samplers(self) -> None:
+        if self._load is not None:
+            self._load.stop()
         for sampler in (self._nvml, self._host):
             if sampler is not None:
                 sampler.stop()
@@ -412,9 +442,14 @@ class Probe:
             env.autocast_dtype = envmod.dtype_name(self._autocast[1])
         if env.gradient_checkpointing is None and self._checkpoint_calls:
             env.gradient_checkpointing = True
+        if self._load is not None and env.cpu is not None:
+            self._load.stop_into(env.cpu)
         batches, seconds = self._collate
         env.dataloader.examples_are_text = self._examples_are_text
         env.dataloader.collate_s_per_batch = seconds / batches if batches else None
+        memory = self._memory_stats(env)
+        if self._alloc is not None:
+            self._alloc.fill(memory)
         if self.hooks.sync_watched:
             copies, pinned_blocking, non_blocking = self._copies
             env.dataloader.h2d_copies = copies
@@ -437,8 +472,9 @@ class Probe:
             window_start_t=self.window_start_t,
             window_end_t=self.window_end_t,
             window_rule=self.window_reason,
-            memory=self._memory_stats(env),
+            memory=memory,
             environment=env,
+            checkpoints=self._saves,
             probe_errors=list(self.errors),
             sync_sites=[replace(x) for x in sites[:MAX_SYNC_SITES]],
         )

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pitstop.probe.clocks import clock_events
 from pitstop.profile import GpuSample, HostSample
 
 NVML_PCIE_UTIL_TX_BYTES = 0
@@ -108,6 +109,7 @@ class NvmlSampler(_Sampler):
         tx = self._try("nvmlDeviceGetPcieThroughput", NVML_PCIE_UTIL_TX_BYTES)
         clock = self._try("nvmlDeviceGetClockInfo", NVML_CLOCK_SM)
         power = self._try("nvmlDeviceGetPowerUsage")
+        reasons, app_clock = clock_events(self._try, NVML_CLOCK_SM)
         self.samples.append(
             GpuSample(
                 t=self.clock() - self.origin,
@@ -118,6 +120,8 @@ class NvmlSampler(_Sampler):
                 pcie_tx=None if tx is None else float(tx) * 1024.0,
                 sm_clock=None if clock is None else float(clock),
                 power_w=None if power is None else float(power) / 1000.0,  # mW
+                clock_reasons=reasons,
+                app_clock=app_clock,
             )
         )
 
@@ -202,6 +206,12 @@ class RecordedNvml:
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> Any:
         return self._field("power_mw")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> Any:
+        return self._field("clock_reasons")
+
+    def nvmlDeviceGetApplicationsClock(self, handle: Any, clock: int) -> Any:
+        return self._field("app_clock")
 
 
 NVML_DEVICE_MIG_ENABLE = 1

@@ -45,6 +45,13 @@ class RemedyId(StrEnum):
     OVERLAP_COMM = "overlap_comm"
     EVAL_LESS_OFTEN = "eval_less_often"
     USE_EVERY_GPU = "use_every_gpu"
+    SAVE_LESS_OFTEN = "save_less_often"
+    CPU_THREADS = "cpu_threads"
+    FUSED_OPTIMIZER = "fused_optimizer"
+    COMPILE_MODEL = "compile_model"
+    LIGER_KERNELS = "liger_kernels"
+    EXPANDABLE_SEGMENTS = "expandable_segments"
+    UNTHROTTLE_GPU = "unthrottle_gpu"
 
 
 def code(text: str) -> str:

@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pitstop.diagnose.context import RuleContext
+from pitstop.diagnose.rules.allocator import allocator_thrash
+from pitstop.diagnose.rules.checkpoints import checkpoint_stall
+from pitstop.diagnose.rules.clocks import gpu_throttled
 from pitstop.diagnose.rules.compute import (
     communication_bound,
     host_sync,
@@ -15,9 +18,11 @@ from pitstop.diagnose.rules.compute import (
     small_batch,
 )
 from pitstop.diagnose.rules.inputs import dataloader_bound, padding_waste, pageable_copies
+from pitstop.diagnose.rules.kernels import unfused_kernels
 from pitstop.diagnose.rules.recompute import needless_recompute
 from pitstop.diagnose.rules.run import eval_overhead, idle_gpu
 from pitstop.diagnose.rules.scale import offload_bound, straggler
+from pitstop.diagnose.rules.threads import cpu_oversubscribed
 from pitstop.findings import Finding
 
 Rule = Callable[[RuleContext], Finding | None]
@@ -30,11 +35,16 @@ RULES: tuple[Rule, ...] = (
     offload_bound,
     small_batch,
     needless_recompute,
+    unfused_kernels,
     host_sync,
     pageable_copies,
+    allocator_thrash,
+    gpu_throttled,
     communication_bound,
     straggler,
     eval_overhead,
+    checkpoint_stall,
+    cpu_oversubscribed,
     idle_gpu,
     low_mfu_unexplained,
 )

@@ -1,0 +1,99 @@
+"""allocator_thrash: the CUDA caching allocator keeps going back to the driver during the window.
+
+In steady state every tensor comes from the allocator's cache. Allocation retries (the cache was freed whole
+and cudaMalloc tried again), cudaMalloc / cudaFree calls step after step, or reserved memory far above what
+tensors hold while memory is nearly full (fragmentation: free bytes split into blocks too small to reuse) all
+cost synchronising driver calls. The counters are measured (``torch.cuda.memory_stats`` at each step's end);
+what each call costs is an assumption, stated in the basis.
+"""
+
+from __future__ import annotations
+
+from pitstop.diagnose.context import RuleContext, amdahl, severity_for
+from pitstop.findings import Finding
+from pitstop.profile import RankProfile
+from pitstop.remedies import RemedyId, advise, use
+
+GIB = 1024**3
+ASSUMED_DRIVER_CALL_S = 1e-3  # one cudaMalloc / cudaFree, which synchronises the device
+ASSUMED_RETRY_S = 20e-3  # a retry: the whole cache released, then cudaMalloc again
+CHURN_STEPS = 0.5  # share of the window's steps with new cudaMalloc calls that counts as churn
+FRAGMENTED = 1.5  # reserved / allocated
+NEAR_FULL = 0.9  # reserved share of the GPU's memory
+
+
+def _rank_evidence(
+    rank: RankProfile, gpu_bytes: float | None
+) -> tuple[int, int, int, dict[str, object]] | None:
+    """(retries, driver calls, steps, evidence) of a rank whose allocator thrashed."""
+    m = rank.memory
+    steps = m.window_steps
+    if not steps or m.window_device_allocs is None:
+        return None
+    retries = m.window_alloc_retries or 0
+    allocs, frees = m.window_device_allocs or 0, m.window_device_frees or 0
+    churn = (m.steps_with_device_allocs or 0) / steps >= CHURN_STEPS and frees > 0
+    ratio = m.reserved_mean / m.allocated_mean if m.reserved_mean and m.allocated_mean else None
+    full = bool(gpu_bytes and m.reserved_mean and m.reserved_mean >= NEAR_FULL * gpu_bytes)
+    fragmented = ratio is not None and ratio >= FRAGMENTED and full
+    if not (retries or churn or fragmented):
+        return None
+    return (
+        retries,
+        allocs + frees,
+        steps,
+        {
+            "rank": rank.rank,
+            "steps": steps,
+            "alloc_retries": retries,
+            "cuda_mallocs": allocs,
+            "cuda_frees": frees,
+            "steps_with_cuda_malloc": m.steps_with_device_allocs,
+            "reserved_gib": None if m.reserved_mean is None else round(m.reserved_mean / GIB, 2),
+            "allocated_gib": None if m.allocated_mean is None else round(m.allocated_mean / GIB, 2),
+            "reserved_over_allocated": None if ratio is None else round(ratio, 2),
+            "fragmented_gib": None
+            if m.inactive_split_mean is None
+            else round(m.inactive_split_mean / GIB, 2),
+            "near_full": full,
+        },
+    )
+
+
+def allocator_thrash(ctx: RuleContext) -> Finding | None:
+    if not ctx.on_gpu:
+        return None
+    gpu_bytes = ctx.env.gpu_memory_bytes or (ctx.gpu.memory_gib * GIB if ctx.gpu else None)
+    found = [e for e in (_rank_evidence(r, gpu_bytes) for r in ctx.profile.ranks) if e is not None]
+    if not found:
+        return None
+    retries, calls, steps, worst = max(found, key=lambda e: (e[0], e[1]))
+    lost_s = (calls * ASSUMED_DRIVER_CALL_S + retries * ASSUMED_RETRY_S) / steps
+    step_s = ctx.metrics.step_time_s
+    share = min(0.9, lost_s / step_s) if step_s else None
+    what = []
+    if retries:
+        what.append(f"{retries} allocation retries (the cache flushed to make room)")
+    if calls:
+        what.append(f"{worst['cuda_mallocs']} cudaMalloc and {worst['cuda_frees']} cudaFree calls")
+    if worst["near_full"] and worst["reserved_over_allocated"]:
+        what.append(
+            f"{worst['reserved_gib']} GiB reserved for {worst['allocated_gib']} GiB of tensors with memory nearly full"
+        )
+    return Finding(
+        cause="allocator_thrash",
+        severity=severity_for(share or 0.0, 0.15, 0.05)
+        if share is not None
+        else severity_for(retries, 10, 1),
+        confidence=0.8 if retries else 0.6,
+        summary=f"The CUDA allocator thrashes: {'; '.join(what)} in {steps} measured steps (rank {worst['rank']}).",
+        evidence={**worst, "ranks_affected": [e[3]["rank"] for e in found]},
+        est_speedup=None if share is None else amdahl(share, float("inf")),
+        speedup_basis=(
+            f"measured counters × assumed {ASSUMED_DRIVER_CALL_S * 1e3:g} ms per cudaMalloc / cudaFree and "
+            f"{ASSUMED_RETRY_S * 1e3:g} ms per retry, over the measured step"
+        ),
+        fix=advise(
+            ctx.framework, use(RemedyId.EXPANDABLE_SEGMENTS, retries=retries, near_full=worst["near_full"])
+        ),
+    )

@@ -1,0 +1,99 @@
+"""cpu_oversubscribed: more busy threads than the cores the job may use.
+
+Each training process runs torch's intra-op pool (``torch.get_num_threads()``, all the machine's cores by
+default) and its DataLoader workers (one torch thread each). Several ranks on one machine each take the whole
+default, and a container or ``taskset`` gives fewer cores than ``os.cpu_count()`` says: threads then wait for a
+core, and OpenMP's barriers wait for the slowest thread. Thread counts come from the probe (the demand); the
+job's runnable threads sampled during the window are the measured side. There is no speed-up figure: what
+oversubscription costs depends on how much of the step is CPU work, which only a trial measures.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from pitstop.diagnose.context import RuleContext
+from pitstop.findings import Finding
+from pitstop.remedies import RemedyId, advise, use
+from pitstop.vocabulary import Severity
+
+MARGIN = 1.25  # demand must exceed the cores by this factor: light workers beside a full pool are normal
+
+
+def _busy_workers(ctx: RuleContext, workers: int) -> tuple[float, bool]:
+    """Cores the DataLoader workers of one rank keep busy: measured (psutil) when sampled, else one each."""
+    samples = [s for r in ctx.profile.ranks for s in r.host_samples if s.workers]
+    if samples:
+        return min(float(workers), statistics.fmean(s.workers_cpu_pct for s in samples) / 100.0), True
+    return float(workers), False
+
+
+def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
+    cpu = ctx.env.cpu
+    if cpu is None or not cpu.cores_allowed or not cpu.torch_threads:
+        return None
+    cores, threads = cpu.cores_allowed, cpu.torch_threads
+    ranks = cpu.local_ranks or 1
+    workers = ctx.env.dataloader.num_workers or 0
+    busy_workers, measured_workers = _busy_workers(ctx, workers)
+    demand = ranks * (threads + busy_workers)
+    fair = max(1, round(cores / ranks - busy_workers))
+    if demand <= MARGIN * cores or threads <= fair:
+        return None
+    evidence: dict[str, object] = {
+        "cores_allowed": cores,
+        "machine_cores": cpu.machine_cores,
+        "cgroup_cores": cpu.cgroup_cores,
+        "torch_threads": threads,
+        "local_ranks": ranks,
+        "dataloader_workers": workers,
+        "busy_worker_cores": round(busy_workers, 2) if measured_workers else None,
+        "thread_demand": round(demand, 2),
+        "omp_num_threads": cpu.omp_num_threads,
+        "runnable_threads": cpu.runnable_threads,
+        "machine_run_queue": cpu.machine_run_queue,
+        "steal_frac": cpu.steal_frac,
+        "suggested_threads": fair,
+    }
+    measured_over = cpu.runnable_threads is not None and cpu.runnable_threads > cores
+    ratio = demand / cores
+    severity = (
+        Severity.HIGH
+        if ratio >= 3 and measured_over
+        else Severity.MEDIUM
+        if ratio >= 1.5 or measured_over
+        else Severity.LOW
+    )
+    who = f"{ranks} processes × ({threads} torch threads" if ranks > 1 else f"{threads} torch threads"
+    who += f" + {workers} DataLoader workers" if workers else ""
+    who += ")" if ranks > 1 else ""
+    unset = ranks > 1 and cpu.omp_num_threads is None
+    summary = (
+        f"{who} compete for {cores} core{'s' if cores != 1 else ''}"
+        + (
+            f" (of the machine's {cpu.machine_cores})"
+            if cpu.machine_cores and cpu.machine_cores != cores
+            else ""
+        )
+        + (
+            f"; {cpu.runnable_threads:g} of the job's threads were runnable on average (measured)"
+            if cpu.runnable_threads is not None
+            else ""
+        )
+        + (". OMP_NUM_THREADS is unset, so each process takes every core." if unset else ".")
+    )
+    basis = f"{cores} cores / {ranks} process{'es' if ranks > 1 else ''}" + (
+        f", minus {busy_workers:.1f} core{'s' if busy_workers != 1 else ''} the workers use"
+        if busy_workers
+        else ""
+    )
+    return Finding(
+        cause="cpu_oversubscribed",
+        severity=severity,
+        confidence=0.8 if measured_over else 0.5,
+        summary=summary,
+        evidence=evidence,
+        est_speedup=None,
+        speedup_basis="not estimated: the cost depends on the step's CPU work; pitstop tune measures the fix",
+        fix=advise(ctx.framework, use(RemedyId.CPU_THREADS, threads=fair, ranks=ranks, basis=basis)),
+    )
