@@ -32,6 +32,8 @@ LAYERS: dict[str, int] = {
     "catalogue": 1,
     "hardware": 1,
     "ds_config": 1,
+    "cpus": 1,
+    "clock_reasons": 1,
     "vocabulary": 0,
     "errors": 0,
     "schemas": 0,
