@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,8 +49,13 @@ class Finding:
         cause(self.cause)  # unknown ids fail loudly
         if self.severity not in SEVERITY_ORDER:
             raise ValueError(f"bad severity {self.severity!r}")
+        # A number computed from a damaged input must not reach a report as "×nan" or "-5 %": a speed-up
+        # that is not finite is not estimable, a confidence is clamped to 0..1 (NaN means no confidence).
+        if self.est_speedup is not None and not math.isfinite(self.est_speedup):
+            self.est_speedup = None
         if self.est_speedup is not None and self.est_speedup < 1.0:
             self.est_speedup = 1.0
+        self.confidence = min(1.0, max(0.0, self.confidence)) if math.isfinite(self.confidence) else 0.0
 
     @property
     def title(self) -> str:

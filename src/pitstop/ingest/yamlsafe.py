@@ -51,3 +51,6 @@ def load_yaml(text: str, name: str) -> Any:
         raise IngestError(f"{name}: not valid YAML{where}") from None
     except RecursionError:
         raise IngestError(f"{name}: YAML nested too deeply") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # a scalar the constructor cannot build (an int
+        # of 5,000 digits, a date of month 13)
+        raise IngestError(f"{name}: not valid YAML ({str(exc).splitlines()[0][:200]})") from None

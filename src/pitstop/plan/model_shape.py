@@ -24,14 +24,23 @@ class ModelConfigError(PitstopError, ValueError):
     pass
 
 
+CONFIG_LIMIT = 64 * 2**20  # a config.json is a few KB; refuse to slurp anything that is not one
+MAX_DIM = 2**24  # no hidden size, layer count, head count or vocabulary is larger
+
+
 def load_model_config(source: str | Path) -> dict[str, Any]:
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
-    if not path.is_file():
+    if not path.is_file():  # is_file follows links and is False for FIFOs and devices
         raise ModelConfigError(f"{source}: no such config.json")
+    if path.stat().st_size > CONFIG_LIMIT:
+        raise ModelConfigError(f"{path}: larger than {CONFIG_LIMIT // 2**20} MiB, which no model config is")
     try:
-        data = json.loads(path.read_text())
+        with path.open("rb") as f:
+            data = json.loads(f.read(CONFIG_LIMIT + 1))
+    except RecursionError:
+        raise ModelConfigError(f"{path}: not a JSON config (nested too deeply)") from None
     except (OSError, ValueError) as exc:
         raise ModelConfigError(f"{path}: not a JSON config ({exc})") from None
     if not isinstance(data, dict) or ("hidden_size" not in data and "n_embd" not in data):
@@ -46,9 +55,58 @@ def _get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
+def _checked(cfg: dict[str, Any]) -> None:
+    """Refuse, in one line, a config whose sizes are not positive whole numbers (0 heads, "abc", -2 layers,
+    NaN): the counts below divide by them and multiply them."""
+    keys = (
+        "hidden_size",
+        "n_embd",
+        "num_hidden_layers",
+        "n_layer",
+        "num_attention_heads",
+        "n_head",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "intermediate_size",
+        "n_inner",
+        "n_positions",
+        "max_position_embeddings",
+        "num_local_experts",
+        "num_experts",
+        "moe_intermediate_size",
+    )
+    optional_zero = {"num_local_experts", "num_experts"}
+    for key in keys:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        low = 0 if key in optional_zero else 1
+        if not whole or not low <= value <= MAX_DIM:
+            shown = repr(value)[:40]
+            raise ModelConfigError(f"{key} is {shown}, not a whole number from {low} to {MAX_DIM:,}")
+    for group in (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"), ("vocab_size",)):
+        if all(cfg.get(key) is None for key in group):
+            raise ModelConfigError(f"no {group[0]}: not a decoder model config pitstop can count")
+    if all(cfg.get(key) is None for key in ("num_attention_heads", "n_head")):
+        raise ModelConfigError("no num_attention_heads: not a decoder model config pitstop can count")
+    d, heads = _get(cfg, "hidden_size", "n_embd"), _get(cfg, "num_attention_heads", "n_head")
+    if cfg.get("head_dim") is None and d < heads:
+        raise ModelConfigError(f"{heads} attention heads for a hidden size of {d}: no head dimension")
+    if str(cfg.get("model_type") or "") not in GPT2_STYLE and all(
+        cfg.get(key) is None for key in ("intermediate_size", "n_inner")
+    ):
+        raise ModelConfigError("no intermediate_size: not a decoder model config pitstop can count")
+
+
 def model_info_from_config(cfg: dict[str, Any]) -> ModelInfo:
     """Shape and exact-by-construction parameter counts for a decoder-only model config."""
-    cfg = cfg.get("text_config") or cfg
+    text = cfg.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ModelConfigError(f"text_config is {type(text).__name__}, not an object")
+    cfg = text or cfg
+    _checked(cfg)
     model_type = str(cfg.get("model_type") or "")
     d = int(_get(cfg, "hidden_size", "n_embd"))
     layers = int(_get(cfg, "num_hidden_layers", "n_layer"))
