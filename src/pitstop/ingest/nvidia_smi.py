@@ -125,7 +125,7 @@ def _number(value: str) -> float | None:
     v = value.strip()
     if not v or v.startswith("[") or v.upper() in ("N/A", "NA"):
         return None  # [N/A], [Not Supported]
-    m = re.match(r"^(-?\d{1,30}(?:\.\d{1,30})?)\s*(%|MiB|W|MHz|C)?$", v)
+    m = re.match(r"^(-?\d+(?:\.\d+)?)\s*(%|MiB|W|MHz|C)?$", v)
     return float(m.group(1)) if m else None
 
 

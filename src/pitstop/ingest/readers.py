@@ -44,7 +44,7 @@ def check_regular(path: Path) -> os.stat_result:
     if not stat.S_ISREG(info.st_mode):
         raise IngestError(f"{path}: {_file_type(info.st_mode)}, not a file pitstop reads")
     if info.st_size == 0:
-        raise IngestError(f"{path}: empty file")
+        raise IngestError(f"{path}: empty file (or a pseudo-file of /proc or /sys, which reports 0 bytes)")
     return info
 
 

@@ -88,7 +88,7 @@ def _checked(cfg: dict[str, Any]) -> None:
             raise ModelConfigError(f"{key} is {shown}, not a whole number from {low} to {MAX_DIM:,}")
     for group in (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"), ("vocab_size",)):
         if all(cfg.get(key) is None for key in group):
-            raise ModelConfigError(f"no {group[0]}: not a decoder model config pitstop can count")
+            raise ModelConfigError(f"no usable {group[0]}: not a decoder model config pitstop can count")
     if all(cfg.get(key) is None for key in ("num_attention_heads", "n_head")):
         raise ModelConfigError("no num_attention_heads: not a decoder model config pitstop can count")
     d, heads = _get(cfg, "hidden_size", "n_embd"), _get(cfg, "num_attention_heads", "n_head")
