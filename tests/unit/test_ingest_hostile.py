@@ -142,7 +142,9 @@ def test_a_log_of_more_gpus_than_any_job_is_capped_and_said(tmp_path: Path) -> N
     [
         ("deep.json", '{"output_dir": ' + "[" * 1500 + "]" * 1500 + "}", "nested too deeply"),
         ("deep2.json", '{"output_dir": "o", "x": ' + "[" * 200 + "]" * 200 + "}", "nested more than 64"),
-        ("deep.yaml", "output_dir: " + "[" * 5000 + "]" * 5000, "nested too deeply"),
+        ("deep.yaml", "output_dir: " + "[" * 5000 + "]" * 5000, "nest"),
+        ("deep2.yaml", "output_dir: " + "[" * 100 + "]" * 100, "nested more than 64"),
+        ("big.yaml", "output_dir: " + "x" * 5 * 2**20, "YAML larger than 4 MiB"),
         ("cycle.yaml", "output_dir: &a [*a]\nlearning_rate: 1\n", "nested more than 64"),
         ("bigint.yaml", "output_dir: o\nlogging_steps: " + "9" * 5000 + "\n", "not valid YAML"),
         ("bigint.json", '{"output_dir": "o", "logging_steps": ' + "9" * 5000 + "}", "invalid JSON"),
