@@ -39,7 +39,7 @@ CORPUS = ROOT / "tests" / "corpus"
 SHARED = Path(os.environ.get("PITSTOP_SHARED_DATA", str(ROOT.parent / "shared" / "data")))
 SHARED_FALLBACK = Path("/work/shared/data")
 
-RSS_BOUND_MB = 768  # any one CLI run, and the in-process worker over all its cases
+RSS_BOUND_MB = 512  # any one CLI run, and the in-process worker over all its cases
 CASE_GUARD_S = 120  # a hang detector, not a speed requirement
 MAX_CASE_BYTES = 64 * 2**20  # a mutation never grows an input past this
 QUICK_SEED_BYTES = 256 * 1024  # the quick (CI) run mutates only seeds up to this size; the long run all
@@ -244,7 +244,13 @@ class Outcome:
     rss_mb: float  # the in-process worker's peak so far, or the CLI child's peak
 
 
+CLI_SPECIALS = ("fifo", "dev_zero_link", "checkpoint_folder", "deepspeed_etc_passwd", "gzip_bomb")
+
+
 def make_case(index: int, seed: int, pool: list[Path]) -> Case:
+    """Case ``index`` of run ``seed``; negative indices are the special shapes every CLI run includes."""
+    if index < 0:
+        return Case(index=index, seed=f"special:{CLI_SPECIALS[-index - 1]}")
     rng = random.Random(f"{seed}:{index}")
     if rng.random() < 0.12:
         return Case(index=index, seed=f"special:{rng.choice(SPECIALS)}")
@@ -505,7 +511,12 @@ def summarize(inprocess: list[Outcome], cli: list[Outcome], worker_rss_mb: float
         if o.status != "FAIL":
             o.detail = f"peak RSS {o.rss_mb:.0f} MiB over the bound of {RSS_BOUND_MB} MiB"
     slowest = max(outcomes, key=lambda o: o.seconds)
-    worst_rss, worst_case = worker_rss_mb, "the in-process worker, over all its cases"
+    reached = next((o for o in inprocess if o.rss_mb >= worker_rss_mb - 1), None)
+    worst_rss, worst_case = (
+        worker_rss_mb,
+        "the in-process worker, over all its cases"
+        + (f"; reached at case {reached.case.index} {describe(reached.case)}" if reached else ""),
+    )
     heaviest = max(cli, key=lambda o: o.rss_mb) if cli else None
     if heaviest is not None and heaviest.rss_mb > worst_rss:
         worst_rss, worst_case = heaviest.rss_mb, f"CLI case {heaviest.case.index} {describe(heaviest.case)}"
@@ -547,9 +558,11 @@ def run_worker(cases: int, seed: int, quick: bool, only: int | None = None) -> t
 
 
 def run(cases: int, seed: int, quick: bool, cli_cases: int, only: int | None = None) -> Summary:
-    """``cases`` in-process cases and ``cli_cases`` through the CLI (cases of their own, the indices after).
+    """``cases`` in-process cases, then through the CLI the CLI_SPECIALS and ``cli_cases`` cases of their own
+    (the indices after the in-process ones).
     With ``only``, that one case in-process (the CLI cases are repeated with ``--cli-only INDEX``)."""
     inprocess, worker_rss = run_worker(cases, seed, quick, only)
     pool = seeds(quick)
-    cli = [run_cli(make_case(i, seed, pool)) for i in range(cases, cases + cli_cases)] if only is None else []
+    indices = [-k - 1 for k in range(len(CLI_SPECIALS))] + list(range(cases, cases + cli_cases))
+    cli = [run_cli(make_case(i, seed, pool)) for i in indices] if only is None else []
     return summarize(inprocess, cli, worker_rss)
