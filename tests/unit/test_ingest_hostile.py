@@ -185,6 +185,7 @@ def test_cli_model_option_and_files_exit_2_on_bad_model_configs(tmp_path: Path) 
     assert "num_attention_heads is 0" in _one_line_exit_2(run_pitstop("analyze", "--no-history", str(bad)))
     assert "nested too deeply" in _one_line_exit_2(run_pitstop("check", str(deep)))
     assert "nested too deeply" in _one_line_exit_2(run_pitstop("check", str(args), "--model", str(deep)))
+    assert "pseudo-file" in _one_line_exit_2(run_pitstop("check", str(args), "--model", "/proc/self/status"))
 
 
 def test_a_config_over_the_size_limit_is_refused_without_parsing(tmp_path: Path) -> None:

@@ -34,6 +34,8 @@ def load_model_config(source: str | Path) -> dict[str, Any]:
         path = path / "config.json"
     if not path.is_file():  # is_file follows links and is False for FIFOs and devices
         raise ModelConfigError(f"{source}: no such config.json")
+    if path.stat().st_size == 0:  # empty, or a /proc pseudo-file that may block on read
+        raise ModelConfigError(f"{path}: empty file (or a pseudo-file), not a model config")
     if path.stat().st_size > CONFIG_LIMIT:
         raise ModelConfigError(f"{path}: larger than {CONFIG_LIMIT // 2**20} MiB, which no model config is")
     try:
