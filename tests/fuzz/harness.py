@@ -537,7 +537,11 @@ def worker_main(cases: int, seed: int, quick: bool, only: int | None, out: Path)
     """The in-process bulk, in its own process so that its peak RSS is its own."""
     pool = seeds(quick)
     indices = [only] if only is not None else list(range(cases))
-    results = [run_inprocess(make_case(i, seed, pool)) for i in indices]
+    results = []
+    for n, i in enumerate(indices, 1):
+        results.append(run_inprocess(make_case(i, seed, pool)))
+        if n % 100 == 0:
+            print(f"fuzz: {n}/{len(indices)} in-process cases", file=sys.stderr, flush=True)
     out.write_text(json.dumps([asdict(o) for o in results]))
 
 

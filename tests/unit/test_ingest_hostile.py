@@ -282,3 +282,9 @@ def test_analyze_reads_a_checkpoint_folder_and_skips_what_is_not_an_artifact(tmp
     assert sorted(Path(p).name for p in doc["inputs"]) == ["config.json", "trainer_state.json"]
     # named directly, the pickle is still refused with the way to export it
     assert "never unpickles" in _one_line_exit_2(run_pitstop("analyze", str(ckpt / "training_args.bin")))
+
+
+def test_a_gpu_count_beyond_any_run_is_refused() -> None:
+    seed = Path(__file__).resolve().parents[1] / "fuzz" / "seeds" / "sft_args.json"
+    with pytest.raises(IngestError, match="not a GPU count"):
+        load_run(Inputs(paths=[seed], gpus=10**21, configs_only=True))

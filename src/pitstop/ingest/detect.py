@@ -118,7 +118,7 @@ def sniff(path: Path) -> tuple[str, Any, list[str]]:
 
 
 def _bare_numbers_csv(text: str) -> bool:
-    lines = [line for line in text.strip().splitlines()[:50] if line.strip()]
+    lines = [line for line in text[:65536].strip().splitlines()[:50] if line.strip()]
     if len(lines) < 2:
         return False
     widths = set()

@@ -16,6 +16,7 @@ from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_
 from pitstop.profile import Environment, RankProfile, RunProfile, RunTotals
 
 CONFIG_KINDS = ("deepspeed", "accelerate", "axolotl", "llama_factory", "hf_args")
+MAX_WORLD = 1_000_000
 NOT_ARTIFACTS = {
     "torch_pickle": "a pickle (training_args.bin, optimizer.pt?); pitstop never unpickles",
     "binary": "a binary file (weights, arrays)",
@@ -117,6 +118,8 @@ def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None)
             raise IngestError(f"--gpu {inputs.gpu}: not in pitstop's hardware table (see `pitstop gpus`)")
         env.gpu_name = spec.key
         env.device = "cuda"
+    if inputs.gpus is not None and not 1 <= inputs.gpus <= MAX_WORLD:
+        raise IngestError(f"--gpus {inputs.gpus}: not a GPU count (1 to {MAX_WORLD:,})")
     if inputs.gpus:
         env.world_size = inputs.gpus
         totals = _merge_totals(totals, RunTotals(n_gpus=inputs.gpus)) if totals is not None else None
