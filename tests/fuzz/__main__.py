@@ -28,7 +28,7 @@ def main() -> int:
         worker_main(a.cases, a.seed, a.quick, a.only, a.out)
         return 0
     if a.cli_only is not None:
-        outcome = run_cli(make_case(a.cli_only, a.seed, seeds(a.quick)))
+        outcome = run_cli(make_case(a.cli_only, a.seed, seeds(a.quick), a.quick))
         summary = summarize([], [outcome], 0.0)
     else:
         summary = run(a.cases, a.seed, a.quick, a.cli, a.only)

@@ -40,6 +40,15 @@ SHARED = Path(os.environ.get("PITSTOP_SHARED_DATA", str(ROOT.parent / "shared" /
 SHARED_FALLBACK = Path("/work/shared/data")
 
 RSS_BOUND_MB = 512  # any one CLI run, and the in-process worker over all its cases
+ADDRESS_LIMIT = 2 * 2**30  # a safety net so a blow-up fails as MemoryError instead of hurting the machine
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_LIMIT, ADDRESS_LIMIT))
+
+
 CASE_GUARD_S = 120  # a hang detector, not a speed requirement
 MAX_CASE_BYTES = 64 * 2**20  # a mutation never grows an input past this
 QUICK_SEED_BYTES = 256 * 1024  # the quick (CI) run mutates only seeds up to this size; the long run all
@@ -244,16 +253,18 @@ class Outcome:
     rss_mb: float  # the in-process worker's peak so far, or the CLI child's peak
 
 
+TRACE_SPECIALS = ("trace_deep_nesting", "trace_gzip_bomb", "trace_long_name")  # the long run only (costly)
 CLI_SPECIALS = ("fifo", "dev_zero_link", "checkpoint_folder", "deepspeed_etc_passwd", "gzip_bomb")
 
 
-def make_case(index: int, seed: int, pool: list[Path]) -> Case:
+def make_case(index: int, seed: int, pool: list[Path], quick: bool = True) -> Case:
     """Case ``index`` of run ``seed``; negative indices are the special shapes every CLI run includes."""
     if index < 0:
         return Case(index=index, seed=f"special:{CLI_SPECIALS[-index - 1]}")
     rng = random.Random(f"{seed}:{index}")
     if rng.random() < 0.12:
-        return Case(index=index, seed=f"special:{rng.choice(SPECIALS)}")
+        name = rng.choice(SPECIALS + (() if quick else TRACE_SPECIALS))
+        return Case(index=index, seed=f"special:{name}", trace=name.startswith("trace_"))
     path = rng.choice(pool)
     names = list(MUTATORS)
     weights = [WEIGHTS.get(n, 1.0) for n in names]
@@ -344,6 +355,25 @@ def _special(name: str, folder: Path) -> Path:
         path = run / "trace.json.gz"
         path.write_bytes(data[: len(data) // 2])
         return path
+    if name == "trace_deep_nesting":  # issue 14: 138 bytes of gzip, 40,000 nested brackets
+        path = run / "deep.json.gz"
+        path.write_bytes(gzip.compress(b'{"traceEvents": ' + b"[" * 40_000 + b"]" * 40_000 + b"}"))
+        return path
+    if name == "trace_gzip_bomb":
+        path = run / "bomb.json.gz"
+        with gzip.open(path, "wb", compresslevel=9) as f:
+            f.write(b'{"schemaVersion": 1, "traceEvents": [')
+            for _ in range(300):
+                f.write(b" " * 2**20)
+            f.write(b"]}")
+        return path
+    if name == "trace_long_name":  # one kernel name of 20 MB
+        event = '{"ph": "X", "cat": "kernel", "name": "%s", "ts": 1, "dur": 2, "pid": 0, "tid": 7}' % (
+            "k" * 20 * 2**20
+        )
+        path = run / "long.json.gz"
+        path.write_bytes(gzip.compress(('{"schemaVersion": 1, "traceEvents": [' + event + "]}").encode()))
+        return path
     if name == "yaml_alias_bomb":
         lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
         for i in range(1, 10):
@@ -421,7 +451,13 @@ def run_cli(case: Case) -> Outcome:
         env = {**os.environ, "COLUMNS": "120", "PITSTOP_HISTORY": str(folder / "history.sqlite3")}
         env.pop("PITSTOP_DEBUG", None)
         with (folder / "stdout").open("wb") as so, (folder / "stderr").open("wb") as se:
-            proc = subprocess.Popen([sys.executable, "-m", "pitstop", *args], stdout=so, stderr=se, env=env)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pitstop", *args],
+                stdout=so,
+                stderr=se,
+                env=env,
+                preexec_fn=_limit_memory,
+            )
             deadline = time.monotonic() + CASE_GUARD_S
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -539,7 +575,7 @@ def worker_main(cases: int, seed: int, quick: bool, only: int | None, out: Path)
     indices = [only] if only is not None else list(range(cases))
     results = []
     for n, i in enumerate(indices, 1):
-        results.append(run_inprocess(make_case(i, seed, pool)))
+        results.append(run_inprocess(make_case(i, seed, pool, quick)))
         if n % 100 == 0:
             print(f"fuzz: {n}/{len(indices)} in-process cases", file=sys.stderr, flush=True)
     out.write_text(json.dumps([asdict(o) for o in results]))
@@ -552,7 +588,7 @@ def run_worker(cases: int, seed: int, quick: bool, only: int | None = None) -> t
         args = [sys.executable, "-m", "tests.fuzz", "--worker", "--cases", str(cases), "--seed", str(seed)]
         args += ["--quick"] if quick else []
         args += ["--only", str(only)] if only is not None else []
-        proc = subprocess.Popen([*args, "--out", str(out)], cwd=ROOT)
+        proc = subprocess.Popen([*args, "--out", str(out)], cwd=ROOT, preexec_fn=_limit_memory)
         _, status, usage = os.wait4(proc.pid, 0)
         if os.waitstatus_to_exitcode(status) != 0 or not out.is_file():
             raise RuntimeError(f"the fuzz worker died (exit {os.waitstatus_to_exitcode(status)})")
@@ -568,5 +604,5 @@ def run(cases: int, seed: int, quick: bool, cli_cases: int, only: int | None = N
     inprocess, worker_rss = run_worker(cases, seed, quick, only)
     pool = seeds(quick)
     indices = [-k - 1 for k in range(len(CLI_SPECIALS))] + list(range(cases, cases + cli_cases))
-    cli = [run_cli(make_case(i, seed, pool)) for i in indices] if only is None else []
+    cli = [run_cli(make_case(i, seed, pool, quick)) for i in indices] if only is None else []
     return summarize(inprocess, cli, worker_rss)
