@@ -214,7 +214,10 @@ def test_a_link_out_of_the_folder_is_skipped_and_said(tmp_path: Path) -> None:
     (run / "escape.json").symlink_to(outside)
     (run / "sub" / "up").symlink_to(tmp_path)  # a linked folder: never walked into
     (run / "inside.json").symlink_to(run / "args.json")  # a link that stays inside is read
+    (run / "loop1").symlink_to(run / "loop2")
+    (run / "loop2").symlink_to(run / "loop1")
     profile = load_run(Inputs(paths=[run]))
+    assert any("loop1: a link that cannot be followed" in n for n in profile.notes)
     assert profile.totals is None  # the outside file was not read
     assert any(n.startswith("skipped escape.json: a link to") and "outside" in n for n in profile.notes)
     assert profile.run_environment.logging_steps == 5

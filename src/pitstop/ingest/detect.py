@@ -35,7 +35,11 @@ def _walk(folder: Path, notes: list[str]) -> list[Path]:
             path = Path(here) / name
             shown = path.relative_to(folder)
             if path.is_symlink():
-                target = path.resolve()
+                try:
+                    target = path.resolve()
+                except (OSError, RuntimeError):  # a loop of links
+                    notes.append(f"skipped {shown}: a link that cannot be followed")
+                    continue
                 if not target.is_relative_to(root):
                     notes.append(f"skipped {shown}: a link to {target}, outside {folder}")
                     continue
