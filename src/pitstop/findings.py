@@ -56,6 +56,7 @@ class Finding:
         if self.est_speedup is not None and self.est_speedup < 1.0:
             self.est_speedup = 1.0
         self.confidence = min(1.0, max(0.0, self.confidence)) if math.isfinite(self.confidence) else 0.0
+        self.evidence = _finite(self.evidence)
 
     @property
     def title(self) -> str:
@@ -80,6 +81,17 @@ class Finding:
             "summary": self.summary,
             "fix": {"text": self.fix.text, "framework": self.fix.framework, "snippets": self.fix.snippets},
         }
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity (in nested dicts and lists) replaced by None: unknown, not a number."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if type(value) in (list, tuple):  # not a named tuple, whose constructor takes fields
+        return type(value)(_finite(v) for v in value)
+    return value
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:

@@ -114,12 +114,13 @@ def test_a_finding_never_holds_a_non_finite_number(
         severity="low",
         confidence=confidence,
         summary="s",
-        evidence={},
+        evidence={"share": math.nan, "ranks": [1.0, math.inf], "nested": {"x": -math.inf, "n": 3}},
         est_speedup=speedup,
         speedup_basis="b",
         fix=Fix(text="t"),
     )
     assert (f.est_speedup, f.confidence) == want
+    assert f.evidence == {"share": None, "ranks": [1.0, None], "nested": {"x": None, "n": 3}}
     json.dumps(f.to_dict(), allow_nan=False)
 
 
