@@ -29,7 +29,7 @@ def main() -> int:
         return 0
     if a.cli_only is not None:
         outcome = run_cli(make_case(a.cli_only, a.seed, seeds(a.quick), a.quick))
-        summary = summarize([], [outcome], 0.0)
+        summary = summarize([], [outcome])
     else:
         summary = run(a.cases, a.seed, a.quick, a.cli, a.only)
     print("\n".join(summary.lines()))

@@ -2,9 +2,10 @@
 
 A case is (seed file, mutators) or a special file-system shape (a FIFO, a link to /dev/zero, a link out of a
 folder, a checkpoint folder, a sparse 100 MB file, a DeepSpeed path to /etc/passwd). Each is written to a
-fresh folder and run either in-process (``load_run`` + ``diagnose`` + the JSON document, in a worker child
-whose peak RSS the parent measures) or through the real CLI (``pitstop analyze FILE --json`` / ``pitstop
-check FILE`` in a subprocess, peak RSS from ``os.wait4``). What must hold for every case:
+fresh folder and run either in-process (``load_run`` + ``diagnose`` + the JSON document, each case in a
+process forked from a worker that has imported pitstop once) or through the real CLI (``pitstop analyze FILE
+--json`` / ``pitstop check FILE`` in a fresh interpreter). Either way the case's own peak RSS comes from
+``os.wait4``. What must hold for every case:
 
 * a result (exit 0 and a JSON document without NaN or infinity), or a ``PitstopError`` whose message is one
   line (through the CLI: exit 2, one line on stderr);
@@ -250,7 +251,7 @@ class Outcome:
     status: str  # "result", "refused" (one line + exit 2), "FAIL"
     detail: str
     seconds: float
-    rss_mb: float  # the in-process worker's peak so far, or the CLI child's peak
+    rss_mb: float  # the in-process worker's peak so far (all cases), or the CLI child's own peak
 
 
 TRACE_SPECIALS = ("trace_deep_nesting", "trace_gzip_bomb", "trace_long_name")  # the long run only (costly)
@@ -400,9 +401,7 @@ def _alarm(signum: int, frame: object) -> None:
 
 
 def run_inprocess(case: Case) -> Outcome:
-    """load_run + diagnose + the JSON document, in this process (a worker child of the test)."""
-    import resource
-
+    """load_run + diagnose + the JSON document, in this process (the test's monkeypatches apply)."""
     from pitstop.diagnose import diagnose
     from pitstop.errors import PitstopError
     from pitstop.ingest.load import Inputs, load_run
@@ -430,8 +429,39 @@ def run_inprocess(case: Case) -> Outcome:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
         shutil.rmtree(folder, ignore_errors=True)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return Outcome(case=case, status=status, detail=detail, seconds=time.perf_counter() - start, rss_mb=rss)
+    return Outcome(case=case, status=status, detail=detail, seconds=time.perf_counter() - start, rss_mb=0.0)
+
+
+def run_forked(case: Case) -> Outcome:
+    """run_inprocess in a forked child of the worker: the case's own peak RSS comes from os.wait4 (the child
+    starts from the worker's pages, all imports done, so there is no interpreter start per case), and a case
+    that dies (the address-space limit, a signal) cannot take the other cases with it."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        code = 0
+        try:
+            outcome = run_inprocess(case)
+            with os.fdopen(write_end, "w") as f:
+                json.dump(asdict(outcome), f)
+        except BaseException:
+            code = 3
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        raw = f.read()
+    _, status, usage = os.wait4(pid, 0)
+    rss = usage.ru_maxrss / 1024
+    if not raw:
+        code = os.waitstatus_to_exitcode(status)
+        why = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+        return Outcome(
+            case=case, status="FAIL", detail=f"the case's process died ({why})", seconds=0.0, rss_mb=rss
+        )
+    outcome = Outcome(**{**json.loads(raw), "case": case})
+    outcome.rss_mb = rss
+    return outcome
 
 
 # --- running through the CLI (a subset) -----------------------------------------------------------------------
@@ -512,7 +542,7 @@ class Summary:
     trace_failures: list[Outcome]
     worst_seconds: float
     worst_seconds_case: str
-    worst_rss_mb: float  # the worst of: each CLI child, and the in-process worker over all its cases
+    worst_rss_mb: float  # the worst one case's process
     worst_rss_case: str
     statuses: dict[str, int]
 
@@ -537,25 +567,18 @@ def describe(case: Case) -> str:
     return f"[{how} {name} {'+'.join(case.mutators)}{' gz' if case.gzip else ''}]"
 
 
-def summarize(inprocess: list[Outcome], cli: list[Outcome], worker_rss_mb: float) -> Summary:
+def summarize(inprocess: list[Outcome], cli: list[Outcome]) -> Summary:
+    """Figures and failures; every case's memory is its own process's peak RSS."""
     outcomes = inprocess + cli
+    for o in outcomes:
+        if o.rss_mb > RSS_BOUND_MB and o.status != "FAIL":
+            o.status, o.detail = "FAIL", f"peak RSS {o.rss_mb:.0f} MiB over the bound of {RSS_BOUND_MB} MiB"
     statuses: dict[str, int] = {}
     for o in outcomes:
         statuses[o.status] = statuses.get(o.status, 0) + 1
-    bad = [o for o in outcomes if o.status == "FAIL" or o.rss_mb > RSS_BOUND_MB]
-    for o in bad:
-        if o.status != "FAIL":
-            o.detail = f"peak RSS {o.rss_mb:.0f} MiB over the bound of {RSS_BOUND_MB} MiB"
+    bad = [o for o in outcomes if o.status == "FAIL"]
     slowest = max(outcomes, key=lambda o: o.seconds)
-    reached = next((o for o in inprocess if o.rss_mb >= worker_rss_mb - 1), None)
-    worst_rss, worst_case = (
-        worker_rss_mb,
-        "the in-process worker, over all its cases"
-        + (f"; reached at case {reached.case.index} {describe(reached.case)}" if reached else ""),
-    )
-    heaviest = max(cli, key=lambda o: o.rss_mb) if cli else None
-    if heaviest is not None and heaviest.rss_mb > worst_rss:
-        worst_rss, worst_case = heaviest.rss_mb, f"CLI case {heaviest.case.index} {describe(heaviest.case)}"
+    heaviest = max(outcomes, key=lambda o: o.rss_mb)
     return Summary(
         cases=len(outcomes),
         cli_cases=len(cli),
@@ -563,8 +586,8 @@ def summarize(inprocess: list[Outcome], cli: list[Outcome], worker_rss_mb: float
         trace_failures=[o for o in bad if o.case.trace],
         worst_seconds=slowest.seconds,
         worst_seconds_case=f"case {slowest.case.index} {describe(slowest.case)}",
-        worst_rss_mb=worst_rss,
-        worst_rss_case=worst_case,
+        worst_rss_mb=heaviest.rss_mb,
+        worst_rss_case=f"case {heaviest.case.index} {describe(heaviest.case)}",
         statuses=statuses,
     )
 
@@ -575,34 +598,33 @@ def worker_main(cases: int, seed: int, quick: bool, only: int | None, out: Path)
     indices = [only] if only is not None else list(range(cases))
     results = []
     for n, i in enumerate(indices, 1):
-        results.append(run_inprocess(make_case(i, seed, pool, quick)))
+        results.append(run_forked(make_case(i, seed, pool, quick)))
         if n % 100 == 0:
             print(f"fuzz: {n}/{len(indices)} in-process cases", file=sys.stderr, flush=True)
     out.write_text(json.dumps([asdict(o) for o in results]))
 
 
-def run_worker(cases: int, seed: int, quick: bool, only: int | None = None) -> tuple[list[Outcome], float]:
-    """Run the in-process bulk in a child; (outcomes, the child's peak RSS in MiB)."""
+def run_worker(cases: int, seed: int, quick: bool, only: int | None = None) -> list[Outcome]:
+    """Run the in-process bulk in a fresh worker (a small, clean parent to fork each case from)."""
     with tempfile.TemporaryDirectory(prefix="pitstop-fuzz-worker-") as tmp:
         out = Path(tmp) / "outcomes.json"
         args = [sys.executable, "-m", "tests.fuzz", "--worker", "--cases", str(cases), "--seed", str(seed)]
         args += ["--quick"] if quick else []
         args += ["--only", str(only)] if only is not None else []
         proc = subprocess.Popen([*args, "--out", str(out)], cwd=ROOT, preexec_fn=_limit_memory)
-        _, status, usage = os.wait4(proc.pid, 0)
+        _, status, _ = os.wait4(proc.pid, 0)
         if os.waitstatus_to_exitcode(status) != 0 or not out.is_file():
             raise RuntimeError(f"the fuzz worker died (exit {os.waitstatus_to_exitcode(status)})")
         raw = json.loads(out.read_text())
-    outcomes = [Outcome(**{**o, "case": Case(**o["case"])}) for o in raw]
-    return outcomes, usage.ru_maxrss / 1024
+    return [Outcome(**{**o, "case": Case(**o["case"])}) for o in raw]
 
 
 def run(cases: int, seed: int, quick: bool, cli_cases: int, only: int | None = None) -> Summary:
     """``cases`` in-process cases, then through the CLI the CLI_SPECIALS and ``cli_cases`` cases of their own
     (the indices after the in-process ones).
     With ``only``, that one case in-process (the CLI cases are repeated with ``--cli-only INDEX``)."""
-    inprocess, worker_rss = run_worker(cases, seed, quick, only)
+    inprocess = run_worker(cases, seed, quick, only)
     pool = seeds(quick)
     indices = [-k - 1 for k in range(len(CLI_SPECIALS))] + list(range(cases, cases + cli_cases))
     cli = [run_cli(make_case(i, seed, pool, quick)) for i in indices] if only is None else []
-    return summarize(inprocess, cli, worker_rss)
+    return summarize(inprocess, cli)

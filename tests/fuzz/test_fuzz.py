@@ -36,7 +36,10 @@ def test_the_harness_catches_what_it_guards_against(monkeypatch: pytest.MonkeyPa
     from pitstop.findings import Finding
 
     case = harness.Case(index=0, seed=str(harness.SEEDS / "trainer_state.json"))
-    monkeypatch.setattr(load, "load_run", lambda *a, **k: {}["missing"])
+    def key_error(*a: object, **k: object) -> None:
+        raise KeyError("missing")
+
+    monkeypatch.setattr(load, "load_run", key_error)
     assert harness.run_inprocess(case).status == "FAIL"
 
     def two_lines(*a: object, **k: object) -> None:
