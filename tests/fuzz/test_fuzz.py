@@ -36,6 +36,7 @@ def test_the_harness_catches_what_it_guards_against(monkeypatch: pytest.MonkeyPa
     from pitstop.findings import Finding
 
     case = harness.Case(index=0, seed=str(harness.SEEDS / "trainer_state.json"))
+
     def key_error(*a: object, **k: object) -> None:
         raise KeyError("missing")
 
