@@ -545,6 +545,7 @@ class Summary:
     worst_rss_mb: float  # the worst one case's process
     worst_rss_case: str
     statuses: dict[str, int]
+    outside_trace: str = ""  # the same two figures over the cases the trace reader is not part of
 
     def lines(self) -> list[str]:
         out = [
@@ -552,6 +553,7 @@ class Summary:
             f"outcomes: {self.statuses}",
             f"worst time: {self.worst_seconds:.2f} s ({self.worst_seconds_case})",
             f"worst peak RSS: {self.worst_rss_mb:.0f} MiB ({self.worst_rss_case}); bound {RSS_BOUND_MB} MiB",
+            f"without the trace reader: {self.outside_trace}",
         ]
         for label, group in (("FAILED", self.failures), ("FAILED (trace reader)", self.trace_failures)):
             for o in group:
@@ -579,6 +581,12 @@ def summarize(inprocess: list[Outcome], cli: list[Outcome]) -> Summary:
     bad = [o for o in outcomes if o.status == "FAIL"]
     slowest = max(outcomes, key=lambda o: o.seconds)
     heaviest = max(outcomes, key=lambda o: o.rss_mb)
+    plain = [o for o in outcomes if not o.case.trace] or outcomes
+    slow, big = max(plain, key=lambda o: o.seconds), max(plain, key=lambda o: o.rss_mb)
+    outside = (
+        f"worst time {slow.seconds:.2f} s (case {slow.case.index} {describe(slow.case)}), "
+        f"worst peak RSS {big.rss_mb:.0f} MiB (case {big.case.index} {describe(big.case)})"
+    )
     return Summary(
         cases=len(outcomes),
         cli_cases=len(cli),
@@ -589,6 +597,7 @@ def summarize(inprocess: list[Outcome], cli: list[Outcome]) -> Summary:
         worst_rss_mb=heaviest.rss_mb,
         worst_rss_case=f"case {heaviest.case.index} {describe(heaviest.case)}",
         statuses=statuses,
+        outside_trace=outside,
     )
 
 
