@@ -50,12 +50,14 @@ class Finding:
     def __post_init__(self) -> None:
         cause(self.cause)  # unknown ids fail loudly
         self.severity = Severity(self.severity)
-        if not math.isfinite(self.confidence):
-            raise ValueError(f"{self.cause}: confidence {self.confidence} is not a number")
+        # A number computed from a damaged input must not reach a report as "×nan" or "-5 %": a speed-up
+        # that is not finite is not estimable, a confidence is clamped to 0..1 (NaN means no confidence).
         if self.est_speedup is not None and not math.isfinite(self.est_speedup):
-            self.est_speedup = None  # an estimate that is not a number is no estimate
+            self.est_speedup = None
         if self.est_speedup is not None and self.est_speedup < 1.0:
             self.est_speedup = 1.0
+        self.confidence = min(1.0, max(0.0, self.confidence)) if math.isfinite(self.confidence) else 0.0
+        self.evidence = _finite(self.evidence)
         self.severity = capped_by_confidence(self.severity, self.confidence)
 
     @property
@@ -106,6 +108,17 @@ def capped_by_confidence(severity: Severity | str, confidence: float) -> Severit
     if confidence < STRONG_EVIDENCE and rated is Severity.HIGH:
         return Severity.MEDIUM
     return rated
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity (in nested dicts and lists) replaced by None: unknown, not a number."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if type(value) in (list, tuple):  # not a named tuple, whose constructor takes fields
+        return type(value)(_finite(v) for v in value)
+    return value
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:

@@ -8,12 +8,16 @@ beside the config and among the other files given.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pitstop.ds_config import offload_from_deepspeed
+from pitstop.ingest.documents import load_document
+from pitstop.ingest.errors import IngestError
+from pitstop.ingest.readers import read_text
 from pitstop.profile import Environment
 
 AXOLOTL_KEYS = {"base_model", "sample_packing", "micro_batch_size", "sequence_len", "adapter", "datasets"}
@@ -92,16 +96,53 @@ def _bool(value: Any) -> bool | None:
     return None  # "auto", None, numbers: not a statement
 
 
-def _int(value: Any) -> int | None:
+MAX_COUNT = 2**31  # no batch, step count, sequence length or worker count is larger
+
+
+def _int(value: Any, minimum: int = 1) -> int | None:
+    """A count in [minimum, MAX_COUNT], else None: 0, negative, huge, fractional or non-numeric values say
+    nothing a rule can use (0 is allowed where it means something, e.g. dataloader_num_workers)."""
+    number: int | None = None
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return None
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and re.fullmatch(r"\s*\d{1,12}\s*", value, re.ASCII):
+        number = int(value.strip())
+    if number is None or not minimum <= number <= MAX_COUNT:
+        return None
+    return number
+
+
+COUNT_KEYS = (  # the keys read as counts (HF writes max_steps: -1 and local_rank: -1; those are not read)
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "dataloader_num_workers",
+    "dataloader_prefetch_factor",
+    "max_length",
+    "max_seq_length",
+    "cutoff_len",
+    "eval_steps",
+    "save_steps",
+    "logging_steps",
+    "train_micro_batch_size_per_gpu",
+    "num_processes",
+    "micro_batch_size",
+    "sequence_len",
+)
+
+
+def _out_of_range(data: dict[str, Any]) -> list[str]:
+    """Count keys holding a number no count can be (negative, or beyond MAX_COUNT), for the report's notes."""
+    return [
+        key
+        for key in COUNT_KEYS
+        if isinstance(value := data.get(key), int | float)
+        and not isinstance(value, bool)
+        and not 0 <= value <= MAX_COUNT
+    ]
 
 
 def _precision(env: Environment, data: dict[str, Any]) -> None:
@@ -122,7 +163,7 @@ def _common_trainer_keys(env: Environment, data: dict[str, Any]) -> None:
     env.micro_batch_size = _int(data.get("per_device_train_batch_size"))
     env.grad_accum_steps = _int(data.get("gradient_accumulation_steps"))
     env.gradient_checkpointing = _bool(data.get("gradient_checkpointing"))
-    env.dataloader.num_workers = _int(data.get("dataloader_num_workers"))
+    env.dataloader.num_workers = _int(data.get("dataloader_num_workers"), minimum=0)
     env.dataloader.pin_memory = _bool(data.get("dataloader_pin_memory"))
     env.dataloader.persistent_workers = _bool(data.get("dataloader_persistent_workers"))
     env.dataloader.prefetch_factor = _int(data.get("dataloader_prefetch_factor"))
@@ -148,22 +189,60 @@ def _common_trainer_keys(env: Environment, data: dict[str, Any]) -> None:
     _precision(env, data)
 
 
+DS_LIMIT = 2**20  # a DeepSpeed config is a few KB
+
+
+def _offload(data: Any) -> tuple[int | None, dict[str, str]]:
+    try:
+        return offload_from_deepspeed(data)
+    except ValueError:  # a stage such as "²" that looks like a digit and is not one
+        return None, {}
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
 def _deepspeed_ref(env: Environment, ref: Any, base: Path, others: Iterable[Path], notes: list[str]) -> None:
+    """The DeepSpeed config a training config names: read only when it is one of the files given, or lies in
+    the config's folder or below the working directory (where the trainer itself would open it)."""
     if isinstance(ref, dict):
-        env.zero_stage, env.offload = offload_from_deepspeed(ref)
+        env.zero_stage, env.offload = _offload(ref)
         return
-    if not isinstance(ref, str) or not ref:
+    if not isinstance(ref, str) or not ref or "\x00" in ref or len(ref) > 4096:
         return
-    candidates = [base / ref, Path(ref)] + [p for p in others if p.name.endswith(Path(ref).name)]
+    named = Path(ref).name
+    given = [p for p in others if named and p.name == named]
+    candidates = [*given, base / ref, Path(ref)]
     for path in candidates:
-        if path.is_file():
-            try:
-                env.zero_stage, env.offload = offload_from_deepspeed(path)
-                env.config_sources.append(str(path))
-                return
-            except (OSError, ValueError) as exc:
-                notes.append(f"DeepSpeed config {path}: {exc}")
-                return
+        try:
+            if not path.exists():
+                continue
+            allowed = (
+                path in given
+                or _inside(path, base)
+                or (not Path(ref).is_absolute() and _inside(path, Path.cwd()))
+            )
+        except (OSError, RuntimeError):  # a name too long, a link loop
+            continue
+        if not allowed:
+            notes.append(
+                f"the DeepSpeed config '{ref}' lies outside the config's folder and was not read; "
+                "pass it too, to check its ZeRO stage and offload"
+            )
+            return
+        try:
+            doc = load_document(read_text(path, DS_LIMIT), str(path), as_json=True)
+        except IngestError as exc:
+            notes.append(f"DeepSpeed config {exc}")
+            return
+        if not isinstance(doc.data, dict):
+            notes.append(f"DeepSpeed config {path}: not a JSON object")
+            return
+        env.zero_stage, env.offload = _offload(doc.data)
+        env.config_sources.append(str(path))
+        notes.extend(doc.notes)
+        return
     notes.append(
         f"the DeepSpeed config '{ref}' was not found; pass it too, to check its ZeRO stage and offload"
     )
@@ -185,7 +264,7 @@ def read_config(data: dict[str, Any], kind: str, path: Path, others: Iterable[Pa
     facts = ConfigFacts(kind=kind, env=env)
     base = path.parent
     if kind == "deepspeed":
-        env.zero_stage, env.offload = offload_from_deepspeed(data)
+        env.zero_stage, env.offload = _offload(data)
         env.micro_batch_size = _int(data.get("train_micro_batch_size_per_gpu"))
         env.grad_accum_steps = _int(data.get("gradient_accumulation_steps"))
         for key, dtype in (("bf16", "bf16"), ("fp16", "fp16")):
@@ -200,7 +279,7 @@ def read_config(data: dict[str, Any], kind: str, path: Path, others: Iterable[Pa
         env.world_size = _int(data.get("num_processes"))
         ds = data.get("deepspeed_config")
         if isinstance(ds, dict):
-            env.zero_stage = _int(ds.get("zero_stage"))
+            env.zero_stage = _int(ds.get("zero_stage"), minimum=0)
             offload = {}
             for key, what in (("offload_optimizer_device", "optimizer"), ("offload_param_device", "param")):
                 device = str(ds.get(key) or "none").lower()
@@ -218,7 +297,7 @@ def read_config(data: dict[str, Any], kind: str, path: Path, others: Iterable[Pa
             env.packing = False
         env.max_seq_len = _int(data.get("sequence_len"))
         env.gradient_checkpointing = _bool(data.get("gradient_checkpointing"))
-        env.dataloader.num_workers = _int(data.get("dataloader_num_workers"))
+        env.dataloader.num_workers = _int(data.get("dataloader_num_workers"), minimum=0)
         env.dataloader.pin_memory = _bool(data.get("dataloader_pin_memory"))
         env.group_by_length = _bool(data.get("group_by_length"))
         env.eval_steps = _int(data.get("eval_steps"))
@@ -262,6 +341,9 @@ def read_config(data: dict[str, Any], kind: str, path: Path, others: Iterable[Pa
         "completion_only_loss",
         "assistant_only_loss",
     }
+    ignored = _out_of_range(data)
+    if ignored:
+        facts.notes.append(f"{path.name}: out-of-range values ignored ({', '.join(ignored)[:200]})")
     env.framework = {"accelerate": "accelerate", "deepspeed": "deepspeed"}.get(
         kind, "trl" if kind == "hf_args" and sft_keys & set(data) else "hf_trainer"
     )

@@ -2,91 +2,127 @@
 
 from __future__ import annotations
 
-import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 from pitstop.ingest.configs import config_kind
+from pitstop.ingest.documents import load_document
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.hf_outputs import is_results, is_trainer_state
 from pitstop.ingest.nvidia_smi import looks_like_smi
 from pitstop.ingest.readers import head, read_text
-from pitstop.ingest.yamlsafe import load_yaml
 
 TRACE_KEYS = re.compile(rb'"(traceEvents|deviceProperties|schemaVersion|distributedInfo)"\s*:')
 PICKLE_START = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 ZIP_START = b"PK\x03\x04"
 
 
-def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
+MAX_FOLDER_FILES = 10_000  # a run leaves tens of files; a folder with more was not named on purpose
+
+
+def _walk(folder: Path, notes: list[str]) -> list[Path]:
+    """Regular files inside ``folder`` (hidden ones skipped), links kept only when they stay inside it."""
+    root = folder.resolve()
+    found: list[Path] = []
+    for here, dirs, names in os.walk(folder):  # never descends into linked folders
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            if name.startswith("."):
+                continue
+            path = Path(here) / name
+            shown = path.relative_to(folder)
+            if path.is_symlink():
+                try:
+                    target = path.resolve()
+                except (OSError, RuntimeError):  # a loop of links
+                    notes.append(f"skipped {shown}: a link that cannot be followed")
+                    continue
+                if not target.is_relative_to(root):
+                    notes.append(f"skipped {shown}: a link to {target}, outside {folder}")
+                    continue
+            try:
+                mode = path.stat().st_mode
+            except OSError as exc:
+                notes.append(f"skipped {shown}: {exc.strerror or exc}")
+                continue
+            if not stat.S_ISREG(mode):
+                notes.append(f"skipped {shown}: not a regular file")
+                continue
+            found.append(path)
+            if len(found) > MAX_FOLDER_FILES:
+                raise IngestError(
+                    f"{folder}: more than {MAX_FOLDER_FILES:,} files; name the run's artifacts or their folder"
+                )
+    return sorted(found)
+
+
+def expand(paths: list[Path], notes: list[str] | None = None) -> list[tuple[Path, bool]]:
     """(file, found in a folder) for files named directly and the files inside named folders (sorted; hidden
-    files skipped). A file found in a folder that is not an artifact is skipped, not an error."""
+    files skipped). A file found in a folder that is not an artifact is skipped, not an error; so is a link
+    that leads outside the folder, and anything that is not a regular file (a FIFO, a device): each said in
+    ``notes``. A file named directly is the user's choice and is read wherever a link leads."""
+    notes = [] if notes is None else notes
     files: list[tuple[Path, bool]] = []
     for path in paths:
         if path.is_dir():
-            inside = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
+            inside = _walk(path, notes)
             if not inside:
-                raise IngestError(f"{path}: an empty folder")
+                raise IngestError(f"{path}: an empty folder" + (f" ({notes[-1]})" if notes else ""))
             files += [(p, True) for p in inside]
-        elif path.is_file():
-            files.append((path, False))
+        elif path.exists():
+            files.append((path, False))  # sniff refuses what is not a regular file, in one line
         else:
             raise IngestError(f"{path}: no such file or folder")
     return files
 
 
-def sniff(path: Path) -> tuple[str, Any]:
-    """(kind, parsed document or None). Kinds: kineto_trace, nvidia_smi, trainer_state, trainer_results,
-    model_config, deepspeed, accelerate, axolotl, llama_factory, hf_args, torch_pickle."""
+def sniff(path: Path) -> tuple[str, Any, list[str]]:
+    """(kind, parsed document or None, notes about the document). Kinds: kineto_trace, nvidia_smi,
+    trainer_state, trainer_results, model_config, deepspeed, accelerate, axolotl, llama_factory, hf_args,
+    torch_pickle, binary."""
     start = head(path)
     if not start.strip():
         raise IngestError(f"{path}: empty (or an unreadable gzip)")
     if start.startswith(PICKLE_START) or start.startswith(ZIP_START):
-        return "torch_pickle", None
+        return "torch_pickle", None, []
     stripped = start.lstrip()
     if stripped.startswith(b"{") and TRACE_KEYS.search(start):
-        return "kineto_trace", None
+        return "kineto_trace", None, []
+    if b"\x00" in start[:8192]:
+        return "binary", None, []  # weights (safetensors), NumPy arrays, images: not text at all
     text_head = start.decode("utf-8", errors="replace")
     if looks_like_smi(text_head):
-        return "nvidia_smi", None
+        return "nvidia_smi", None, []
     text = read_text(path)
     if _bare_numbers_csv(text):
         raise IngestError(
             f"{path}: looks like an nvidia-smi log written with noheader and nounits, whose columns "
             "cannot be told apart; keep the header (--format=csv or csv,nounits)"
         )
-    data: Any = None
-    if stripped.startswith((b"{", b"[")):
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise IngestError(f"{path}: invalid JSON ({exc.args[0] if exc.args else exc})") from None
-    else:
-        data = load_yaml(text, str(path))
+    doc = load_document(text, str(path), as_json=stripped.startswith((b"{", b"[")))
+    data = doc.data
     if not isinstance(data, dict):
         raise IngestError(f"{path}: not a trace, an nvidia-smi log, Trainer output or a training config")
     if is_trainer_state(data):
-        return "trainer_state", data
+        return "trainer_state", data, doc.notes
     if is_results(data):
-        return "trainer_results", data
+        return "trainer_results", data, doc.notes
     if "model_type" in data and ("hidden_size" in data or "n_embd" in data or "text_config" in data):
-        return "model_config", data
+        return "model_config", data, doc.notes
     kind = config_kind(data)
     if kind is None:
         raise IngestError(
             f"{path}: a {'JSON' if stripped[:1] in (b'{', b'[') else 'YAML'} file pitstop does not "
             "recognize (not a trace, Trainer output or known training config)"
         )
-    return kind, data
+    return kind, data, doc.notes
 
 
 def _bare_numbers_csv(text: str) -> bool:
-    lines = [line for line in text.strip().splitlines()[:50] if line.strip()]
+    lines = [line for line in text[:65536].strip().splitlines()[:50] if line.strip()]
     if len(lines) < 2:
         return False
     widths = set()

@@ -7,6 +7,7 @@ evaluation's runtime. Checkpoint saves are counted from ``save_steps``; their du
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,35 @@ def is_results(data: Any) -> bool:
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """A finite, positive number, else None: a runtime, a rate or a count of 0 or below says nothing."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+def _negative(data: dict[str, Any], entries: list[dict[str, Any]]) -> int:
+    """How many figures pitstop reads are negative or NaN (each is ignored)."""
+    keys = (
+        "train_runtime",
+        "train_samples_per_second",
+        "train_steps_per_second",
+        "total_flos",
+        "num_input_tokens_seen",
+        "num_tokens",
+        "eval_runtime",
+        "global_step",
+    )
+    count = 0
+    for entry in (data, *entries):
+        for key in keys:
+            value = entry.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and not value >= 0:
+                count += 1  # negative, or NaN when the document was not cleaned
+    return count
 
 
 def read_trainer_outputs(data: dict[str, Any], name: str) -> TrainerOutputs:
@@ -47,10 +76,10 @@ def read_trainer_outputs(data: dict[str, Any], name: str) -> TrainerOutputs:
     flos = _num(data.get("total_flos")) or _num(summary.get("total_flos"))
     totals.hf_total_flos = flos if flos else None
     steps = data.get("global_step")
-    if isinstance(steps, int) and steps > 0:
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
         totals.steps = steps
     elif totals.train_s and _num(summary.get("train_steps_per_second")):
-        totals.steps = round(totals.train_s * float(summary["train_steps_per_second"]))
+        totals.steps = round(totals.train_s * float(summary["train_steps_per_second"])) or None
 
     tokens = _num(data.get("num_input_tokens_seen")) or _num(summary.get("num_input_tokens_seen"))
     logged = [e["num_tokens"] for e in entries if _num(e.get("num_tokens"))]
@@ -71,14 +100,17 @@ def read_trainer_outputs(data: dict[str, Any], name: str) -> TrainerOutputs:
         ("logging_steps", "logging_steps"),
     ):
         value = data.get(key)
-        if isinstance(value, int) and value > 0:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             setattr(env, attr, value)
     batch = data.get("train_batch_size")
-    if isinstance(batch, int) and batch > 0:
+    if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
         env.micro_batch_size = batch
     if env.save_steps and totals.steps:
         totals.saves = totals.steps // env.save_steps
     env.config_sources.append(name)
+    negative = _negative(data, entries)
+    if negative:
+        notes.append(f"{name}: {negative} negative or non-finite runtimes, rates or counts ignored")
     if totals.train_s is None:
         notes.append(f"{name}: no train_runtime (a run still in progress?): rates need a runtime")
     if totals.tokens is None:

@@ -16,6 +16,11 @@ from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_
 from pitstop.profile import Environment, RankProfile, RunProfile, RunTotals
 
 CONFIG_KINDS = ("deepspeed", "accelerate", "axolotl", "llama_factory", "hf_args")
+MAX_WORLD = 1_000_000
+NOT_ARTIFACTS = {
+    "torch_pickle": "a pickle (training_args.bin, optimizer.pt?); pitstop never unpickles",
+    "binary": "a binary file (weights, arrays)",
+}
 
 
 @dataclass
@@ -38,21 +43,25 @@ def _merge_totals(a: RunTotals | None, b: RunTotals) -> RunTotals:
 
 
 def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None) -> RunProfile:
-    found = expand(inputs.paths)
+    notes: list[str] = []
+    found = expand(inputs.paths, notes)
     files = [path for path, _ in found]
     env = Environment()
-    notes: list[str] = []
     trace_ranks: list[RankProfile] = []
     gpu_ranks: list[RankProfile] = []
     totals: RunTotals | None = None
     for path, in_folder in found:
         try:
-            kind, data = sniff(path)
+            kind, data, doc_notes = sniff(path)
         except IngestError as exc:
             if not in_folder:
                 raise
             notes.append(f"skipped {path.name} ({str(exc).removeprefix(str(path) + ': ')})")
             continue
+        if kind in NOT_ARTIFACTS and in_folder:  # a checkpoint folder holds these beside trainer_state.json
+            notes.append(f"skipped {path.name} ({NOT_ARTIFACTS[kind]})")
+            continue
+        notes += doc_notes
         inputs.kinds[str(path)] = kind
         if on_file is not None:
             on_file(path, kind)
@@ -64,6 +73,8 @@ def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None)
                 "instead: python -c \"import torch,json; a=torch.load('training_args.bin', weights_only=False); "
                 'print(a.to_json_string())" > training_args.json'
             )
+        if kind == "binary":
+            raise IngestError(f"{path}: {NOT_ARTIFACTS[kind]}, not an artifact pitstop reads")
         if kind == "kineto_trace":
             from pitstop.ingest.trace import load_trace
 
@@ -82,7 +93,10 @@ def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None)
             merge_into(env, outputs.env, notes)
             notes += outputs.notes
         elif kind == "model_config":
-            env.model = model_info_from_config(data)
+            try:
+                env.model = model_info_from_config(data)
+            except ModelConfigError as exc:
+                raise IngestError(f"{path}: {exc}") from None
         elif kind in CONFIG_KINDS:
             facts = read_config(data, kind, path, others=files)
             merge_into(env, facts.env, notes)
@@ -104,6 +118,8 @@ def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None)
             raise IngestError(f"--gpu {inputs.gpu}: not in pitstop's hardware table (see `pitstop gpus`)")
         env.gpu_name = spec.key
         env.device = "cuda"
+    if inputs.gpus is not None and not 1 <= inputs.gpus <= MAX_WORLD:
+        raise IngestError(f"--gpus {inputs.gpus}: not a GPU count (1 to {MAX_WORLD:,})")
     if inputs.gpus:
         env.world_size = inputs.gpus
         totals = _merge_totals(totals, RunTotals(n_gpus=inputs.gpus)) if totals is not None else None

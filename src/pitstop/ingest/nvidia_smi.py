@@ -10,6 +10,7 @@ decimal commas, a truncated last line) are skipped and counted.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import itertools
 import re
@@ -17,6 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.readers import open_binary
@@ -32,6 +34,15 @@ HEADER_HINTS = (
     "pci.bus_id",
     "index",
 )
+MAX_GPUS = 4096  # more GPUs than any one log of one job holds; rows of further GPUs are skipped and counted
+SMI_LIMIT = 512 * 2**20  # a week of 1 s samples of 8 GPUs is ~0.5 GB; refuse more rather than fill memory
+# What a value can be; anything outside is a corrupt cell, dropped and counted (never a "-5 %" busy GPU).
+RANGES = {
+    "util": (0.0, 100.0),
+    "mem": (0.0, 2.0**24),  # MiB: 16 TiB
+    "power": (0.0, 1e5),  # W
+    "clock": (0.0, 1e5),  # MHz
+}
 TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S")
 MIB = 2**20
 
@@ -115,27 +126,90 @@ def _infer_roles(row: list[str]) -> list[str | None]:
     return roles
 
 
+NUMBER = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?:%|MiB|W|MHz|C)?")
+TIME = re.compile(r"(\d{4})[/-](\d{2})[/-](\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?")
+
+
 def _number(value: str) -> float | None:
     v = value.strip()
     if not v or v.startswith("[") or v.upper() in ("N/A", "NA"):
         return None  # [N/A], [Not Supported]
-    m = re.match(r"^(-?\d+(?:\.\d+)?)\s*(%|MiB|W|MHz|C)?$", v)
+    m = NUMBER.fullmatch(v)
     return float(m.group(1)) if m else None
 
 
+class _Bad:
+    """Counts cells whose number is outside what the column can hold."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, value: str, what: str) -> float | None:
+        number = _number(value)
+        if number is None:
+            return None
+        low, high = RANGES[what]
+        if not low <= number <= high:
+            self.count += 1
+            return None
+        return number
+
+
+class _Capped(io.RawIOBase):
+    """A stream that fails once more than ``limit`` bytes were read: the log's size bound, gzip or not."""
+
+    def __init__(self, inner: BinaryIO, limit: int) -> None:
+        self.inner, self.left = inner, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.inner.read(min(len(buffer), self.left + 1))
+        self.left -= len(data)
+        if self.left < 0:
+            raise _TooBig
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class _TooBig(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=256)  # every GPU's row of one sample repeats the timestamp
 def _time(value: str) -> float | None:
     v = value.strip()
+    m = TIME.fullmatch(v)
+    if m:  # nvidia-smi's own form, without strptime's cost (a 400,000-row log spent 20 s there)
+        try:
+            y, mo, d, h, mi, sec = (int(x) for x in m.groups()[:6])
+            micro = int(m.group(7).ljust(6, "0")) if m.group(7) else 0
+            return datetime(y, mo, d, h, mi, sec, micro).timestamp()
+        except (ValueError, OverflowError, OSError):
+            return None
     for fmt in TIME_FORMATS:
         try:
             return datetime.strptime(v, fmt).timestamp()
-        except ValueError:
+        except (ValueError, OverflowError, OSError):
             continue
     return None
 
 
 def read_smi(path: Path) -> SmiLog:
+    try:
+        return _read_smi(path)
+    except _TooBig:
+        raise IngestError(
+            f"{path}: more than {SMI_LIMIT // 2**20} MiB of log; keep a part of it (tail -n 200000)"
+        ) from None
+
+
+def _read_smi(path: Path) -> SmiLog:
+    bad = _Bad()
     with open_binary(path) as raw:
-        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+        capped = io.BufferedReader(_Capped(raw, SMI_LIMIT))
+        text = io.TextIOWrapper(capped, encoding="utf-8", errors="replace", newline="")
         reader = csv.reader(text, skipinitialspace=True)
         try:
             first = next(reader)
@@ -158,7 +232,7 @@ def read_smi(path: Path) -> SmiLog:
         rows_iter = reader if header else itertools.chain([first], reader)
         by_gpu: dict[str, GpuTimeline] = {}
         order: dict[float, int] = defaultdict(int)
-        skipped = 0
+        skipped = beyond = 0
         times: list[float] = []
         t0: float | None = None
         try:
@@ -169,29 +243,38 @@ def read_smi(path: Path) -> SmiLog:
                     skipped += 1
                     continue
                 cells = {role: row[i] for i, role in enumerate(roles) if role}
+                named = (cells.get("index") or cells.get("bus") or cells.get("uuid") or "").strip()[:100]
+                if named and named not in by_gpu and len(by_gpu) >= MAX_GPUS:
+                    beyond += 1  # counted before any parsing: a log of 400,000 "GPUs" stays cheap
+                    continue
                 t = _time(cells["time"]) if "time" in cells else None
                 if "time" in cells and t is None:
                     skipped += 1
                     continue
-                util = _number(cells.get("util", ""))
-                mem = _number(cells.get("mem_used", ""))
+                util = bad(cells.get("util", ""), "util")
+                mem = bad(cells.get("mem_used", ""), "mem")
                 if util is None and mem is None:
                     skipped += 1
                     continue
-                key = (cells.get("index") or cells.get("bus") or cells.get("uuid") or "").strip()
+                key = named
                 if not key:
                     slot = t if t is not None else -1.0
                     key = f"#{order[slot]}" if t is not None else "#0"
                     order[slot] += 1
-                timeline = by_gpu.setdefault(
-                    key, GpuTimeline(key=key, name=(cells.get("name") or "").strip() or None)
-                )
+                timeline = by_gpu.get(key)
+                if timeline is None:
+                    if len(by_gpu) >= MAX_GPUS:
+                        beyond += 1
+                        continue
+                    timeline = by_gpu[key] = GpuTimeline(
+                        key=key, name=(cells.get("name") or "").strip()[:200] or None
+                    )
                 if t is not None:
                     t0 = t if t0 is None else t0
                     times.append(t)
-                total = _number(cells.get("mem_total", ""))
-                power = _number(cells.get("power", ""))
-                clock = _number(cells.get("sm_clock", ""))
+                total = bad(cells.get("mem_total", ""), "mem")
+                power = bad(cells.get("power", ""), "power")
+                clock = bad(cells.get("sm_clock", ""), "clock")
                 reasons = cells.get("reasons", "").strip()
                 timeline.samples.append(
                     GpuSample(
@@ -202,7 +285,7 @@ def read_smi(path: Path) -> SmiLog:
                         power_w=power,
                         sm_clock=clock,
                         clock_reasons=int(reasons, 16) if re.fullmatch(r"0x[0-9a-fA-F]+", reasons) else None,
-                        app_clock=_number(cells.get("app_clock", "")),
+                        app_clock=bad(cells.get("app_clock", ""), "clock"),
                     )
                 )
         except (EOFError, OSError) as exc:
@@ -221,6 +304,16 @@ def read_smi(path: Path) -> SmiLog:
     if skipped:
         log.notes.append(
             f"{path.name}: {skipped} rows skipped (did not match the columns; a decimal-comma locale?)"
+        )
+    if bad.count:
+        log.notes.append(
+            f"{path.name}: {bad.count} values out of range ignored (a utilization outside 0-100 %, a negative "
+            "memory, power or clock)"
+        )
+    if beyond:
+        log.notes.append(
+            f"{path.name}: more than {MAX_GPUS} GPUs in one log; {beyond} rows of the GPUs after the first "
+            f"{MAX_GPUS} skipped"
         )
     return log
 

@@ -1,9 +1,16 @@
-"""Opening artifacts safely: gzip by magic bytes (not by name), size limits, text decoding."""
+"""Opening artifacts safely: regular files only, gzip by magic bytes (not by name), size limits, text decoding.
+
+Only regular files are opened: a FIFO would block the open forever and a device (``/dev/zero``) never ends.
+A regular file that reports size 0 is refused as empty before it is read, which also keeps pseudo-files
+(``/proc/kmsg`` reports 0 bytes and blocks on read) out.
+"""
 
 from __future__ import annotations
 
 import gzip
 import io
+import os
+import stat
 import zlib
 from pathlib import Path
 from typing import BinaryIO
@@ -11,7 +18,34 @@ from typing import BinaryIO
 from pitstop.ingest.errors import IngestError
 
 GZIP_MAGIC = b"\x1f\x8b"
-CONFIG_LIMIT = 16 * 2**20  # configs, CSV logs and Trainer outputs are small; refuse to slurp anything bigger
+CONFIG_LIMIT = (
+    64 * 2**20
+)  # configs, Trainer outputs and model configs are small; refuse to slurp anything bigger
+
+
+def _file_type(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def check_regular(path: Path) -> os.stat_result:
+    """The file's status (links followed), or a one-line IngestError when it is not a non-empty regular file."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise IngestError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise IngestError(f"{path}: {_file_type(info.st_mode)}, not a file pitstop reads")
+    if info.st_size == 0:
+        raise IngestError(f"{path}: empty file (or a pseudo-file of /proc or /sys, which reports 0 bytes)")
+    return info
 
 
 def is_gzip(path: Path) -> bool:
@@ -21,6 +55,7 @@ def is_gzip(path: Path) -> bool:
 
 def open_binary(path: Path) -> BinaryIO:
     """A binary stream of the file's content, decompressed when it is gzip."""
+    check_regular(path)
     try:
         if is_gzip(path):
             return gzip.open(path, "rb")  # type: ignore[return-value]
@@ -38,8 +73,8 @@ def head(path: Path, size: int = 65536) -> bytes:
             return b""
 
 
-def read_text(path: Path, limit: int = CONFIG_LIMIT) -> str:
-    """The whole (decompressed) file as text, refusing files over ``limit`` bytes."""
+def read_bytes(path: Path, limit: int = CONFIG_LIMIT) -> bytes:
+    """The whole (decompressed) content, refusing more than ``limit`` bytes without reading past it."""
     with open_binary(path) as f:
         try:
             data = f.read(limit + 1)
@@ -49,12 +84,21 @@ def read_text(path: Path, limit: int = CONFIG_LIMIT) -> str:
             raise IngestError(f"{path}: cannot read ({exc})") from None
     if len(data) > limit:
         raise IngestError(f"{path}: larger than {limit // 2**20} MiB, which no config or log of this kind is")
+    return data
+
+
+def decode(data: bytes) -> str:
     for encoding in ("utf-8-sig", "latin-1"):
         try:
             return data.decode(encoding)
         except UnicodeDecodeError:
             continue
-    raise IngestError(f"{path}: not text")  # pragma: no cover - latin-1 decodes any byte string
+    raise AssertionError("latin-1 decodes any byte string")  # pragma: no cover
+
+
+def read_text(path: Path, limit: int = CONFIG_LIMIT) -> str:
+    """The whole (decompressed) file as text, refusing files over ``limit`` bytes."""
+    return decode(read_bytes(path, limit))
 
 
 def text_stream(data: bytes) -> io.StringIO:

@@ -12,6 +12,7 @@ from typing import Any
 from pitstop.ingest.errors import IngestError
 
 MAX_EXPANDED_NODES = 200_000
+YAML_LIMIT = 4 * 2**20
 
 
 def _expanded_size(node: Any, memo: dict[int, int]) -> int:
@@ -34,20 +35,35 @@ def _expanded_size(node: Any, memo: dict[int, int]) -> int:
 
 
 def load_yaml(text: str, name: str) -> Any:
+    """The document, composed once (with libyaml when present, which is ~10x faster) and built from the node
+    graph only after its expanded size is known. Refuses YAML over YAML_LIMIT: no config is that large, and
+    the parser's cost per byte is high."""
     try:
         import yaml
     except ImportError as exc:  # pragma: no cover - pyyaml is a dependency
         raise IngestError("reading YAML needs pyyaml: pip install pyyaml") from exc
+    if len(text) > YAML_LIMIT:
+        raise IngestError(f"{name}: YAML larger than {YAML_LIMIT // 2**20} MiB, which no config is")
+    loader_class = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_class(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        if node is not None and _expanded_size(node, {}) > MAX_EXPANDED_NODES:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_EXPANDED_NODES:
             raise IngestError(f"{name}: YAML that expands past {MAX_EXPANDED_NODES:,} nodes (an alias bomb?)")
-        return yaml.safe_load(text)
+        return loader.construct_document(node)
     except IngestError:
         raise
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise IngestError(f"{name}: not valid YAML{where}") from None
+        problem = str(getattr(exc, "problem", "") or "")[:120]
+        where = ", ".join(x for x in (problem, f"line {mark.line + 1}" if mark is not None else "") if x)
+        raise IngestError(f"{name}: not valid YAML" + (f" ({where})" if where else "")) from None
     except RecursionError:
         raise IngestError(f"{name}: YAML nested too deeply") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # a scalar the constructor cannot build (an int
+        # of 5,000 digits, a date of month 13)
+        raise IngestError(f"{name}: not valid YAML ({str(exc).splitlines()[0][:200]})") from None
+    finally:
+        loader.dispose()

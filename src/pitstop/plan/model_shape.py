@@ -9,6 +9,7 @@ LayerNorm weights, MoE experts and router, tied or separate output embeddings.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,14 +27,25 @@ class ModelConfigError(PitstopError, ValueError):
     pass
 
 
+CONFIG_LIMIT = 64 * 2**20  # a config.json is a few KB; refuse to slurp anything that is not one
+MAX_DIM = 2**24  # no hidden size, layer count, head count or vocabulary is larger
+
+
 def load_model_config(source: str | Path) -> dict[str, Any]:
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
-    if not path.is_file():
+    if not path.is_file():  # is_file follows links and is False for FIFOs and devices
         raise ModelConfigError(f"{source}: no such config.json")
+    if path.stat().st_size == 0:  # empty, or a /proc pseudo-file that may block on read
+        raise ModelConfigError(f"{path}: empty file (or a pseudo-file), not a model config")
+    if path.stat().st_size > CONFIG_LIMIT:
+        raise ModelConfigError(f"{path}: larger than {CONFIG_LIMIT // 2**20} MiB, which no model config is")
     try:
-        data = json.loads(path.read_text())
+        with path.open("rb") as f:
+            data = json.loads(f.read(CONFIG_LIMIT + 1))
+    except RecursionError:
+        raise ModelConfigError(f"{path}: not a JSON config (nested too deeply)") from None
     except (OSError, ValueError) as exc:
         raise ModelConfigError(f"{path}: not a JSON config ({exc})") from None
     if not isinstance(data, dict) or ("hidden_size" not in data and "n_embd" not in data):
@@ -56,10 +68,14 @@ def _count(cfg: Mapping[str, Any], *names: str, default: int | None = None, mini
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
+        or not math.isfinite(value)
         or value != int(value)
-        or value < minimum
+        or not minimum <= value <= MAX_DIM
     ):
-        raise ModelConfigError(f"the model config's {names[0]} is {value!r}, not a whole number ≥ {minimum}")
+        shown = repr(value)[:40]
+        raise ModelConfigError(
+            f"the model config's {names[0]} is {shown}, not a whole number from {minimum} to {MAX_DIM:,}"
+        )
     return int(value)
 
 
@@ -94,6 +110,8 @@ class ModelShape:
         model_type = str(cfg.get("model_type") or "")
         d = _count(cfg, "hidden_size", "n_embd")
         heads = _count(cfg, "num_attention_heads", "n_head")
+        if cfg.get("head_dim") is None and d < heads:
+            raise ModelConfigError(f"{heads} attention heads for a hidden size of {d}: no head dimension")
         gpt2 = model_type in GPT2_STYLE
         tied = cfg.get("tie_word_embeddings")
         if tied is None:

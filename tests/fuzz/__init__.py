@@ -1,0 +1,1 @@
+"""A fuzz harness for everything pitstop reads offline (see harness.py): ``python -m tests.fuzz --cases N``."""
