@@ -64,7 +64,7 @@ def _count(cfg: Mapping[str, Any], *names: str, default: int | None = None, mini
     """A whole-number field of the config, checked (a config is user input: one line, never a traceback)."""
     value = _get(cfg, *names, default=default)
     if value is None:
-        raise ModelConfigError(f"the model config has no {' / '.join(names)}")
+        raise ModelConfigError(f"no usable {' / '.join(names)} in the model config")
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
@@ -106,7 +106,7 @@ class ModelShape:
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
         cfg = config.get("text_config") or config
         if not isinstance(cfg, Mapping):
-            raise ModelConfigError("the model config's text_config is not an object")
+            raise ModelConfigError(f"text_config is {type(cfg).__name__}, not an object")
         model_type = str(cfg.get("model_type") or "")
         d = _count(cfg, "hidden_size", "n_embd")
         heads = _count(cfg, "num_attention_heads", "n_head")
