@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 import shutil
 import statistics
@@ -14,10 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pitstop.diagnose import Diagnosis, diagnose
-from pitstop.probe.config import ProbeConfig
 from pitstop.profile import RunProfile
-from pitstop.runner.collect import collect
-from pitstop.runner.launch import run_observed
+from pitstop.runner.measure import StepWindow, measure
 from pitstop.trials.request import FixRequest, read_reports
 
 CHUNKS = 5  # the window's steps are cut into this many runs of steps to estimate its spread
@@ -89,25 +85,18 @@ def run_window(
     out = Path(tempfile.mkdtemp(prefix="pitstop-tune-"))
     request.report_dir = out / "fixes"
     request.report_dir.mkdir()
-    config = ProbeConfig(warmup=warmup, steps=steps, stop_when_done=True, announce=False)
-
-    def tick(folder: Path) -> None:
-        if on_step is None:
-            return
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            on_step(int(json.loads((folder / "progress.json").read_text())["step"]))
-
     started = time.monotonic()
     try:
-        launch = run_observed(
+        result = measure(
             command,
-            config,
-            quiet=True,
-            on_tick=tick,
-            out_dir=out,
+            StepWindow(steps=steps, warmup=warmup),
+            on_step=on_step,
             timeout_s=timeout_s,
             extra_env=request.to_env(),
+            out_dir=out,
+            source="tune",
         )
+        launch = result.launch
         window.seconds = time.monotonic() - started
         reports = read_reports(request.report_dir)
         for report in reports:
@@ -116,17 +105,15 @@ def run_window(
             for fix, why in report.get("skipped", {}).items():
                 window.skipped.setdefault(fix, why)
         window.losses = next((r.get("losses", []) for r in reports if r.get("losses")), [])
-        outcome = collect(launch, steps, warmup, source="tune")
-        profile = outcome.profile
-        stopped = profile is not None and any(r.stopped_by_probe for r in profile.ranks)
-        if profile is None or (not stopped and outcome.exit_code != 0):
-            timed_out = launch.interrupted and timeout_s is not None and window.seconds >= timeout_s
+        profile = result.profile
+        if profile is None or (not result.stopped_by_probe and result.exit_code != 0):
+            timed_out = launch.stopped_by == "timeout"
             window.error = (
                 f"did not finish its window in {timeout_s:.0f} s"
                 if timed_out
                 else failure_line(launch.log_path)
                 if launch.log_path
-                else outcome.message or "nothing measured"
+                else result.message or "nothing measured"
             )
             return window
         window.diagnosis = diagnose(profile)
