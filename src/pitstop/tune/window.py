@@ -8,7 +8,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pitstop.diagnose import Diagnosis, diagnose
@@ -31,6 +31,7 @@ class Window:
     skipped: dict[str, str] = field(default_factory=dict)
     redirected: list[str] = field(default_factory=list)
     error: str | None = None  # why no throughput was measured (crash, out of memory, …)
+    rate_of: str = "real tokens"  # what real_tokens_per_s counts ("tokens" / "samples" when real is unknown)
     seconds: float = 0.0
 
     @property
@@ -71,6 +72,15 @@ def failure_line(log: Path | None) -> str:
         if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", line):
             return line[:240]
     return lines[-1][:240] if lines else "no output"
+
+
+def counted_in(profile: RunProfile, unit: str) -> RunProfile:
+    """A copy of the profile whose steps count ``unit`` (all tokens, or samples) as their real tokens: the rate
+    tune compares when a job's batches do not say which of their tokens are real."""
+    ranks = [
+        replace(r, steps=[replace(s, real_tokens=getattr(s, unit)) for s in r.steps]) for r in profile.ranks
+    ]
+    return replace(profile, ranks=ranks)
 
 
 def run_window(
@@ -118,8 +128,12 @@ def run_window(
             return window
         window.diagnosis = diagnose(profile)
         window.real_tokens_per_s, window.spread = throughput(profile)
+        for unit in ("tokens", "samples"):  # one unknown number never stops tune: compare on what is known
+            if window.real_tokens_per_s is None:
+                window.real_tokens_per_s, window.spread = throughput(counted_in(profile, unit))
+                window.rate_of = unit
         if window.real_tokens_per_s is None:
-            window.error = "the job's batches do not say which tokens are real"
+            window.error = "the job's batches carry neither token ids nor rows pitstop can count"
         return window
     finally:
         shutil.rmtree(out, ignore_errors=True)
