@@ -35,7 +35,11 @@ def _doctor_args(out: Path, *script_args: str, full: bool = False) -> list[str]:
 
 @pytest.mark.parametrize(
     ("name", "why"),
-    [("SIGKILL", "the OOM killer's way"), ("SIGSEGV", "a crash in native code"), ("SIGTERM", "asked to stop")],
+    [
+        ("SIGKILL", "the OOM killer's way"),
+        ("SIGSEGV", "a crash in native code"),
+        ("SIGTERM", "asked to stop"),
+    ],
 )
 def test_a_job_killed_by_a_signal_keeps_its_steps(tmp_path: Path, name: str, why: str) -> None:
     out = tmp_path / "run.json"

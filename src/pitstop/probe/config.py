@@ -12,7 +12,9 @@ ENV_STEPS = "PITSTOP_STEPS"
 ENV_FULL = "PITSTOP_FULL"
 ENV_QUIET = "PITSTOP_QUIET"
 ENV_NVML_REPLAY = "PITSTOP_NVML_REPLAY"  # a recorded NVML trace to replay instead of a live GPU (tests)
-ENV_RUNNER_PID = "PITSTOP_RUNNER_PID"  # the pitstop process that started the job (its top process dies with it)
+ENV_RUNNER_PID = (
+    "PITSTOP_RUNNER_PID"  # the pitstop process that started the job (its top process dies with it)
+)
 
 
 @dataclass

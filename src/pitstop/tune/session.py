@@ -220,7 +220,9 @@ class Session:
                 "the baseline window failed; the diagnosis window stands in for it (a first window can run slow)"
             )
         if scout.rate_of != "real tokens":
-            result.notes.append(f"the job's real tokens are unknown: windows were compared on {scout.rate_of}/s")
+            result.notes.append(
+                f"the job's real tokens are unknown: windows were compared on {scout.rate_of}/s"
+            )
         if not baseline.losses:
             result.notes.append(
                 "the job's losses could not be read: fixes meant to preserve them were not checked"
