@@ -18,7 +18,7 @@ from pitstop.profile import RankProfile, RunProfile
 from pitstop.runner.launch import Launch
 
 # what a death by each signal usually means, for the one line the user reads
-_WHY = {
+_WHY: dict[int, str] = {
     signal.SIGKILL: "the OOM killer's way",
     signal.SIGSEGV: "a crash in native code",
     signal.SIGBUS: "a bad memory access; a full /dev/shm does this to DataLoader workers",
@@ -88,8 +88,11 @@ def death(launch: Launch) -> tuple[str | None, int]:
         return what, _STOPPED.get(by, 130)
     if code < 0:
         number = -code
-        why = _WHY.get(number)  # type: ignore[call-overload]
+        why = _WHY.get(number)
         return f"was killed by {signal_name(number)}" + (f" ({why})" if why else ""), 128 + number
+    if code > 128 and code - 128 in _WHY:  # a shell or launcher in between reports its child's death so
+        name = signal_name(code - 128)
+        return f"exited with code {code} (a death by {name} as a shell reports it: {_WHY[code - 128]})", code
     if code != 0:
         return f"exited with code {code}", code
     return None, 0
