@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,7 @@ def _lines_of_a_dead_process(out: Path) -> Path:
         )
     stream.write("gpu", samples=to_jsonable([GpuSample(t=0.35, util=50.0), GpuSample(t=0.45, util=70.0)]))
     stream.close()
-    path = stream_path(out, RankStream(out)._pid)
+    path = stream_path(out, os.getpid())
     with path.open("a") as f:
         f.write('{"kind":"step","step":{"index":6,"wall')  # the line the SIGKILL cut short
     return path
@@ -57,6 +59,22 @@ def test_a_finished_profile_wins_over_the_lines_before_it(tmp_path: Path) -> Non
         f.write("\n")
     RankStream(tmp_path).write("profile", profile=to_jsonable(whole))
     assert read_stream(path) == (whole, True)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_writes_its_own_file(tmp_path: Path) -> None:
+    stream = RankStream(tmp_path)
+    stream.write("start", rank=0, local_rank=0, pid=os.getpid(), warmup=0)
+    child = os.fork()
+    if child == 0:  # a trainer started by fork: its steps go to its own file, never into its parent's
+        stream.write("start", rank=1, local_rank=1, pid=os.getpid(), warmup=0)
+        os._exit(0)
+    os.waitpid(child, 0)
+    stream.write("window", t=1.0)
+    parent = stream_path(tmp_path, os.getpid()).read_text().splitlines()
+    assert [json.loads(line)["kind"] for line in parent] == ["start", "window"]
+    forked = stream_path(tmp_path, child).read_text().splitlines()
+    assert [json.loads(line)["rank"] for line in forked] == [1]
 
 
 def test_device_counts_go_as_unknown_not_as_tensors() -> None:

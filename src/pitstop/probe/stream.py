@@ -57,7 +57,8 @@ def window_steps(records: list[StepRecord], warmup: int) -> tuple[list[StepRecor
 
 class RankStream:
     """Appends lines to this process's rank file, each flushed at once. Opened on the first line, so a
-    process that never measures anything leaves no file; a forked child (a DataLoader worker) never writes."""
+    process that never measures anything (a DataLoader worker) leaves no file; a forked child that does
+    measure (a trainer started by fork) writes a file of its own, never into its parent's."""
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
@@ -66,10 +67,10 @@ class RankStream:
         self._lock = threading.Lock()
 
     def write(self, kind: str, **payload: Any) -> None:
-        if os.getpid() != self._pid:
-            return
         line = json.dumps({"kind": kind, **payload}, separators=(",", ":")) + "\n"
         with self._lock:
+            if os.getpid() != self._pid:  # forked: the inherited file is the parent's
+                self._pid, self._file = os.getpid(), None
             if self._file is None:
                 self._file = open(stream_path(self.out_dir, self._pid), "a", encoding="utf-8")  # noqa: SIM115
             self._file.write(line)
@@ -80,6 +81,10 @@ class RankStream:
             if self._file is not None and os.getpid() == self._pid:
                 self._file.close()
             self._file = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
 
 
 @dataclass
