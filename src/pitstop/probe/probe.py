@@ -116,9 +116,10 @@ class Probe:
             return
         try:
             self._stream.write(kind, **payload)
-        except Exception as exc:
-            self._stream = None
-            self.errors.append(f"writing the rank file: {exc}")
+        except Exception as exc:  # one line lost; the next (the finished profile above all) may still go
+            error = f"writing the rank file: {type(exc).__name__}: {exc}"
+            if error not in self.errors:
+                self.errors.append(error)
 
     def guard(self, fn: Callable[..., None], *args: Any) -> None:
         if self.disabled:

@@ -12,6 +12,7 @@ readings), ``error`` (the probe disabled itself), ``profile`` (the finished Rank
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -129,7 +130,14 @@ def read_stream(path: Path) -> tuple[RankProfile, bool] | None:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
-    for raw in text.splitlines():
+    raw_lines = text.splitlines()
+    last = _last_item(raw_lines)
+    if last is not None and last.get("kind") == "profile":  # finished: the step lines need no reading
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            _apply(lines, last)
+        if lines.profile is not None:
+            return lines.profile, True
+    for raw in raw_lines:
         try:
             item = json.loads(raw)
             if isinstance(item, dict):
@@ -141,6 +149,17 @@ def read_stream(path: Path) -> tuple[RankProfile, bool] | None:
     if not lines.start and not lines.errors:
         return None
     return _rebuild(lines), False
+
+
+def _last_item(raw_lines: list[str]) -> dict[str, Any] | None:
+    for raw in reversed(raw_lines):
+        if raw.strip():
+            try:
+                item = json.loads(raw)
+            except ValueError:
+                return None
+            return item if isinstance(item, dict) else None
+    return None
 
 
 def _rebuild(lines: _Lines) -> RankProfile:
