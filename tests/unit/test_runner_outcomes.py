@@ -51,7 +51,13 @@ def test_what_pitstop_stopped_is_told_by_what_stopped_it(tmp_path: Path) -> None
     forced = Launch(["x"], tmp_path, exit_code=-9, interrupted=True, stopped_by="SIGINT", forced=True)
     out = collect(forced, None, 2)
     assert out.exit_code == 130 and out.message is not None
-    assert "ignored SIGINT and SIGTERM, and was killed with SIGKILL after 8 measured steps" in out.message
+    assert (
+        "did not end on SIGINT or SIGTERM, and was killed with SIGKILL after 8 measured steps" in out.message
+    )
+    late = Launch(["x"], tmp_path, exit_code=-9, interrupted=True, stopped_by="timeout", forced=True)
+    out = collect(late, None, 2)
+    assert out.exit_code == 130 and out.message is not None
+    assert out.message.startswith("the job was stopped at its --timeout, did not end within 10 s of SIGINT")
 
 
 def test_a_death_before_any_step(tmp_path: Path) -> None:

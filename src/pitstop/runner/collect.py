@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pitstop.probe.stream import PATTERN, read_stream
 from pitstop.profile import RankProfile, RunProfile
-from pitstop.runner.launch import Launch
+from pitstop.runner.launch import GRACE_S, Launch
 
 # what a death by each signal usually means, for the one line the user reads
 _WHY: dict[int, str] = {
@@ -84,7 +84,9 @@ def death(launch: Launch) -> tuple[str | None, int]:
             "SIGINT": "was interrupted (Ctrl-C)",
         }.get(by, f"was stopped because pitstop got {by}")
         if launch.forced:
-            what += ", ignored SIGINT and SIGTERM, and was killed with SIGKILL"
+            # what it was sent: SIGINT alone at the timeout, SIGINT then SIGTERM otherwise
+            sent = f"within {GRACE_S:.0f} s of SIGINT" if by == "timeout" else "on SIGINT or SIGTERM"
+            what += f", did not end {sent}, and was killed with SIGKILL"
         return what, _STOPPED.get(by, 130)
     if code < 0:
         number = -code

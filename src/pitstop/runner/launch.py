@@ -40,7 +40,7 @@ class Launch:
     exit_code: int | None = None  # as Popen reports it: -N when the command's top process died by signal N
     interrupted: bool = False  # pitstop stopped the command (Ctrl-C, a signal to pitstop, the timeout)
     stopped_by: str | None = None  # why pitstop stopped it: "SIGINT", "SIGTERM", "SIGHUP" or "timeout"
-    forced: bool = False  # it ignored SIGINT (and SIGTERM) and had to be killed with SIGKILL
+    forced: bool = False  # it did not end on SIGINT (and SIGTERM) and had to be killed with SIGKILL
     start_error: str | None = None
     log_path: Path | None = None
     seconds: float = 0.0
