@@ -31,6 +31,7 @@ def test_measure_hands_back_the_profile_the_death_and_the_output(tmp_path: Path)
     assert [len(r.steps) for r in result.profile.ranks] == [6]
     assert result.message is not None and "killed by SIGSEGV" in result.message
     assert not result.stopped_by_probe
+    assert result.death == "was killed by SIGSEGV (a crash in native code)"
     assert not result.launch.out_dir.exists()  # its private folder is gone
 
 
@@ -47,6 +48,13 @@ def test_tune_measures_a_loop_without_attention_mask() -> None:
     assert window.rate_of == "real tokens" and window.real_tokens_per_s is not None
     assert window.diagnosis is not None
     assert window.diagnosis.metrics.real_tokens_per_s == pytest.approx(window.diagnosis.metrics.tokens_per_s)
+
+
+def test_a_window_killed_by_a_signal_says_so() -> None:
+    window = run_window(
+        [*LOOP, "--die-by", "SIGKILL", "--after", "4", "--steps", "100"], FixRequest(), 8, 2, 600
+    )
+    assert not window.ok and window.error == "the job was killed by SIGKILL (the OOM killer's way)"
 
 
 def test_unknown_real_tokens_fall_back_to_what_is_known() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pitstop.probe.config import ProbeConfig
 from pitstop.profile import RunProfile
-from pitstop.runner.collect import collect
+from pitstop.runner.collect import collect, death
 from pitstop.runner.launch import Launch, run_observed
 
 LOG_TAIL_LINES = 200
@@ -38,6 +38,7 @@ class Measurement:
     exit_code: int  # what pitstop should exit with (the job's code, 128 + N for a signal, 130 for Ctrl-C)
     launch: Launch
     log_tail: list[str] = field(default_factory=list)  # the job's last output lines, when it ran quietly
+    death: str | None = None  # how the job ended when not by itself or the probe: "was killed by SIGKILL (…)"
 
     @property
     def stopped_by_probe(self) -> bool:
@@ -86,7 +87,16 @@ def measure(
             extra_env=extra_env,
         )
         outcome = collect(launch, window.steps, window.warmup, source=source)
-        return Measurement(outcome.profile, outcome.message, outcome.exit_code, launch, _tail(launch))
+        how, _ = death(launch)
+        by_signal = launch.stopped_by is not None or (launch.exit_code or 0) < 0
+        return Measurement(
+            outcome.profile,
+            outcome.message,
+            outcome.exit_code,
+            launch,
+            _tail(launch),
+            how if by_signal else None,
+        )
     finally:
         if own:
             shutil.rmtree(folder, ignore_errors=True)

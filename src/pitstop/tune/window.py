@@ -121,6 +121,8 @@ def run_window(
             window.error = (
                 f"did not finish its window in {timeout_s:.0f} s"
                 if timed_out
+                else f"the job {result.death}"
+                if result.death
                 else failure_line(launch.log_path)
                 if launch.log_path
                 else result.message or "nothing measured"
