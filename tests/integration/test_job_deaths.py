@@ -7,12 +7,14 @@ with SIGKILL in the middle of a job with a DataLoader worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,23 @@ def test_a_job_dying_before_its_first_step_says_by_what(tmp_path: Path) -> None:
     assert "was killed by SIGKILL (the OOM killer's way) before its first optimizer step" in proc.stderr
 
 
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_behind() -> Iterator[None]:
+    """A failing test must not leave its pitstop (nor the job of an old pitstop) running on the machine."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    child.kill()
+            proc.kill()
+            proc.communicate()
+
+
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     """pitstop in the background, its scratch folders under tmp_path (where the test watches the rank file)."""
     env = {
@@ -72,7 +91,7 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
         "PITSTOP_CACHE": str(ROOT / ".pytest_cache" / "pitstop-cache"),
         "COLUMNS": "120",
     }
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "pitstop", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -80,6 +99,8 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
         env=env,
         cwd=ROOT,
     )
+    _STARTED.append(proc)
+    return proc
 
 
 def _wait_for_steps(tmp_path: Path, proc: subprocess.Popen[str], steps: int, limit_s: float = 240) -> None:

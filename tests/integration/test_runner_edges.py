@@ -124,7 +124,7 @@ def test_a_failing_probe_never_takes_the_run_down() -> None:
 
 
 def test_ctrl_c_ends_the_whole_process_group() -> None:
-    marker = "--seed=424242"
+    marker = f"--seed={424242 + os.getpid()}"  # this run's own: other checkouts may run this test at once
     env = {**os.environ, "PITSTOP_CACHE": str(ROOT / ".pytest_cache" / "pitstop-cache")}
     pitstop = subprocess.Popen(
         [
