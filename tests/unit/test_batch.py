@@ -51,9 +51,23 @@ def test_pad_token_id_without_mask() -> None:
     assert count_batch({"input_ids": ids}, pad_token_id=0).real_tokens == 2
 
 
-def test_unknown_padding_stays_unknown() -> None:
-    c = count_batch({"input_ids": torch.ones(2, 3, dtype=torch.long)})
-    assert c.tokens == 6 and c.real_tokens is None
+def test_a_batch_without_mask_has_every_token_attended() -> None:
+    # the pretraining loop: model(input_ids=x, labels=x) on full-length blocks, a model without a pad id
+    x = torch.randint(3, 500, (2, 8))
+    c = count_batch({"input_ids": x, "labels": x})
+    assert (c.tokens, c.real_tokens, c.loss_tokens) == (16, 16, 16)
+    assert count_batch(x).real_tokens == 16  # a bare tensor of ids too
+
+
+def test_a_padded_tail_without_mask_is_told_by_its_ignored_labels() -> None:
+    # padded with the end-of-sequence id (no pad id of its own), labels -100 there, no attention mask
+    ids = torch.tensor([[5, 6, 7, 2, 2, 2], [5, 6, 7, 8, 9, 2]])
+    labels = torch.tensor([[5, 6, 7, 2, -100, -100], [5, 6, 7, 8, 9, 2]])
+    c = count_batch({"input_ids": ids, "labels": labels})
+    assert (c.tokens, c.real_tokens, c.loss_tokens) == (12, 10, 10)
+    # ignored labels in the middle (a masked prompt) are not padding
+    prompt = torch.tensor([[-100, -100, 7, 2, 2, 2]])
+    assert count_batch({"input_ids": ids[:1], "labels": prompt}).real_tokens == 6
 
 
 def test_tuple_batches_and_non_token_batches() -> None:

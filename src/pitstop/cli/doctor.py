@@ -2,61 +2,46 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
-from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
 from pitstop.cli.outputs import Outputs
 from pitstop.cli.progress import steps_bar
 from pitstop.diagnose import Diagnosis, diagnose
-from pitstop.probe.config import ProbeConfig
 from pitstop.report.terminal import render
-from pitstop.runner.collect import collect
-from pitstop.runner.launch import run_observed
+from pitstop.runner.measure import StepWindow, measure
 
 
-def measure(
+def measure_and_diagnose(
     command: list[str], steps: int | None, warmup: int, quiet: bool, label: str, timeout: float | None = None
 ) -> Diagnosis:
     """Run one command under the probe and diagnose it; a run with nothing to diagnose is a UserError."""
     console = Console(stderr=True)
-    config = ProbeConfig(warmup=warmup, steps=steps, stop_when_done=steps is not None, announce=not quiet)
+    window = StepWindow(steps=steps, warmup=warmup)
     total = warmup + (steps or 0)
     if quiet:
         with steps_bar(console) as progress:
             task = progress.add_task(label, total=total or None)
 
-            def tick(out: Path) -> None:
-                try:
-                    state = json.loads((out / "progress.json").read_text())
-                    progress.update(task, completed=min(state["step"], total) if total else state["step"])
-                except (OSError, ValueError, KeyError):
-                    pass
+            def tick(step: int) -> None:
+                progress.update(task, completed=min(step, total) if total else step)
 
-            launch = run_observed(command, config, quiet=True, on_tick=tick, timeout_s=timeout)
+            result = measure(command, window, quiet=True, on_step=tick, timeout_s=timeout)
     else:
-        launch = run_observed(command, config, quiet=False, timeout_s=timeout)
-    try:
-        outcome = collect(launch, steps, warmup)
-        if outcome.profile is None:
-            hint = ""
-            if launch.log_path is not None and launch.log_path.exists():
-                tail = launch.log_path.read_text(errors="replace").strip().splitlines()[-15:]
-                if tail:
-                    hint = "\n" + "\n".join("  | " + line for line in tail)
-            raise UserError((outcome.message or "nothing measured") + hint, outcome.exit_code)
-        if outcome.message:
-            console.print(f"[yellow]pitstop: {outcome.message}[/yellow]", soft_wrap=True)
-        diagnosis = diagnose(outcome.profile)
-        diagnosis.profile.exit_code = outcome.exit_code
-        return diagnosis
-    finally:
-        shutil.rmtree(launch.out_dir, ignore_errors=True)
+        result = measure(command, window, quiet=False, timeout_s=timeout)
+    if result.profile is None:
+        tail = [line for line in result.log_tail if line.strip()][-15:]
+        hint = "\n" + "\n".join("  | " + line for line in tail) if tail else ""
+        raise UserError((result.message or "nothing measured") + hint, result.exit_code)
+    if result.message:
+        console.print(f"[yellow]pitstop: {escape(result.message)}[/yellow]", soft_wrap=True)
+    diagnosis = diagnose(result.profile)
+    diagnosis.profile.exit_code = result.exit_code
+    return diagnosis
 
 
 def run_doctor(
@@ -69,7 +54,7 @@ def run_doctor(
     outputs: Outputs,
 ) -> int:
     outputs.check()
-    diagnosis = measure(command, None if full else steps, warmup, quiet, "measuring", timeout)
+    diagnosis = measure_and_diagnose(command, None if full else steps, warmup, quiet, "measuring", timeout)
     doc = diagnosis.to_dict()
     outputs.write(doc)
     render(diagnosis)
@@ -94,14 +79,14 @@ def run_demo(
     console = Console(stderr=True)
     with console.status("preparing the demo (tokenizer trained once, then cached)"):
         ensure_demo_assets()
-    slow = measure(demo_command(False), steps, warmup, quiet, "demo: naive fine-tune")
+    slow = measure_and_diagnose(demo_command(False), steps, warmup, quiet, "demo: naive fine-tune")
     doc = slow.to_dict()
     if not fixed:
         outputs.write(doc)
         render(slow)
         outputs.remember(doc, "demo")
         return 0
-    fast = measure(demo_command(True), steps, warmup, quiet, "demo: with the fixes")
+    fast = measure_and_diagnose(demo_command(True), steps, warmup, quiet, "demo: with the fixes")
     comparison = compare(slow, fast)
     outputs.write(doc | {"demo_comparison": comparison, "fixed": fast.to_dict()})
     render(slow)

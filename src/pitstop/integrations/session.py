@@ -8,13 +8,13 @@ every rank measures itself; rank 0 prints, and a ``{rank}`` in ``json_path`` giv
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.probe import Probe
-from pitstop.profile import RankProfile, RunProfile
+from pitstop.profile import RankProfile
+from pitstop.runner.collect import merge
 
 
 class Session:
@@ -55,12 +55,7 @@ class Session:
 
         if not rank.steps:
             return
-        profile = RunProfile(
-            source=self.source,
-            ranks=[rank],
-            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            requested_steps=self.config.steps,
-        )
+        profile = merge([rank], self.source, self.config.steps)
         self.diagnosis = diagnose(profile)
         if self.json_path is not None:
             path = Path(str(self.json_path).replace("{rank}", str(rank.rank)))

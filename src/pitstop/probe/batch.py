@@ -2,8 +2,10 @@
 
 Real tokens come from the attention mask when there is one; otherwise from the pad token id when the
 model's config names one (distinct from its end-of-sequence token); otherwise from packed
-``position_ids`` (flattened rows of examples that each restart at 0 carry no padding). Without any of
-these, real tokens are unknown (None), not assumed.
+``position_ids`` (flattened rows of examples that each restart at 0 carry no padding). A batch with none
+of these (the usual pretraining loop: ``model(input_ids=x, labels=x)`` on full-length blocks) has every
+token attended: all are real, except a padded tail the labels give away (one id repeated, labels ignored),
+which is what the model would mask itself out of the loss.
 Counting runs on the tensors as the DataLoader hands them over (on the host, as a rule); a batch that is
 already on the GPU is counted there and read once at the end of the window, never with a sync per step.
 """
@@ -94,6 +96,16 @@ def packed_tail(ids: Any, positions: Any, labels: Any) -> tuple[int, int]:
     return tokens, rows
 
 
+def unmasked_tail(ids: Any, labels: Any) -> int:
+    """Tokens of padding at the end of rows that carry no mask: the trailing run where the labels are ignored
+    and the ids are one token repeated. Host tensors only (reading device ones would sync every step)."""
+    if ids.dim() != 2 or ids.device.type != "cpu" or not _is_int_tensor(labels) or labels.shape != ids.shape:
+        return 0
+    ignored = (labels == IGNORE_INDEX).flip(1).cumprod(1).sum(1)
+    repeated = (ids == ids[:, -1:]).flip(1).cumprod(1).sum(1)
+    return int(ignored.minimum(repeated).sum())
+
+
 def count_batch(batch: Any, pad_token_id: int | None = None) -> BatchCounts:
     """Count one micro-batch. Unknown quantities stay None."""
     fields = _fields(batch)
@@ -121,6 +133,8 @@ def count_batch(batch: Any, pad_token_id: int | None = None) -> BatchCounts:
         # flattened / packed rows without a pad token: only a padded tail can be padding
         tail = packed_tail(ids, positions, labels)
         counts.real_tokens = counts.tokens - tail[0]
+    else:  # no mask: every token is attended; only a padded tail the labels ignore is not real
+        counts.real_tokens = counts.tokens - unmasked_tail(ids, labels)
     if _is_int_tensor(positions) and positions.shape == ids.shape:
         starts = positions == 0  # each example restarts its positions at 0 (a padded tail may too)
         counts.examples = _count(starts if pad_token_id is None else starts & (ids != pad_token_id))

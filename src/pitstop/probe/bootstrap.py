@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from pitstop.probe.config import ProbeConfig
+from pitstop.probe.config import ENV_RUNNER_PID, ProbeConfig
 
 _probe: Any = None
 
@@ -107,10 +107,37 @@ def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
         sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_runner(environ: dict[str, str] | None = None) -> bool:
+    """In the job's top process (the one pitstop started itself), ask Linux to SIGKILL it when pitstop dies:
+    a pitstop killed with SIGKILL cleans up nothing, and the job must not run on unobserved. Returns whether
+    the parent-death signal was set (Linux only; elsewhere the runner's reaper covers the job alone)."""
+    env = os.environ if environ is None else environ
+    runner = env.get(ENV_RUNNER_PID)
+    if not runner or not sys.platform.startswith("linux") or str(os.getppid()) != runner:
+        return False  # deeper processes of the job: their own parents (torchrun, DataLoader) watch them
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+        if str(os.getppid()) != runner:  # pitstop died before the signal was set: nobody would send it
+            os.kill(os.getpid(), signal.SIGKILL)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
 def arm(environ: dict[str, str] | None = None) -> bool:
     """Arm the fixes `pitstop tune` asked for, and the probe if the runner asked for it. Returns whether
     the probe was armed."""
     from pitstop.trials.request import FixRequest
+
+    die_with_runner(environ)
 
     request = FixRequest.from_env(environ)
     if request is not None:

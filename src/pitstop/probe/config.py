@@ -18,6 +18,9 @@ ENV_MAX_WINDOW_S = "PITSTOP_MAX_WINDOW_S"  # with PITSTOP_STEPS=auto: the most a
 ENV_MAX_STEPS = "PITSTOP_MAX_STEPS"  # with PITSTOP_STEPS=auto: the most steps a window measures
 ENV_FIXED_STEPS = "PITSTOP_FIXED_STEPS"  # with PITSTOP_STEPS=auto: the window of a multi-rank job
 ENV_NVML_REPLAY = "PITSTOP_NVML_REPLAY"  # a recorded NVML trace to replay instead of a live GPU (tests)
+ENV_RUNNER_PID = (
+    "PITSTOP_RUNNER_PID"  # the pitstop process that started the job (its top process dies with it)
+)
 
 
 @dataclass

@@ -5,6 +5,9 @@ read the environment, start samplers → ``warmup`` steps → ``steps`` measured
 device timings, stop samplers, hand the RankProfile over (file and/or callback) → optionally end the
 process (the zero-code runner's benchmark window). Any internal error disables the probe with one
 warning; the training run goes on untouched.
+
+Under the runner every finished step (and the samplers' new readings) is appended to the rank file at
+once (``probe.stream``), so a process killed by a signal still leaves what it measured.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pitstop.probe.kernels import kernel_facts
 from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
 from pitstop.probe.saves import install_save_watch, trainer_save_steps
 from pitstop.probe.stopping import WindowTracker
+from pitstop.probe.stream import RankStream, plain_step, window_steps
 from pitstop.probe.timeline import BWD_END, BWD_START, DATA, OPT_START, BatchCounts, HostClock, StepBuilder
 from pitstop.profile import (
     AttentionInfo,
@@ -90,6 +94,10 @@ class Probe:
         self.hooks = Hooks(self)
         self.builder = StepBuilder(HostClock())
         self.records: list[StepRecord] = []
+        self._measured = 0  # records past the warm-up, counted as they come (not recounted every step)
+        self._stream = RankStream(config.out_dir) if config.out_dir is not None else None
+        self._streamed_gpu = 0
+        self._streamed_host = 0
         self.environment: Environment | None = None
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -134,6 +142,17 @@ class Probe:
             atexit.register(self._at_exit)
         return self
 
+    def _emit(self, kind: str, **payload: Any) -> None:
+        """One line to the rank file, when there is one; a failing write never reaches the run."""
+        if self._stream is None:
+            return
+        try:
+            self._stream.write(kind, **payload)
+        except Exception as exc:  # one line lost; the next (the finished profile above all) may still go
+            error = f"writing the rank file: {type(exc).__name__}: {exc}"
+            if error not in self.errors:
+                self.errors.append(error)
+
     def guard(self, fn: Callable[..., None], *args: Any) -> None:
         if self.disabled:
             return
@@ -147,6 +166,7 @@ class Probe:
             return
         self.disabled = True
         self.errors.append(f"{type(exc).__name__}: {exc}")
+        self._emit("error", text=self.errors[-1])
         self.hooks.remove()
         self._stop_samplers()
         print(
@@ -211,6 +231,8 @@ class Probe:
             return
         record = self.builder.end_step()
         self.records.append(record)
+        if record.index > self.config.warmup:
+            self._measured += 1
         self._after_step(record, optimizer)
 
     def on_sdpa(self, has_mask: bool) -> None:
@@ -256,6 +278,9 @@ class Probe:
     def _after_step(self, record: StepRecord, optimizer: Any) -> None:
         index = record.index
         if index == 1:
+            self._emit(
+                "start", rank=self.rank, local_rank=self.local_rank, pid=self._pid, warmup=self.config.warmup
+            )
             self._capture(optimizer)
         if self.tracker is not None:
             self._after_step_auto(record)
@@ -266,9 +291,9 @@ class Probe:
             self._start_window()
         elif self._alloc is not None and not self.finished:
             self._alloc.step()
-        measured = self.measured_steps()
+        self._stream_progress()
         self._progress(index)
-        if self.config.steps is not None and len(measured) >= self.config.steps:
+        if self.config.steps is not None and self._measured >= self.config.steps:
             self.finish()
 
     def _after_step_auto(self, record: StepRecord) -> None:
@@ -284,15 +309,37 @@ class Probe:
             if tracker.done():
                 self.window_reason = tracker.reason()
                 self.config.steps = tracker.n
+        self._stream_progress()
         self._progress(record.index)
         if self.window_reason is not None:
             self.finish()
+
+    def _stream_progress(self) -> None:
+        """Append the steps whose timings are now known and the samplers' new readings to the rank file."""
+        resolved = self.builder.take_resolved()
+        if self._stream is None:
+            return
+        t = time.perf_counter() - self.origin
+        for record in resolved:
+            self._emit("step", step=plain_step(record), t=t)
+        for sampler, kind in ((self._nvml, "gpu"), (self._host, "host")):
+            if sampler is None:
+                continue
+            done = self._streamed_gpu if kind == "gpu" else self._streamed_host
+            new = sampler.samples[done:]
+            if new:
+                self._emit(kind, samples=to_jsonable(new))
+                if kind == "gpu":
+                    self._streamed_gpu += len(new)
+                else:
+                    self._streamed_host += len(new)
 
     def measured_steps(self) -> list[StepRecord]:
         return [r for r in self.records if r.index > self.config.warmup]
 
     def _start_window(self) -> None:
         self.window_start_t = time.perf_counter() - self.origin
+        self._emit("window", t=self.window_start_t)
         self._sdpa = [0, 0]
         self._checkpoint_calls = 0
         self._collate = [0, 0.0]
@@ -339,6 +386,7 @@ class Probe:
         eos_ids = eos if isinstance(eos, list) else [eos]
         self._pad_token_id = pad if isinstance(pad, int) and pad not in eos_ids else None
         self.environment = env
+        self._emit("environment", environment=to_jsonable(env), rank=self.rank, local_rank=self.local_rank)
         if env.device == "cuda":
             self.builder.switch_clock(CudaEventClock(self._device))
             self.hooks.install_sync_watch()
@@ -456,10 +504,7 @@ class Probe:
             env.dataloader.h2d_copies_pinned_blocking = pinned_blocking
             env.dataloader.h2d_copies_non_blocking = non_blocking
         sites = sorted(self._sync_sites.values(), key=lambda x: (-(x.seconds or 0.0), -x.count))
-        steps = self.measured_steps()
-        warmup = self.config.warmup
-        if not steps and len(self.records) > 1:  # the run ended inside the warm-up: keep what there is
-            steps, warmup = self.records[1:], 1
+        steps, warmup = window_steps(self.records, self.config.warmup)
         return RankProfile(
             rank=self.rank,
             local_rank=self.local_rank,
@@ -497,9 +542,10 @@ class Probe:
             return MemoryStats()
 
     def _write(self, profile: RankProfile) -> None:
-        assert self.config.out_dir is not None
-        name = f"rank-{profile.rank:05d}-{os.getpid()}.json"
-        write_atomic(self.config.out_dir / name, json.dumps(to_jsonable(profile)))
+        """The finished profile closes the rank file (it supersedes the step lines before it)."""
+        self._emit("profile", profile=to_jsonable(profile))
+        if self._stream is not None:
+            self._stream.close()
 
     def _at_exit(self) -> None:
         """The run ended (or was interrupted) before the window closed: keep what was measured."""

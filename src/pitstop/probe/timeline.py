@@ -140,6 +140,7 @@ class StepBuilder:
         self._open = _OpenStep()
         self._unresolved: list[tuple[StepRecord, list[tuple[str, Any]]]] = []
         self._lazy: list[StepRecord] = []
+        self.resolved: list[StepRecord] = []  # steps whose device spans are known, not yet taken (streamed)
 
     def switch_clock(self, clock: Clock) -> None:
         """Use another clock from the next step on (the probe learns at step 1 that the run is on a GPU)."""
@@ -198,7 +199,13 @@ class StepBuilder:
                 still.append((record, marks))
                 continue
             self._resolve(record, marks)
+            self.resolved.append(record)
         self._unresolved = still
+
+    def take_resolved(self) -> list[StepRecord]:
+        """The steps resolved since the last call, in order."""
+        taken, self.resolved = self.resolved, []
+        return taken
 
     def drain(self) -> None:
         """Resolve everything, waiting for the device if needed (end of the window only)."""

@@ -1,14 +1,34 @@
-"""Gather what the probed processes wrote into one RunProfile, and say plainly when there is nothing."""
+"""Gather what the probed processes wrote into one RunProfile, say how the job ended, and say plainly when
+there is nothing.
+
+A rank file holds whatever its process measured, even when the process died by a signal in the middle of
+the window (``probe.stream``); the cause of such a death is told with the steps it left, and pitstop exits
+the way a shell would for it (128 + the signal's number).
+"""
 
 from __future__ import annotations
 
-import json
+import signal
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pitstop.profile import RankProfile, RunProfile, from_jsonable
-from pitstop.runner.launch import Launch
+from pitstop.probe.stream import PATTERN, read_stream
+from pitstop.profile import RankProfile, RunProfile
+from pitstop.runner.launch import GRACE_S, Launch
+
+# what a death by each signal usually means, for the one line the user reads
+_WHY: dict[int, str] = {
+    signal.SIGKILL: "the OOM killer's way",
+    signal.SIGSEGV: "a crash in native code",
+    signal.SIGBUS: "a bad memory access; a full /dev/shm does this to DataLoader workers",
+    signal.SIGABRT: "an abort, as a failed assertion in native code does",
+    signal.SIGFPE: "an arithmetic fault in native code",
+    signal.SIGTERM: "asked to stop, as a scheduler or `kill` does",
+    signal.SIGINT: "interrupted",
+    signal.SIGHUP: "its terminal went away",
+}
+_STOPPED = {"SIGINT": 130, "SIGHUP": 129, "SIGTERM": 143, "timeout": 130}
 
 
 @dataclass
@@ -18,22 +38,84 @@ class Outcome:
     exit_code: int  # what pitstop itself should exit with
 
 
+@dataclass
+class RankFile:
+    profile: RankProfile
+    finished: bool  # the process wrote its whole profile (False: rebuilt after it died)
+
+
 def read_ranks(out_dir: Path) -> list[RankProfile]:
     """One profile per rank (the process with the most steps when a rank appears twice)."""
-    by_rank: dict[int, RankProfile] = {}
-    for path in sorted(out_dir.glob("rank-*.json")):
-        try:
-            rank = from_jsonable(RankProfile, json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
+    return [f.profile for f in read_rank_files(out_dir)]
+
+
+def read_rank_files(out_dir: Path) -> list[RankFile]:
+    by_rank: dict[int, RankFile] = {}
+    for path in sorted(out_dir.glob(PATTERN)):
+        read = read_stream(path)
+        if read is None:
             continue
-        current = by_rank.get(rank.rank)
-        if current is None or len(rank.steps) > len(current.steps):
-            by_rank[rank.rank] = rank
+        rank = RankFile(*read)
+        current = by_rank.get(rank.profile.rank)
+        if current is None or len(rank.profile.steps) > len(current.profile.steps):
+            by_rank[rank.profile.rank] = rank
     return [by_rank[k] for k in sorted(by_rank)]
 
 
 def armed_processes(out_dir: Path) -> int:
     return len(list(out_dir.glob("armed-*")))
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def death(launch: Launch) -> tuple[str | None, int]:
+    """How the command ended, as a phrase that fits "the job …" (None: it exited 0), and the exit code pitstop
+    takes from it: the command's own, or 128 + N for a signal, as a shell reports it."""
+    code = launch.exit_code if launch.exit_code is not None else 1
+    if launch.stopped_by is not None:
+        by = launch.stopped_by
+        what = {
+            "timeout": "was stopped at its --timeout",
+            "SIGINT": "was interrupted (Ctrl-C)",
+        }.get(by, f"was stopped because pitstop got {by}")
+        if launch.forced:
+            # what it was sent: SIGINT alone at the timeout, SIGINT then SIGTERM otherwise
+            sent = f"within {GRACE_S:.0f} s of SIGINT" if by == "timeout" else "on SIGINT or SIGTERM"
+            what += f", did not end {sent}, and was killed with SIGKILL"
+        return what, _STOPPED.get(by, 130)
+    if code < 0:
+        number = -code
+        why = _WHY.get(number)
+        return f"was killed by {signal_name(number)}" + (f" ({why})" if why else ""), 128 + number
+    if code > 128 and code - 128 in _WHY:  # a shell or launcher in between reports its child's death so
+        name = signal_name(code - 128)
+        return f"exited with code {code} (a death by {name} as a shell reports it: {_WHY[code - 128]})", code
+    if code != 0:
+        return f"exited with code {code}", code
+    return None, 0
+
+
+def merge(
+    ranks: list[RankProfile],
+    source: str,
+    requested_steps: int | None,
+    command: list[str] | None = None,
+    exit_code: int | None = None,
+) -> RunProfile:
+    """The RunProfile of one run from its ranks' profiles (the runner's files or an in-process session)."""
+    return RunProfile(
+        source=source,
+        ranks=ranks,
+        command=command,
+        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        requested_steps=requested_steps,
+        exit_code=exit_code,
+    )
 
 
 def collect(
@@ -42,50 +124,57 @@ def collect(
     cmd = " ".join(launch.command)
     if launch.start_error:
         return Outcome(None, launch.start_error, 127)
-    ranks = read_ranks(launch.out_dir)
-    code = launch.exit_code if launch.exit_code is not None else 1
-    if launch.interrupted and not any(r.steps for r in ranks):
-        return Outcome(None, "interrupted before any step was measured", 130)
+    files = read_rank_files(launch.out_dir)
+    ranks = [f.profile for f in files]
+    how, code = death(launch)
     if not any(r.steps for r in ranks):
-        errors = [e for r in ranks for e in r.probe_errors]
-        if errors:
-            return Outcome(None, f"the probe failed in `{cmd}`: {errors[0]}", code or 1)
-        if armed_processes(launch.out_dir) == 0:
-            return Outcome(
-                None,
-                f"`{cmd}` exited with code {code} and no Python process of it imported torch, so there was "
-                "nothing to observe (a wrapper that clears the environment, like `env -i` or `sudo`, hides it)",
-                code or 2,
-            )
-        if code != 0:
-            return Outcome(None, f"`{cmd}` exited with code {code} before its first optimizer step", code)
-        return Outcome(
-            None,
-            f"`{cmd}` finished without an optimizer step to measure (pitstop times optimizer.step(); "
-            "a script that only evaluates, or steps fewer than 2 times, has none)",
-            2,
-        )
-    profile = RunProfile(
-        source=source,
-        ranks=ranks,
-        command=launch.command,
-        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        requested_steps=requested_steps,
-        exit_code=launch.exit_code,
-    )
+        return _nothing(launch, ranks, cmd, how, code)
+    profile = merge(ranks, source, requested_steps, launch.command, code)
     stopped = any(r.stopped_by_probe for r in ranks)
+    measured = min(len(r.steps) for r in ranks if r.steps)
     message = None
     exit_code = 0
-    if launch.interrupted:
+    if launch.stopped_by == "SIGINT" and not launch.forced:
         message = "interrupted: the diagnosis covers the steps measured before Ctrl-C"
-        exit_code = 130
-    elif not stopped and code != 0:
-        message = f"`{cmd}` exited with code {code}; the diagnosis covers the steps measured before that"
         exit_code = code
-    measured = min(len(r.steps) for r in ranks if r.steps)
+    elif launch.stopped_by is not None or code > 128:
+        message = f"the job {how} after {measured} measured steps; the diagnosis covers them"
+        exit_code = code
+    elif how is not None and not stopped:
+        message = f"`{cmd}` {how}; the diagnosis covers the steps measured before that"
+        exit_code = code
+    if message is not None:
+        profile.notes.append(message)
+    profile.exit_code = exit_code
     if requested_steps is not None and measured < requested_steps and not launch.interrupted:
         note = f"the run ended after {measured} measured steps (asked for {requested_steps})"
         profile.notes.append(note)
     if any(r.warmup_steps < requested_warmup and r.steps for r in ranks):
         profile.notes.append("the run ended inside the warm-up; steps after the first are reported")
     return Outcome(profile, message, exit_code)
+
+
+def _nothing(launch: Launch, ranks: list[RankProfile], cmd: str, how: str | None, code: int) -> Outcome:
+    """Why there is no step to diagnose, in one line."""
+    if launch.stopped_by is not None:
+        if launch.stopped_by == "SIGINT" and not launch.forced:
+            return Outcome(None, "interrupted before any step was measured", code)
+        return Outcome(None, f"the job {how} before any step was measured", code)
+    errors = [e for r in ranks for e in r.probe_errors]
+    if errors:
+        return Outcome(None, f"the probe failed in `{cmd}`: {errors[0]}", code or 1)
+    if armed_processes(launch.out_dir) == 0:
+        return Outcome(
+            None,
+            f"`{cmd}` {how or 'exited with code 0'} and no Python process of it imported torch, so there was "
+            "nothing to observe (a wrapper that clears the environment, like `env -i` or `sudo`, hides it)",
+            code or 2,
+        )
+    if how is not None:
+        return Outcome(None, f"`{cmd}` {how} before its first optimizer step", code)
+    return Outcome(
+        None,
+        f"`{cmd}` finished without an optimizer step to measure (pitstop times optimizer.step(); "
+        "a script that only evaluates, or steps fewer than 2 times, has none)",
+        2,
+    )

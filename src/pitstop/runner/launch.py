@@ -3,8 +3,11 @@
 Injection: a scratch folder holding pitstop's ``sitecustomize.py`` and a link to the pitstop package is
 put first on PYTHONPATH, so the command's interpreters (torchrun's and accelerate's children included,
 even from another virtual environment) arm the probe at start-up. The command runs in its own process
-group; Ctrl-C is forwarded to the group, and whatever is left of the group when the command ends is
-cleaned up, so no training process outlives pitstop.
+group; Ctrl-C (and SIGTERM / SIGHUP to pitstop) is forwarded to the group as SIGINT, escalating to
+SIGTERM and SIGKILL for a job that ignores it, and whatever is left of the group when the command ends is
+cleaned up. Should pitstop itself die without a chance to clean up (SIGKILL), a small reaper process that
+holds a pipe from pitstop ends the group when the pipe closes, and the job's top Python process carries a
+parent-death signal (``probe.bootstrap``): no training process outlives pitstop.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -23,7 +27,7 @@ from pathlib import Path
 
 import pitstop
 from pitstop.errors import PitstopError
-from pitstop.probe.config import ProbeConfig
+from pitstop.probe.config import ENV_RUNNER_PID, ProbeConfig
 
 INJECT_SOURCE = Path(pitstop.__file__).parent / "probe" / "_inject" / "sitecustomize.py"
 GRACE_S = 10.0
@@ -33,8 +37,10 @@ GRACE_S = 10.0
 class Launch:
     command: list[str]
     out_dir: Path
-    exit_code: int | None = None
-    interrupted: bool = False
+    exit_code: int | None = None  # as Popen reports it: -N when the command's top process died by signal N
+    interrupted: bool = False  # pitstop stopped the command (Ctrl-C, a signal to pitstop, the timeout)
+    stopped_by: str | None = None  # why pitstop stopped it: "SIGINT", "SIGTERM", "SIGHUP" or "timeout"
+    forced: bool = False  # it did not end on SIGINT (and SIGTERM) and had to be killed with SIGKILL
     start_error: str | None = None
     log_path: Path | None = None
     seconds: float = 0.0
@@ -47,9 +53,13 @@ class CommandError(PitstopError):
 class _Terminated(KeyboardInterrupt):
     """pitstop itself got SIGTERM / SIGHUP: stop the command's group the way Ctrl-C does."""
 
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
 
 def _raise_terminated(signum: int, frame: object) -> None:
-    raise _Terminated()
+    raise _Terminated(signum)
 
 
 @contextlib.contextmanager
@@ -116,15 +126,77 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-def _end_group(pgid: int, first: int = signal.SIGTERM, grace_s: float = 3.0) -> None:
-    """Ask the rest of the group to go, then make it."""
+def _end_group(pgid: int, first: int = signal.SIGTERM, grace_s: float = 3.0) -> bool:
+    """Ask the rest of the group to go, then make it. Returns whether SIGKILL was needed."""
     if not _group_alive(pgid):
-        return
+        return False
     _signal_group(pgid, first)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and _group_alive(pgid):
         time.sleep(0.05)
+    if not _group_alive(pgid):
+        return False
     _signal_group(pgid, signal.SIGKILL)
+    return True
+
+
+# The reaper: a tiny interpreter in its own session that waits for EOF on a pipe from pitstop. pitstop writes
+# "done" before closing it; an EOF without it means pitstop died, and the reaper ends the command's group.
+_REAPER = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+pgid = int(sys.argv[1])
+if sys.stdin.buffer.read() == b"done":
+    sys.exit(0)
+def alive():
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except OSError:
+        return False
+if alive():
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except OSError:
+        pass
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end and alive():
+        time.sleep(0.05)
+    if alive():
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
+
+class _Reaper:
+    """Ends the command's process group if pitstop dies without ending it (SIGKILL gives no chance)."""
+
+    def __init__(self, pgid: int) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-S", "-c", _REAPER, str(pgid)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C or a kill of pitstop's group does not reach it
+                close_fds=True,
+            )
+        except OSError:
+            self.proc = None  # the parent-death signal in the job still covers its top process
+
+    def release(self) -> None:
+        """The group has been ended by pitstop: let the reaper go without doing anything."""
+        if self.proc is None or self.proc.stdin is None:
+            return
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write(b"done")
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
 
 
 def run_observed(
@@ -149,6 +221,7 @@ def run_observed(
         return launch
     env = child_environment(config, prepare_injection(out))
     env.update(extra_env or {})
+    env[ENV_RUNNER_PID] = str(os.getpid())  # the job's top process asks to die with pitstop
     log = None
     if quiet:
         launch.log_path = out / "command.log"
@@ -164,11 +237,13 @@ def run_observed(
             log.close()
         return launch
     pgid = proc.pid
+    reaper = _Reaper(pgid)
     try:
         with _terminate_like_interrupt():
             _wait(proc, pgid, launch, started, on_tick, out, timeout_s)
     finally:
         _end_group(pgid)  # DataLoader workers, torchrun children: nothing outlives pitstop
+        reaper.release()
         if log:
             log.close()
         launch.seconds = time.monotonic() - started
@@ -194,14 +269,16 @@ def _wait(
                     on_tick(out)
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
                     launch.interrupted = True
-                    _end_group(pgid, signal.SIGINT, GRACE_S)
+                    launch.stopped_by = "timeout"
+                    launch.forced = _end_group(pgid, signal.SIGINT, GRACE_S)
                     launch.exit_code = proc.wait()
                     break
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         launch.interrupted = True
+        launch.stopped_by = signal.Signals(exc.signum).name if isinstance(exc, _Terminated) else "SIGINT"
         _signal_group(pgid, signal.SIGINT)
         try:
             launch.exit_code = proc.wait(timeout=GRACE_S)
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            _end_group(pgid, signal.SIGTERM)
+            launch.forced = _end_group(pgid, signal.SIGTERM)
             launch.exit_code = proc.wait()

@@ -248,6 +248,10 @@ class Session:
             plan=plan.text,
         )
         result.notes += self.combination_notes
+        if scout.rate_of != "real tokens":
+            result.notes.append(
+                f"the job's real tokens are unknown: windows were compared on {scout.rate_of}/s"
+            )
         if not baseline.losses:
             result.notes.append(
                 "the job's losses could not be read: fixes meant to preserve them were not checked"

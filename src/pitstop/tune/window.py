@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pitstop.diagnose import Diagnosis, diagnose
-from pitstop.probe.config import ProbeConfig
 from pitstop.probe.stopping import WindowRule
-from pitstop.runner.collect import collect
-from pitstop.runner.launch import run_observed
+from pitstop.profile import RunProfile
+from pitstop.runner.measure import StepWindow, measure
 from pitstop.trials.request import FixRequest, read_reports
 
 OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory", re.IGNORECASE)
@@ -35,6 +32,7 @@ class Window:
     skipped: dict[str, str] = field(default_factory=dict)
     redirected: list[str] = field(default_factory=list)
     error: str | None = None  # why no throughput was measured (crash, out of memory, …)
+    rate_of: str = "real tokens"  # what real_tokens_per_s counts ("tokens" / "samples" when real is unknown)
     seconds: float = 0.0
 
     @property
@@ -65,6 +63,15 @@ def failure_line(log: Path | None) -> str:
     return lines[-1][:240] if lines else "no output"
 
 
+def counted_in(profile: RunProfile, unit: str) -> RunProfile:
+    """A copy of the profile whose steps count ``unit`` (all tokens, or samples) as their real tokens: the rate
+    tune compares when a job's batches do not say which of their tokens are real."""
+    ranks = [
+        replace(r, steps=[replace(s, real_tokens=getattr(s, unit)) for s in r.steps]) for r in profile.ranks
+    ]
+    return replace(profile, ranks=ranks)
+
+
 def run_window(
     command: list[str],
     request: FixRequest,
@@ -80,25 +87,18 @@ def run_window(
     out = Path(tempfile.mkdtemp(prefix="pitstop-tune-"))
     request.report_dir = out / "fixes"
     request.report_dir.mkdir()
-    config = ProbeConfig(warmup=warmup, steps=steps, stop_when_done=True, announce=False, auto=rule)
-
-    def tick(folder: Path) -> None:
-        if on_step is None:
-            return
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            on_step(int(json.loads((folder / "progress.json").read_text())["step"]))
-
     started = time.monotonic()
     try:
-        launch = run_observed(
+        result = measure(
             command,
-            config,
-            quiet=True,
-            on_tick=tick,
-            out_dir=out,
+            StepWindow(steps=steps, warmup=warmup, rule=rule),
+            on_step=on_step,
             timeout_s=timeout_s,
             extra_env=request.to_env(),
+            out_dir=out,
+            source="tune",
         )
+        launch = result.launch
         window.seconds = time.monotonic() - started
         reports = read_reports(request.report_dir)
         for report in reports:
@@ -108,25 +108,27 @@ def run_window(
             for fix, why in report.get("skipped", {}).items():
                 window.skipped.setdefault(fix, why)
         window.losses = next((r.get("losses", []) for r in reports if r.get("losses")), [])
-        outcome = collect(
-            launch, None if rule is not None else steps, 0 if rule is not None else warmup, source="tune"
-        )
-        profile = outcome.profile
-        stopped = profile is not None and any(r.stopped_by_probe for r in profile.ranks)
-        if profile is None or (not stopped and outcome.exit_code != 0):
-            timed_out = launch.interrupted and timeout_s is not None and window.seconds >= timeout_s
+        profile = result.profile
+        if profile is None or (not result.stopped_by_probe and result.exit_code != 0):
+            timed_out = launch.stopped_by == "timeout"
             window.error = (
                 f"did not finish its window in {timeout_s:.0f} s"
                 if timed_out
+                else f"the job {result.death}"
+                if result.death
                 else failure_line(launch.log_path)
                 if launch.log_path
-                else outcome.message or "nothing measured"
+                else result.message or "nothing measured"
             )
             return window
         window.diagnosis = diagnose(profile)
         window.real_tokens_per_s, window.spread = throughput(window.diagnosis)
+        for unit in ("tokens", "samples"):  # one unknown number never stops tune: compare on what is known
+            if window.real_tokens_per_s is None:
+                window.real_tokens_per_s, window.spread = throughput(diagnose(counted_in(profile, unit)))
+                window.rate_of = unit
         if window.real_tokens_per_s is None:
-            window.error = "the job's batches do not say which tokens are real"
+            window.error = "the job's batches carry neither token ids nor rows pitstop can count"
         return window
     finally:
         shutil.rmtree(out, ignore_errors=True)

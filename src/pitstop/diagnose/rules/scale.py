@@ -105,7 +105,14 @@ def straggler(ctx: RuleContext) -> Finding | None:
     if gap < 0.05:
         return None
     slow = rows[slow_rank]
-    reason = f"it waits on its input pipeline {waits[slow_rank]:.0%} of the step vs {median:.0%} for the median rank"
+    fastest = min(waits, key=lambda k: waits[k])
+    # two ranks have no median: the other one is what a user compares with; more have a median and a fastest
+    versus = (
+        f"{waits[fastest]:.0%} on the other rank"
+        if len(waits) == 2
+        else f"{median:.0%} on the median rank and {waits[fastest]:.0%} on the fastest (rank {fastest})"
+    )
+    reason = f"it waits on its input pipeline {waits[slow_rank]:.0%} of the step vs {versus}"
     return Finding(
         cause="straggler",
         severity=severity_for(gap, 0.25, 0.10),
