@@ -1,6 +1,6 @@
 """Streaming a Kineto trace into compact columns, one pass, without holding the JSON tree.
 
-Events are read one by one (ijson over a gzip or plain stream) and only what the analyses need is kept:
+Events are read in batches (jsonstream: the C JSON decoder on chunks of decompressed text) and only what the analyses need is kept:
 start / end times in flat float arrays per kind (GPU kernels, memcpy, memset, CUDA runtime calls,
 DataLoader spans, CPU operators), a few integers (stream, device, correlation id), and counters that can be
 taken on the fly (operator names that reveal the attention path, matmul input dtypes). Every later step
@@ -10,7 +10,6 @@ works on these columns; a 1 GB trace costs tens of MB, not tens of GB.
 from __future__ import annotations
 
 import re
-import zlib
 from array import array
 from collections import Counter
 from collections.abc import Iterator
@@ -18,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop.ingest.errors import IngestError
-from pitstop.ingest.readers import head, open_binary
+from pitstop.ingest.readers import head
+from pitstop.ingest.trace.jsonstream import event_batches
 
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 DATALOADER_PREFIX = "enumerate(DataLoader)"
@@ -215,21 +214,10 @@ def _int(value: Any, default: int = -1) -> int:
         return default
 
 
-def iter_events(path: Path) -> Iterator[dict[str, Any]]:
-    try:
-        import ijson
-    except ImportError as exc:  # pragma: no cover - a dependency
-        raise IngestError("reading traces needs ijson: pip install ijson") from exc
-    stream = open_binary(path)
-    try:
-        yield from ijson.items(stream, "traceEvents.item", use_float=True)
-    except ijson.JSONError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise IngestError(f"{path}: invalid JSON in the trace ({first})") from None
-    except (EOFError, zlib.error) as exc:
-        raise IngestError(f"{path}: truncated or corrupt gzip ({exc})") from None
-    finally:
-        stream.close()
+def iter_events(path: Path) -> Iterator[Any]:
+    """The ``traceEvents`` items one by one (see jsonstream for how and within which limits)."""
+    for batch in event_batches(path):
+        yield from batch
 
 
 def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: dict[str, Any], code: int) -> None:
@@ -274,70 +262,16 @@ def read_columns(path: Path) -> TraceColumns:
     """
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
-    kernels, memcpy, memset, runtime = cols.kernels, cols.memcpy, cols.memset, cols.runtime
     kernel_cache: dict[str, tuple[int, str | None]] = {}
     gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
     categories: dict[str, int] = {}
     cat_cache: dict[object, str] = {}
     n_events = 0
-    for ev in iter_events(path):
-        n_events += 1
-        if type(ev) is not dict or ev.get("ph") != "X":
-            continue
-        try:
-            ts = ev["ts"]
-            if type(ts) is not float and type(ts) is not int:
-                ts = _num(ts)
-            dur = ev.get("dur", 0.0)
-            if type(dur) is not float and type(dur) is not int:
-                dur = _num(dur)
-        except (KeyError, TypeError, ValueError):
-            cols.bad_events += 1
-            continue
-        if dur < 0:
-            cols.negative_durations += 1
-            continue
-        raw_cat = ev.get("cat", "")
-        cat = cat_cache.get(raw_cat)
-        if cat is None:
-            cat = cat_cache[raw_cat] = str(raw_cat).lower()
-        categories[cat] = categories.get(cat, 0) + 1
-        name = ev.get("name", "")
-        if type(name) is not str:
-            name = str(name)
-        args = ev.get("args")
-        if type(args) is not dict:
-            args = {}
-        if cat == "kernel":
-            info = kernel_cache.get(name)
-            if info is None:
-                info = kernel_cache[name] = _kernel_info(name)
-            _add_gpu(kernels, ts, dur, args, info[0])
-            if info[1] is not None:
-                gemm_time[info[1]] += dur
-        elif cat in MEMCPY_CATS:
-            _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
-            size = args.get("bytes")
-            cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
-        elif cat in MEMSET_CATS:
-            _add_gpu(memset, ts, dur, args, 0)
-        elif cat in RUNTIME_CATS:
-            runtime.add(ts, dur)
-            runtime.correlation.append(_int(args.get("correlation")))
-            runtime.tid.append(_int(ev.get("tid")))
-            runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
-            runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
-            runtime.driver.append(1 if cat == "cuda_driver" else 0)
-            if cols.vendor is None:
-                cols.vendor = "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
-        elif cat.startswith("gpu_"):
-            continue  # GPU-side copies of CPU annotations (gpu_user_annotation): the CPU ones count
-        elif (
-            "stream" in args and cat not in CPU_OP_CATS and cat not in ("user_annotation", "python_function")
-        ):
-            _add_gpu(cols.gpu_other, ts, dur, args, 0)  # e.g. cuda_sync "Stream Wait Event" on a stream
-        elif cat in CPU_OP_CATS or cat == "user_annotation":
-            _cpu_event(cols, cat, name, ts, dur, args)
+    for batch in event_batches(path):
+        n_events += len(batch)
+        for ev in batch:
+            if type(ev) is dict and ev.get("ph") == "X":
+                _event(cols, ev, kernel_cache, gemm_time, categories, cat_cache)
     cols.events = n_events
     cols.categories.update(categories)
     cols.gemm_us = sum(gemm_time.values())
@@ -347,6 +281,73 @@ def read_columns(path: Path) -> TraceColumns:
         gemm_time["fp32"],
     )
     return cols
+
+
+def _event(
+    cols: TraceColumns,
+    ev: dict[str, Any],
+    kernel_cache: dict[str, tuple[int, str | None]],
+    gemm_time: dict[str, float],
+    categories: dict[str, int],
+    cat_cache: dict[object, str],
+) -> None:
+    """One complete ("X") event into the columns: the hot path of ``pitstop analyze``."""
+    kernels, memcpy, memset, runtime = cols.kernels, cols.memcpy, cols.memset, cols.runtime
+    try:
+        ts = ev["ts"]
+        if type(ts) is not float and type(ts) is not int:
+            ts = _num(ts)
+        dur = ev.get("dur", 0.0)
+        if type(dur) is not float and type(dur) is not int:
+            dur = _num(dur)
+    except (KeyError, TypeError, ValueError):
+        cols.bad_events += 1
+        return
+    if dur < 0:
+        cols.negative_durations += 1
+        return
+    if not (-1e18 < ts < 1e18 and dur < 1e15):  # 1e400 parses as inf; NaN fails every comparison
+        cols.bad_events += 1
+        return
+    raw_cat = ev.get("cat", "")
+    cat = cat_cache.get(raw_cat)
+    if cat is None:
+        cat = cat_cache[raw_cat] = str(raw_cat).lower()
+    categories[cat] = categories.get(cat, 0) + 1
+    name = ev.get("name", "")
+    if type(name) is not str:
+        name = str(name)
+    args = ev.get("args")
+    if type(args) is not dict:
+        args = {}
+    if cat == "kernel":
+        info = kernel_cache.get(name)
+        if info is None:
+            info = kernel_cache[name] = _kernel_info(name)
+        _add_gpu(kernels, ts, dur, args, info[0])
+        if info[1] is not None:
+            gemm_time[info[1]] += dur
+    elif cat in MEMCPY_CATS:
+        _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
+        size = args.get("bytes")
+        cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
+    elif cat in MEMSET_CATS:
+        _add_gpu(memset, ts, dur, args, 0)
+    elif cat in RUNTIME_CATS:
+        runtime.add(ts, dur)
+        runtime.correlation.append(_int(args.get("correlation")))
+        runtime.tid.append(_int(ev.get("tid")))
+        runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
+        runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
+        runtime.driver.append(1 if cat == "cuda_driver" else 0)
+        if cols.vendor is None:
+            cols.vendor = "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
+    elif cat.startswith("gpu_"):
+        return  # GPU-side copies of CPU annotations (gpu_user_annotation): the CPU ones count
+    elif "stream" in args and cat not in CPU_OP_CATS and cat not in ("user_annotation", "python_function"):
+        _add_gpu(cols.gpu_other, ts, dur, args, 0)  # e.g. cuda_sync "Stream Wait Event" on a stream
+    elif cat in CPU_OP_CATS or cat == "user_annotation":
+        _cpu_event(cols, cat, name, ts, dur, args)
 
 
 def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
