@@ -107,6 +107,16 @@ class RuntimeColumns(Columns):
     )  # 1 for cuda_driver events (the TensorBoard plugin ignores them)
 
 
+@dataclass
+class CollectiveColumns(Columns):
+    """NCCL / RCCL kernels on the GPU: what the cross-rank step matches between ranks."""
+
+    kind: array = field(default_factory=_ints)  # index into COLLECTIVE_KINDS
+    nbytes: array = field(default_factory=_floats)  # message size (the larger of in / out), -1 unknown
+    group: array = field(default_factory=_ints)  # index into TraceColumns.comm_groups
+    group_size: array = field(default_factory=_ints)  # ranks in the communicator, -1 unknown
+
+
 # kernel classes, as Holistic Trace Analysis names them (hta/utils/utils.py get_kernel_type)
 COMPUTE, COMMUNICATION, MEMORY_KERNEL, OTHER_KERNEL = 0, 1, 2, 3
 # memcpy kinds
@@ -130,6 +140,8 @@ class TraceColumns:
     annotations: Columns = field(default_factory=Columns)  # user annotations other than steps and NCCL
     comm_ops: Columns = field(default_factory=Columns)  # CPU-side nccl:* / gloo:* operators
     comm_externals: set[int] = field(default_factory=set)  # their external ids: kernels launched under them
+    collectives: CollectiveColumns = field(default_factory=CollectiveColumns)
+    comm_groups: list[str] = field(default_factory=list)  # process group names, in order of appearance
     gpu_other: GpuColumns = field(default_factory=GpuColumns)  # other events on a GPU stream (cuda_sync, ...)
     sync_ops: Columns = field(default_factory=Columns)
     memcpy_bytes: array = field(default_factory=_floats)
@@ -148,7 +160,57 @@ class TraceColumns:
     vendor: str | None = None
 
 
-_COMM_KERNEL = re.compile(r"^(nccl|rccl).*Kernel", re.I)
+# every NCCL / RCCL generation: ncclAllReduceRingLLKernel_sum_f32 (NCCL < 2.8), ncclKernel_AllReduce_RING_LL_Sum_float
+# (2.8-2.18, and RCCL), ncclDevKernel_AllReduce_Sum_f32_RING_LL (>= 2.19), RCCL's ncclDevKernel_Generic_4 and
+# MSCCL's mscclKernel_Sum_f32_LL; a demangled name may start with "void "
+_COMM_KERNEL = re.compile(r"^(?:void\s+)?(?:nccl|rccl|msccl)\w*?kernel", re.I)
+COLLECTIVE_KINDS = (
+    "allreduce",
+    "allgather",
+    "reducescatter",
+    "alltoall",
+    "broadcast",
+    "reduce",
+    "sendrecv",
+    "send",
+    "recv",
+    "other",
+)
+_KIND_IN_NAME = re.compile(
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce", re.I
+)
+_DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "bfloat16": 2,
+    "half": 2,
+    "float16": 2,
+    "double": 8,
+    "float64": 8,
+    "long": 8,
+    "int64": 8,
+    "int": 4,
+    "int32": 4,
+    "byte": 1,
+    "char": 1,
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+
+
+def collective_kind(name: str, collective_arg: object = None) -> int:
+    """Index into COLLECTIVE_KINDS from the kernel name, or the "Collective name" argument newer traces
+    carry (RCCL's generic kernel names say nothing)."""
+    for text in (name, collective_arg if isinstance(collective_arg, str) else ""):
+        m = _KIND_IN_NAME.search(text)
+        if m:
+            return COLLECTIVE_KINDS.index(m.group(0).lower().replace("_", ""))
+    return len(COLLECTIVE_KINDS) - 1
+
+
 _MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|dma)")
 
 
@@ -327,6 +389,8 @@ def _event(
         _add_gpu(kernels, ts, dur, args, info[0])
         if info[1] is not None:
             gemm_time[info[1]] += dur
+        if info[0] == COMMUNICATION:
+            _add_collective(cols, name, ts, dur, args)
     elif cat in MEMCPY_CATS:
         _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
         size = args.get("bytes")
@@ -348,6 +412,20 @@ def _event(
         _add_gpu(cols.gpu_other, ts, dur, args, 0)  # e.g. cuda_sync "Stream Wait Event" on a stream
     elif cat in CPU_OP_CATS or cat == "user_annotation":
         _cpu_event(cols, cat, name, ts, dur, args)
+
+
+def _add_collective(cols: TraceColumns, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
+    c = cols.collectives
+    c.add(ts, dur)
+    c.kind.append(collective_kind(name, args.get("Collective name")))
+    elems = [v for v in (args.get("In msg nelems"), args.get("Out msg nelems")) if type(v) is int and v >= 0]
+    size = _DTYPE_BYTES.get(str(args.get("dtype", "")).lower().removeprefix("c10::"), 0)
+    c.nbytes.append(float(max(elems) * size) if elems and size else -1.0)
+    group = str(args.get("Process Group Name", ""))
+    if group not in cols.comm_groups:
+        cols.comm_groups.append(group)
+    c.group.append(cols.comm_groups.index(group))
+    c.group_size.append(_int(args.get("Group size")))
 
 
 def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:

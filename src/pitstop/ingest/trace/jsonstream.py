@@ -83,7 +83,7 @@ class _Text:
         if raw.read(2) == GZIP_MAGIC:
             raw.seek(0)
             self.counting = _Counting(raw)
-            self.stream: Any = gzip.GzipFile(fileobj=self.counting, mode="rb")  # type: ignore[arg-type]
+            self.stream: Any = gzip.GzipFile(fileobj=self.counting, mode="rb")  # type: ignore[call-overload]
         else:
             raw.seek(0)
             self.stream = raw
