@@ -74,6 +74,10 @@ def _ints() -> array:
     return array("q")
 
 
+def _flags() -> array:
+    return array("b")  # small codes and 0/1 flags: one byte each (a 2 GB trace has millions of rows)
+
+
 @dataclass
 class Columns:
     ts: array = field(default_factory=_floats)
@@ -88,22 +92,38 @@ class Columns:
 
 
 @dataclass
+class MergedColumns(Columns):
+    """Intervals used only through their union (CPU operators and annotations): an event that starts inside
+    the last kept interval extends it instead of being stored. The union is the same; nested operators of
+    one thread, which arrive in start order, collapse into one interval, so memory does not follow the
+    operator count."""
+
+    def add(self, ts: float, dur: float) -> None:
+        end = ts + dur
+        if self.ts and self.ts[-1] <= ts <= self.end[-1]:
+            if end > self.end[-1]:
+                self.end[-1] = end
+            return
+        self.ts.append(ts)
+        self.end.append(end)
+
+
+@dataclass
 class GpuColumns(Columns):
     stream: array = field(default_factory=_ints)
     device: array = field(default_factory=_ints)
     correlation: array = field(default_factory=_ints)
     external: array = field(default_factory=_ints)
-    code: array = field(default_factory=_ints)  # kernel class / memcpy kind code, see the constants below
+    code: array = field(default_factory=_flags)  # kernel class / memcpy kind code, see the constants below
 
 
 @dataclass
 class RuntimeColumns(Columns):
     correlation: array = field(default_factory=_ints)
-    tid: array = field(default_factory=_ints)
-    sync: array = field(default_factory=_ints)  # 1 for blocking synchronizations
-    launch: array = field(default_factory=_ints)  # 1 for kernel launches
+    sync: array = field(default_factory=_flags)  # 1 for blocking synchronizations
+    launch: array = field(default_factory=_flags)  # 1 for kernel launches
     driver: array = field(
-        default_factory=_ints
+        default_factory=_flags
     )  # 1 for cuda_driver events (the TensorBoard plugin ignores them)
 
 
@@ -136,8 +156,8 @@ class TraceColumns:
     runtime: RuntimeColumns = field(default_factory=RuntimeColumns)
     dataloader: Columns = field(default_factory=Columns)
     dataloader_names: Counter[str] = field(default_factory=Counter)
-    cpu_ops: Columns = field(default_factory=Columns)  # cpu_op / operator / python (the plugin's "CPU Exec")
-    annotations: Columns = field(default_factory=Columns)  # user annotations other than steps and NCCL
+    cpu_ops: MergedColumns = field(default_factory=MergedColumns)  # cpu_op / operator / python ("CPU Exec")
+    annotations: MergedColumns = field(default_factory=MergedColumns)  # user annotations but steps and NCCL
     comm_ops: Columns = field(default_factory=Columns)  # CPU-side nccl:* / gloo:* operators
     comm_externals: set[int] = field(default_factory=set)  # their external ids: kernels launched under them
     collectives: CollectiveColumns = field(default_factory=CollectiveColumns)
@@ -400,7 +420,6 @@ def _event(
     elif cat in RUNTIME_CATS:
         runtime.add(ts, dur)
         runtime.correlation.append(_int(args.get("correlation")))
-        runtime.tid.append(_int(ev.get("tid")))
         runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
         runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
         runtime.driver.append(1 if cat == "cuda_driver" else 0)

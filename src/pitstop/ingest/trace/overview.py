@@ -90,7 +90,7 @@ def align_steps(cols: TraceColumns, steps: list[Step]) -> tuple[list[Step], bool
     """Stretch steps to the GPU work their runtime calls launched (see the module docstring)."""
     if not steps:
         return steps, False
-    rt_mask = np.frombuffer(cols.runtime.driver, dtype=np.int64) == 0
+    rt_mask = np.frombuffer(cols.runtime.driver, dtype=np.int8) == 0
     rt_ts = np.frombuffer(cols.runtime.ts, dtype=np.float64)[rt_mask]
     rt_end = np.frombuffer(cols.runtime.end, dtype=np.float64)[rt_mask]
     rt_corr = np.frombuffer(cols.runtime.correlation, dtype=np.int64)[rt_mask]
@@ -146,7 +146,7 @@ def _role_intervals(cols: TraceColumns) -> dict[str, tuple[np.ndarray, np.ndarra
         if cols.comm_externals
         else (np.zeros(k_ts.size, dtype=bool))
     )
-    rt_mask = np.frombuffer(cols.runtime.driver, dtype=np.int64) == 0
+    rt_mask = np.frombuffer(cols.runtime.driver, dtype=np.int8) == 0
 
     def cols_of(c: object, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         ts = np.frombuffer(c.ts, dtype=np.float64)  # type: ignore[attr-defined]
@@ -208,5 +208,5 @@ def _gpu_util(cols: TraceColumns, lo: float, hi: float) -> dict[int, float]:
 
 
 def kernel_class_share(cols: TraceColumns) -> float:
-    codes = np.frombuffer(cols.kernels.code, dtype=np.int64)
+    codes = np.frombuffer(cols.kernels.code, dtype=np.int8)
     return float(np.mean(codes == COMMUNICATION)) if codes.size else 0.0

@@ -62,7 +62,7 @@ def _round(ts: np.ndarray, end: np.ndarray, fractional: bool) -> tuple[np.ndarra
 def _gpu_table(cols: TraceColumns) -> dict[str, np.ndarray]:
     """All events on a GPU stream: start, end, stream, correlation, compute flag, part of the idle split."""
     parts: list[tuple[GpuColumns, np.ndarray | None, bool]] = [
-        (cols.kernels, np.frombuffer(cols.kernels.code, dtype=np.int64), True),
+        (cols.kernels, np.frombuffer(cols.kernels.code, dtype=np.int8), True),
         (cols.memcpy, None, True),
         (cols.memset, None, True),
         (cols.gpu_other, None, False),
