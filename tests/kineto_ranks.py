@@ -69,7 +69,11 @@ def job(
                 e["ts"] = round(e["ts"] + off, 3)
                 ev.append(e)
 
-            add(_op("user_annotation", f"ProfilerStep#{step + 1}", step_start, common_end + 30 - step_start, 0))
+            add(
+                _op(
+                    "user_annotation", f"ProfilerStep#{step + 1}", step_start, common_end + 30 - step_start, 0
+                )
+            )
             add(
                 _op(
                     "user_annotation",
@@ -139,7 +143,9 @@ def _runtime(name: str, ts: float, dur: float, corr: int) -> dict[str, Any]:
     }
 
 
-def _kernel(name: str, ts: float, dur: float, corr: int, stream: int, extra: dict[str, Any]) -> dict[str, Any]:
+def _kernel(
+    name: str, ts: float, dur: float, corr: int, stream: int, extra: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "ph": "X",
         "cat": "kernel",
@@ -162,7 +168,9 @@ def write(doc: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def write_folder(folder: Path, docs: list[dict[str, Any]], pattern: str = "rank-{rank}.pt.trace.json.gz") -> Path:
+def write_folder(
+    folder: Path, docs: list[dict[str, Any]], pattern: str = "rank-{rank}.pt.trace.json.gz"
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for rank, doc in enumerate(docs):
         write(doc, folder / pattern.format(rank=rank))

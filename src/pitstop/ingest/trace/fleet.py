@@ -11,6 +11,8 @@ import logging
 import multiprocessing
 import os
 import struct
+import sys
+import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -86,10 +88,10 @@ def _describe(exc: BaseException) -> str:
 
 
 def _pool(tasks: list[tuple[str, int]], jobs: int) -> Iterator[RankSummary | Failure]:
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    # fork where there is one: spawn and forkserver re-run the main script in every worker, and a script
+    # without a __main__ guard (some console-script wrappers) would start pitstop again there
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(["pitstop.ingest.trace.summary"])  # workers start with it imported
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         futures: dict[Future[RankSummary | Failure], str] = {
             pool.submit(summarize, path, rank): path for path, rank in tasks
@@ -102,6 +104,20 @@ def _pool(tasks: list[tuple[str, int]], jobs: int) -> Iterator[RankSummary | Fai
 
 
 @contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """While a LocalCluster starts its worker processes (spawned), hide the main script: a spawned process
+    re-imports it, and a wrapper without a ``__main__`` guard would run pitstop again in every worker.
+    The workers need only ``pitstop.ingest.trace.summary``, which they import by name."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+@contextmanager
 def _dask_client(address: str, jobs: int) -> Iterator[Any]:
     try:
         from dask.distributed import Client, LocalCluster
@@ -110,13 +126,14 @@ def _dask_client(address: str, jobs: int) -> Iterator[Any]:
     cluster = None
     try:
         if address == "local":
-            cluster = LocalCluster(
-                n_workers=jobs,
-                threads_per_worker=1,
-                processes=True,
-                dashboard_address=None,
-                silence_logs=logging.ERROR,
-            )
+            with _main_script_hidden():
+                cluster = LocalCluster(
+                    n_workers=jobs,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.ERROR,
+                )
             client = Client(cluster)
         else:
             client = Client(address, timeout="20s")
