@@ -205,9 +205,12 @@ def summarize_ranks(summaries: list[RankSummary]) -> list[str]:
         (r for r, v in steps.items() if abs(v - med) > max(5 * mad, 0.02 * med)),
         key=lambda r: -abs(steps[r] - med),
     )
+    spread = (steps[slow] - steps[fast]) / med if med else 0.0
     line = (
         f"{len(steps)} ranks: step {med:.1f} ms median, fastest rank {fast} {steps[fast]:.1f} ms, slowest rank "
-        f"{slow} {steps[slow]:.1f} ms (spread {(steps[slow] - steps[fast]) / med:.0%})"
+        f"{slow} {steps[slow]:.1f} ms (spread {spread:.0%})"
+        if spread >= 0.005
+        else f"{len(steps)} ranks: step {med:.1f} ms on every rank (spread under 0.5%)"
     )
     if outliers:
         shown = ", ".join(f"{r} ({steps[r] - med:+.1f} ms)" for r in outliers[:5])

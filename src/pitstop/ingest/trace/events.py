@@ -271,13 +271,13 @@ def _head_metadata(path: Path, columns: TraceColumns) -> None:
     import json
 
     text = head(path, 1 << 20).decode("utf-8", errors="replace")
-    m = re.search(r'"distributedInfo"\s*:\s*(\{[^{}]*\})', text)
+    m = re.search(r'"distributedInfo"\s*:\s*(?=\{)', text)
     if m:
-        try:
-            info = json.loads(m.group(1))
+        try:  # newer traces nest the process groups ("pg_config": [{...}]) inside it
+            info, _ = json.JSONDecoder().raw_decode(text, m.end())
             columns.rank = int(info["rank"]) if "rank" in info else None
             columns.world_size = int(info["world_size"]) if "world_size" in info else None
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             pass
     for dev in re.finditer(r'"id"\s*:\s*(\d+)\s*,\s*"name"\s*:\s*"([^"]*)"', text):
         columns.device_names[int(dev.group(1))] = dev.group(2)
