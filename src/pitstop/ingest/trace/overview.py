@@ -100,23 +100,22 @@ def align_steps(cols: TraceColumns, steps: list[Step]) -> tuple[list[Step], bool
     # a runtime call belongs to the step whose host window contains it entirely
     idx = np.searchsorted(hs, rt_ts, side="right") - 1
     inside = (idx >= 0) & (rt_end <= he[np.clip(idx, 0, None)])
-    step_of_corr: dict[int, int] = {}
-    for c, i in zip(rt_corr[inside].tolist(), idx[inside].tolist(), strict=True):
-        if c >= 0:
-            step_of_corr.setdefault(c, i)
+    # correlation id -> step of the first runtime call inside a step that carries it (sorted arrays, not a
+    # dict: a 2 GB trace has millions of calls)
+    corr_in, step_in = rt_corr[inside], idx[inside]
+    valid = corr_in >= 0
+    keys, first = np.unique(corr_in[valid], return_index=True)
+    step_of_key = step_in[valid][first]
     n = len(steps)
     dev_min = np.full(n, np.inf)
     dev_max = np.full(n, -np.inf)
     count = np.zeros(n, dtype=np.int64)
-    matched = np.zeros(dev_ts.size, dtype=bool)
-    for j, c in enumerate(dev_corr.tolist()):
-        i = step_of_corr.get(c)
-        if i is None:
-            continue
-        matched[j] = True
-        count[i] += 1
-        dev_min[i] = min(dev_min[i], dev_ts[j])
-        dev_max[i] = max(dev_max[i], dev_end[j])
+    pos = np.minimum(np.searchsorted(keys, dev_corr), max(keys.size - 1, 0))
+    matched = (keys[pos] == dev_corr) if keys.size else np.zeros(dev_ts.size, dtype=bool)
+    owner = step_of_key[pos[matched]] if keys.size else np.zeros(0, dtype=np.int64)
+    np.add.at(count, owner, 1)
+    np.minimum.at(dev_min, owner, dev_ts[matched])
+    np.maximum.at(dev_max, owner, dev_end[matched])
     if not matched.any():
         return steps, False
     prev_end = steps[0].start
