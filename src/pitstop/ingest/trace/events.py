@@ -93,16 +93,18 @@ class Columns:
 
 @dataclass
 class MergedColumns(Columns):
-    """Intervals used only through their union (CPU operators and annotations): an event that starts inside
-    the last kept interval extends it instead of being stored. The union is the same; nested operators of
-    one thread, which arrive in start order, collapse into one interval, so memory does not follow the
+    """Intervals used only through their union (CPU operators and annotations): an event that overlaps the
+    last kept interval widens it to their hull instead of being stored. The union is the same; nested
+    operators of one thread, which arrive next to each other, collapse, so memory does not follow the
     operator count."""
 
     def add(self, ts: float, dur: float) -> None:
         end = ts + dur
-        if self.ts and self.ts[-1] <= ts <= self.end[-1]:
+        if self.ts and ts <= self.end[-1] and end >= self.ts[-1]:  # overlaps the last: keep the hull
             if end > self.end[-1]:
                 self.end[-1] = end
+            if ts < self.ts[-1]:
+                self.ts[-1] = ts
             return
         self.ts.append(ts)
         self.end.append(end)

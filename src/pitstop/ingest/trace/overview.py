@@ -174,22 +174,24 @@ def overview(cols: TraceColumns) -> Overview:
     steps, aligned = align_steps(cols, host_steps(cols))
     if not steps:
         return Overview(steps=[], role_us=[], aligned=False)
-    roles = _role_intervals(cols)
-    bounds = [np.array([s.start for s in steps]), np.array([s.end for s in steps])]
-    points = np.unique(np.concatenate([*bounds, *(a for pair in roles.values() for a in pair)]))
-    lo, hi = steps[0].start, steps[-1].end
-    points = points[(points >= lo) & (points <= hi)]
-    mids = (points[:-1] + points[1:]) / 2
-    widths = np.diff(points)
-    owner = np.full(mids.size, len(ROLES), dtype=np.int64)  # "Other" unless a role covers the moment
-    for r, role in enumerate(ROLES):
-        free = owner == len(ROLES)
-        hit = covers(*roles[role], mids[free])
-        owner[np.nonzero(free)[0][hit]] = r
-    step_idx = np.searchsorted(bounds[0], mids, side="right") - 1
-    in_step = (step_idx >= 0) & (mids < bounds[1][np.clip(step_idx, 0, None)])
+    roles = [_role_intervals(cols)[role] for role in ROLES]
     per_step = np.zeros((len(steps), len(ROLES) + 1))
-    np.add.at(per_step, (step_idx[in_step], owner[in_step]), widths[in_step])
+    for i, step in enumerate(steps):  # step by step: memory follows one step's events, not the trace's
+        lo, hi = step.start, step.end
+        window = []
+        for starts, ends in roles:  # the (sorted, disjoint) intervals that reach into the step
+            a, b = np.searchsorted(ends, lo, side="left"), np.searchsorted(starts, hi, side="right")
+            window.append((starts[a:b], ends[a:b]))
+        points = np.unique(np.concatenate([np.array([lo, hi]), *(x for pair in window for x in pair)]))
+        points = points[(points >= lo) & (points <= hi)]
+        mids = (points[:-1] + points[1:]) / 2
+        owner = np.full(mids.size, len(ROLES), dtype=np.int64)  # "Other" unless a role covers the moment
+        for r, (starts, ends) in enumerate(window):
+            free = owner == len(ROLES)
+            hit = covers(starts, ends, mids[free])
+            owner[np.nonzero(free)[0][hit]] = r
+        np.add.at(per_step[i], owner, np.diff(points))
+    lo, hi = steps[0].start, steps[-1].end
     role_us = [dict(zip((*ROLES, "Other"), row.tolist(), strict=True)) for row in per_step]
     return Overview(steps=steps, role_us=role_us, gpu_util=_gpu_util(cols, lo, hi), aligned=aligned)
 
