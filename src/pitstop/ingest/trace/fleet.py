@@ -13,6 +13,7 @@ import os
 import struct
 import sys
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -87,12 +88,19 @@ def _describe(exc: BaseException) -> str:
     return f"internal error while reading it: {type(exc).__name__}: {exc}"
 
 
+def _quiet_worker() -> None:
+    """A forked worker never writes to the terminal: the parent's progress thread may have held the stream's
+    lock at the fork, and a warning printed through it would hang the worker. Its result says everything."""
+    warnings.simplefilter("ignore")
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the worker's whole life
+
+
 def _pool(tasks: list[tuple[str, int]], jobs: int) -> Iterator[RankSummary | Failure]:
     # fork where there is one: spawn and forkserver re-run the main script in every worker, and a script
     # without a __main__ guard (some console-script wrappers) would start pitstop again there
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_quiet_worker) as pool:
         futures: dict[Future[RankSummary | Failure], str] = {
             pool.submit(summarize, path, rank): path for path, rank in tasks
         }
