@@ -190,3 +190,20 @@ def test_gzip_layout_is_not_needed(tmp_path: Path) -> None:
     ra, rb = (read_traces([p], jobs=1).ranks[0].trace for p in (a, b))
     assert ra is not None and rb is not None
     assert (ra.step_ms, ra.breakdown_ms, ra.nccl_ms) == (rb.step_ms, rb.breakdown_ms, rb.nccl_ms)
+
+
+def test_default_jobs_follow_cores_and_free_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    paths = [kr.write(doc, tmp_path / f"rank-{i}.json") for i, doc in enumerate(kr.job(4, steps=2))]
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(64)), raising=False)
+
+    class Memory:
+        available = 64 << 30
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory)
+    assert default_jobs(paths) == 4  # no more workers than traces
+    Memory.available = 450 << 20  # room for two readers of this size (160 MiB each, 80% of it), not four
+    assert default_jobs(paths) == 2
+    Memory.available = 1 << 20
+    assert default_jobs(paths) == 1

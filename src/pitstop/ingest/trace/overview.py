@@ -90,22 +90,23 @@ def align_steps(cols: TraceColumns, steps: list[Step]) -> tuple[list[Step], bool
     """Stretch steps to the GPU work their runtime calls launched (see the module docstring)."""
     if not steps:
         return steps, False
-    rt_mask = np.frombuffer(cols.runtime.driver, dtype=np.int8) == 0
-    rt_ts = np.frombuffer(cols.runtime.ts, dtype=np.float64)[rt_mask]
-    rt_end = np.frombuffer(cols.runtime.end, dtype=np.float64)[rt_mask]
-    rt_corr = np.frombuffer(cols.runtime.correlation, dtype=np.int64)[rt_mask]
+    # views, not copies: a 2 GB trace has millions of runtime calls
+    rt_ts = np.frombuffer(cols.runtime.ts, dtype=np.float64)
+    rt_end = np.frombuffer(cols.runtime.end, dtype=np.float64)
+    rt_corr = np.frombuffer(cols.runtime.correlation, dtype=np.int64)
     dev_ts, dev_end, dev_corr = _device_ops(cols)
     hs = np.array([s.start for s in steps])
     he = np.array([s.end for s in steps])
-    # a runtime call belongs to the step whose host window contains it entirely
+    # a runtime call (not a driver call) belongs to the step whose host window contains it entirely
     idx = np.searchsorted(hs, rt_ts, side="right") - 1
-    inside = (idx >= 0) & (rt_end <= he[np.clip(idx, 0, None)])
-    # correlation id -> step of the first runtime call inside a step that carries it (sorted arrays, not a
-    # dict: a 2 GB trace has millions of calls)
-    corr_in, step_in = rt_corr[inside], idx[inside]
-    valid = corr_in >= 0
-    keys, first = np.unique(corr_in[valid], return_index=True)
-    step_of_key = step_in[valid][first]
+    inside = idx >= 0
+    inside &= rt_end <= he[np.maximum(idx, 0)]
+    inside &= np.frombuffer(cols.runtime.driver, dtype=np.int8) == 0
+    inside &= rt_corr >= 0
+    # correlation id -> step of the first such call that carries it (sorted arrays, not a dict)
+    keys, first = np.unique(rt_corr[inside], return_index=True)
+    step_of_key = idx[inside][first]
+    del idx, inside
     n = len(steps)
     dev_min = np.full(n, np.inf)
     dev_max = np.full(n, -np.inf)
