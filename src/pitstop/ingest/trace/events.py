@@ -338,25 +338,112 @@ def _kernel_info(name: str) -> tuple[int, str | None]:
     return _kernel_class(name), gemm
 
 
+# what an event's category makes of it (decided once per distinct category, in the order of the checks)
+_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _CPU, _STREAM_OTHER, _IGNORED = range(7)
+
+
+def _role_of(cat: str) -> int:
+    if cat == "kernel":
+        return _KERNEL
+    if cat in MEMCPY_CATS:
+        return _MEMCPY
+    if cat in MEMSET_CATS:
+        return _MEMSET
+    if cat in RUNTIME_CATS:
+        return _RUNTIME
+    if cat.startswith("gpu_"):
+        return _IGNORED  # GPU-side copies of CPU annotations (gpu_user_annotation): the CPU ones count
+    if cat in CPU_OP_CATS or cat == "user_annotation":
+        return _CPU
+    if cat == "python_function":
+        return _IGNORED
+    return _STREAM_OTHER  # kept when on a GPU stream, e.g. cuda_sync "Stream Wait Event"
+
+
 def read_columns(path: Path) -> TraceColumns:
     """One streaming pass over a Kineto trace.
 
-    The loop is the hot path of ``pitstop analyze`` (millions of events): per-name facts are cached, and
-    numbers that already are floats skip conversion.
+    The loop is the hot path of ``pitstop analyze`` (after JSON decoding, most of its time): per-name and
+    per-category facts are cached, numbers that already are floats skip conversion, and the work per event
+    is inline.
     """
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
+    kernels, memcpy, memset, runtime = cols.kernels, cols.memcpy, cols.memset, cols.runtime
     kernel_cache: dict[str, tuple[int, str | None]] = {}
     gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
     categories: dict[str, int] = {}
-    cat_cache: dict[object, str] = {}
-    n_events = 0
+    cat_cache: dict[object, tuple[str, int]] = {}
+    n_events = bad = negative = 0
     for batch in event_batches(path):
         n_events += len(batch)
         for ev in batch:
-            if type(ev) is dict and ev.get("ph") == "X":
-                _event(cols, ev, kernel_cache, gemm_time, categories, cat_cache)
+            if type(ev) is not dict or ev.get("ph") != "X":
+                continue
+            try:
+                ts = ev["ts"]
+                if type(ts) is not float and type(ts) is not int:
+                    ts = _num(ts)
+                dur = ev.get("dur", 0.0)
+                if type(dur) is not float and type(dur) is not int:
+                    dur = _num(dur)
+            except (KeyError, TypeError, ValueError):
+                bad += 1
+                continue
+            if dur < 0:
+                negative += 1
+                continue
+            if not (-1e18 < ts < 1e18 and dur < 1e15):  # 1e400 parses as inf; NaN fails every comparison
+                bad += 1
+                continue
+            raw_cat = ev.get("cat", "")
+            known = cat_cache.get(raw_cat)
+            if known is None:
+                lowered = str(raw_cat).lower()
+                known = cat_cache[raw_cat] = (lowered, _role_of(lowered))
+            cat, role = known
+            categories[cat] = categories.get(cat, 0) + 1
+            if role == _IGNORED:
+                continue
+            name = ev.get("name", "")
+            if type(name) is not str:
+                name = str(name)
+            args = ev.get("args")
+            if type(args) is not dict:
+                args = {}
+            if role == _CPU:
+                _cpu_event(cols, cat, name, ts, dur, args)
+            elif role == _RUNTIME:
+                runtime.ts.append(ts)
+                runtime.end.append(ts + dur)
+                corr = args.get("correlation")
+                runtime.correlation.append(corr if type(corr) is int else _int(corr))
+                runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
+                runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
+                runtime.driver.append(1 if cat == "cuda_driver" else 0)
+                if cols.vendor is None:
+                    cols.vendor = (
+                        "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
+                    )
+            elif role == _KERNEL:
+                info = kernel_cache.get(name)
+                if info is None:
+                    info = kernel_cache[name] = _kernel_info(name)
+                _add_gpu(kernels, ts, dur, args, info[0])
+                if info[1] is not None:
+                    gemm_time[info[1]] += dur
+                if info[0] == COMMUNICATION:
+                    _add_collective(cols, name, ts, dur, args)
+            elif role == _MEMCPY:
+                _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
+                size = args.get("bytes")
+                cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
+            elif role == _MEMSET:
+                _add_gpu(memset, ts, dur, args, 0)
+            elif "stream" in args:
+                _add_gpu(cols.gpu_other, ts, dur, args, 0)
     cols.events = n_events
+    cols.bad_events, cols.negative_durations = bad, negative
     cols.categories.update(categories)
     cols.gemm_us = sum(gemm_time.values())
     cols.gemm_low_us, cols.gemm_tf32_us, cols.gemm_fp32_us = (
@@ -365,74 +452,6 @@ def read_columns(path: Path) -> TraceColumns:
         gemm_time["fp32"],
     )
     return cols
-
-
-def _event(
-    cols: TraceColumns,
-    ev: dict[str, Any],
-    kernel_cache: dict[str, tuple[int, str | None]],
-    gemm_time: dict[str, float],
-    categories: dict[str, int],
-    cat_cache: dict[object, str],
-) -> None:
-    """One complete ("X") event into the columns: the hot path of ``pitstop analyze``."""
-    kernels, memcpy, memset, runtime = cols.kernels, cols.memcpy, cols.memset, cols.runtime
-    try:
-        ts = ev["ts"]
-        if type(ts) is not float and type(ts) is not int:
-            ts = _num(ts)
-        dur = ev.get("dur", 0.0)
-        if type(dur) is not float and type(dur) is not int:
-            dur = _num(dur)
-    except (KeyError, TypeError, ValueError):
-        cols.bad_events += 1
-        return
-    if dur < 0:
-        cols.negative_durations += 1
-        return
-    if not (-1e18 < ts < 1e18 and dur < 1e15):  # 1e400 parses as inf; NaN fails every comparison
-        cols.bad_events += 1
-        return
-    raw_cat = ev.get("cat", "")
-    cat = cat_cache.get(raw_cat)
-    if cat is None:
-        cat = cat_cache[raw_cat] = str(raw_cat).lower()
-    categories[cat] = categories.get(cat, 0) + 1
-    name = ev.get("name", "")
-    if type(name) is not str:
-        name = str(name)
-    args = ev.get("args")
-    if type(args) is not dict:
-        args = {}
-    if cat == "kernel":
-        info = kernel_cache.get(name)
-        if info is None:
-            info = kernel_cache[name] = _kernel_info(name)
-        _add_gpu(kernels, ts, dur, args, info[0])
-        if info[1] is not None:
-            gemm_time[info[1]] += dur
-        if info[0] == COMMUNICATION:
-            _add_collective(cols, name, ts, dur, args)
-    elif cat in MEMCPY_CATS:
-        _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
-        size = args.get("bytes")
-        cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
-    elif cat in MEMSET_CATS:
-        _add_gpu(memset, ts, dur, args, 0)
-    elif cat in RUNTIME_CATS:
-        runtime.add(ts, dur)
-        runtime.correlation.append(_int(args.get("correlation")))
-        runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
-        runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
-        runtime.driver.append(1 if cat == "cuda_driver" else 0)
-        if cols.vendor is None:
-            cols.vendor = "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
-    elif cat.startswith("gpu_"):
-        return  # GPU-side copies of CPU annotations (gpu_user_annotation): the CPU ones count
-    elif "stream" in args and cat not in CPU_OP_CATS and cat not in ("user_annotation", "python_function"):
-        _add_gpu(cols.gpu_other, ts, dur, args, 0)  # e.g. cuda_sync "Stream Wait Event" on a stream
-    elif cat in CPU_OP_CATS or cat == "user_annotation":
-        _cpu_event(cols, cat, name, ts, dur, args)
 
 
 def _add_collective(cols: TraceColumns, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
