@@ -192,9 +192,10 @@ def read_traces(
         (summaries if isinstance(result, RankSummary) else failures).append(result)  # type: ignore[arg-type]
         if progress is not None:
             progress(done, len(tasks), Path(result.path).name)
-    if not summaries:
+    if not summaries:  # named as the user named it
         first = failures[0]
-        raise IngestError(f"{first.path}: {first.message}")
+        shown = {task: str(p) for (task, _), p in zip(tasks, paths, strict=True)}
+        raise IngestError(f"{shown.get(first.path, first.path)}: {first.message}")
     summaries.sort(key=lambda s: (s.rank, s.path))
     notes = [f"skipped {Path(f.path).name} ({f.message})" for f in sorted(failures, key=lambda f: f.path)]
     seen: dict[int, str] = {}
