@@ -151,7 +151,7 @@ def _role_intervals(cols: TraceColumns) -> dict[str, tuple[np.ndarray, np.ndarra
     def cols_of(c: object, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         ts = np.frombuffer(c.ts, dtype=np.float64)  # type: ignore[attr-defined]
         end = np.frombuffer(c.end, dtype=np.float64)  # type: ignore[attr-defined]
-        return (ts, end) if mask is None else (ts[mask], end[mask])
+        return (ts, end) if mask is None or mask.all() else (ts[mask], end[mask])
 
     comm_cpu = cols_of(cols.comm_ops)
     return {

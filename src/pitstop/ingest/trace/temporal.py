@@ -99,7 +99,10 @@ def temporal(cols: TraceColumns) -> Temporal | None:
     if len({n for n, _, _ in cols.steps}) >= 2:
         last = np.ceil(step_starts[-1]) if fractional else step_starts[-1]
         launched_before = np.unique(rt_corr[(rt_round < last) & (rt_corr >= 0)])
-        keep = np.isin(gpu["corr"], launched_before) if launched_before.size else keep
+        if launched_before.size:  # membership by binary search: np.isin would sort both arrays together
+            pos = np.minimum(np.searchsorted(launched_before, gpu["corr"]), launched_before.size - 1)
+            keep = launched_before[pos] == gpu["corr"]
+        del launched_before
     ts, end = ts[keep], end[keep]
     if ts.size == 0:
         return None
