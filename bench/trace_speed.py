@@ -1,12 +1,16 @@
-"""`pitstop analyze` against Holistic Trace Analysis on the same traces: wall time and peak memory of the
-whole process each, as ratios, over traces grown from a real one (bench/make_trace.py) up to 1 GiB.
+"""`pitstop analyze` on one trace against the floor (`zcat | wc -c`: reading and decompressing the bytes)
+and Holistic Trace Analysis: wall time, CPU time, peak memory and GiB/s of trace text, over gzipped traces
+grown from a real one (bench/make_trace.py).
 
-HTA runs in its own environment (it pins pandas and friends):
+    python bench/trace_speed.py --sizes 100 512 1024 2048
+
+HTA runs in its own environment (it pins pandas and friends); without --hta-python it is left out:
 
     python -m venv /tmp/hta && /tmp/hta/bin/pip install holistictraceanalysis
     python bench/trace_speed.py --hta-python /tmp/hta/bin/python --sizes 128 256 512 1024
 
-Each size is timed --repeat times per tool, alternating the tools; medians are reported.
+Each size is timed --repeat times per tool, alternating the tools; medians are reported. Peak memory is the
+process's own high-water mark (VmHWM; getrusage after vfork + exec also counts the parent's pages).
 """
 
 from __future__ import annotations
@@ -32,23 +36,42 @@ HTA_SCRIPT = (
 )
 
 
-def measure(command: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak resident MiB) of one whole process."""
+_HWM = (
+    "import atexit, re, sys\n"
+    "def hwm(out=sys.argv[1]):\n"
+    "    open(out, 'w').write(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+    "atexit.register(hwm)\n"
+    "sys.argv = sys.argv[2:]\n"
+)
+PITSTOP = _HWM + "from pitstop.cli.app import main\nmain()\n"
+
+
+def measure(command: list[str], shell: bool = False) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak resident MiB) of one whole process (and its waited-for children)."""
+    hwm = Path(tempfile.mktemp(prefix="pitstop-hwm-"))
+    if command[:2] == ["pitstop", "analyze"]:
+        command = [sys.executable, "-c", PITSTOP, str(hwm), *command]
     start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        command if not shell else ["bash", "-c", command[0]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         err = proc.stderr.read().decode(errors="replace")[-800:] if proc.stderr else ""
         raise RuntimeError(f"{command[0]} failed ({proc.returncode}): {err}")
-    return wall, usage.ru_maxrss / 1024.0
+    peak = int(hwm.read_text()) / 1024 if hwm.exists() else usage.ru_maxrss / 1024.0
+    hwm.unlink(missing_ok=True)
+    return wall, usage.ru_utime + usage.ru_stime, peak
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
-    parser.add_argument("--sizes", type=float, nargs="+", default=[128, 256, 512, 1024], help="MiB")
+    parser.add_argument("--sizes", type=float, nargs="+", default=[100, 512, 1024], help="MiB of trace text")
     parser.add_argument("--hta-python", default=None, help="a Python with holistictraceanalysis installed")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
@@ -56,61 +79,66 @@ def main() -> int:
     if not args.source.exists():
         print(f"no source trace at {args.source} (../shared/data is needed)", file=sys.stderr)
         return 2
-    pitstop = shutil.which("pitstop") or str(Path(sys.executable).with_name("pitstop"))
     rows = []
     work = Path(tempfile.mkdtemp(prefix="pitstop-bench-"))
     try:
         for size in args.sizes:
             folder = work / f"{int(size)}"
             folder.mkdir()
-            trace = folder / "rank0.json"
+            plain = folder / "rank0.json"
             subprocess.run(
                 [
                     sys.executable,
                     str(HERE / "make_trace.py"),
                     str(args.source),
-                    str(trace),
+                    str(plain),
                     "--mb",
                     str(size),
                 ],
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
-            actual = trace.stat().st_size / 2**20
-            ours: list[tuple[float, float]] = []
-            theirs: list[tuple[float, float]] = []
+            text_gib = plain.stat().st_size / 2**30
+            subprocess.run(["gzip", "-1", str(plain)], check=True)  # level hardly changes inflate speed
+            trace = folder / "rank0.json.gz"
+            ours, floor, theirs = [], [], []
             for _ in range(args.repeat):
-                ours.append(measure([pitstop, "analyze", str(trace), "--json", os.devnull]))
+                floor.append(measure([f"zcat {trace} | wc -c"], shell=True))
+                ours.append(measure(["pitstop", "analyze", str(trace), "--json", os.devnull, "--no-history"]))
                 if args.hta_python:
                     theirs.append(measure([args.hta_python, "-c", HTA_SCRIPT, str(folder)]))
-            row = {
-                "mib": round(actual),
-                "pitstop_s": statistics.median(w for w, _ in ours),
-                "pitstop_mib": max(m for _, m in ours),
+            row: dict[str, float] = {
+                "text_mib": round(text_gib * 1024),
+                "gz_mib": round(trace.stat().st_size / 2**20),
+                "pitstop_s": statistics.median(w for w, _, _ in ours),
+                "pitstop_cpu_s": statistics.median(c for _, c, _ in ours),
+                "pitstop_peak_mib": max(m for _, _, m in ours),
+                "floor_s": statistics.median(w for w, _, _ in floor),
+                "floor_cpu_s": statistics.median(c for _, c, _ in floor),
             }
+            row["gib_per_s"] = text_gib / row["pitstop_s"]
+            row["gib_per_cpu_s"] = text_gib / row["pitstop_cpu_s"]
+            row["cpu_s_per_gib"] = row["pitstop_cpu_s"] / text_gib
             if theirs:
-                row.update(hta_s=statistics.median(w for w, _ in theirs), hta_mib=max(m for _, m in theirs))
                 row.update(
-                    speedup=row["hta_s"] / row["pitstop_s"], memory_ratio=row["hta_mib"] / row["pitstop_mib"]
+                    hta_s=statistics.median(w for w, _, _ in theirs), hta_mib=max(m for _, _, m in theirs)
                 )
             rows.append(row)
             trace.unlink()
             print(json.dumps(row), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if not args.hta_python:
+        print("HTA: not measured (no --hta-python)")
     print(
-        f"\n{'trace MiB':>9} {'pitstop s':>10} {'s/GiB':>7} {'peak MiB':>9} {'HTA s':>8} {'peak MiB':>9} "
-        f"{'faster':>7} {'memory':>7}"
+        f"\n{'text MiB':>8} {'wall s':>7} {'CPU s':>6} {'CPU s/GiB':>9} {'GiB/s':>6} {'peak MiB':>8} "
+        f"{'zcat s':>7} {'zcat CPU':>8} {'HTA s':>7}"
     )
     for r in rows:
-        hta = (
-            f"{r['hta_s']:8.1f} {r['hta_mib']:9.0f} {r['speedup']:6.1f}x {r['memory_ratio']:6.1f}x"
-            if "hta_s" in r
-            else f"{'-':>8} {'-':>9} {'-':>7} {'-':>7}"
-        )
         print(
-            f"{r['mib']:9d} {r['pitstop_s']:10.1f} {r['pitstop_s'] / r['mib'] * 1024:7.1f} "
-            f"{r['pitstop_mib']:9.0f} {hta}"
+            f"{r['text_mib']:8.0f} {r['pitstop_s']:7.1f} {r['pitstop_cpu_s']:6.1f} {r['cpu_s_per_gib']:9.1f} "
+            f"{r['gib_per_s']:6.3f} {r['pitstop_peak_mib']:8.0f} {r['floor_s']:7.1f} {r['floor_cpu_s']:8.1f} "
+            + (f"{r['hta_s']:7.1f}" if "hta_s" in r else f"{'-':>7}")
         )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

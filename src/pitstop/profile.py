@@ -269,6 +269,16 @@ class TraceStats:
     dataloader_multiprocess: bool | None = None
     device_name: str | None = None
     limitations: list[str] = field(default_factory=list)
+    # across ranks (pitstop analyze on several traces: clocks aligned on the ends of matching collectives)
+    host_wait_ms: float | None = None  # GPU idle while waiting for the host to launch (HTA's host wait)
+    collectives: int | None = None  # NCCL / RCCL kernels matched with other ranks
+    clock_offset_us: float | None = None  # this rank's clock minus the reference rank's
+    arrival_skew_ms: float | None = None  # mean spread of arrivals (last - first) at its collectives
+    arrival_late_ms: float | None = None  # mean of how much later than the median rank it arrives
+    last_arrival_frac: float | None = None  # share of its collectives at which it arrived last
+    collective_wait_ms: float | None = None  # per step, time its collectives waited for the last rank
+    exposed_comm_ms: float | None = None  # per step, collective time not hidden by compute nor waiting
+    bus_bandwidth_gbps: float | None = None  # NCCL-tests "bus bandwidth" from the time after the last arrival
 
 
 @dataclass

@@ -14,6 +14,12 @@ from pitstop.ingest.load import Inputs, load_run
 from pitstop.report.terminal import render
 
 
+def _trace_progress(done: int, total: int, name: str) -> str:
+    width = 24
+    filled = round(width * done / total) if total else width
+    return f"traces {'█' * filled}{'░' * (width - filled)} {done}/{total} ({name})"
+
+
 def run_analyze(
     paths: list[Path],
     gpu: str | None,
@@ -21,13 +27,21 @@ def run_analyze(
     model: str | None,
     configs_only: bool,
     outputs: Outputs,
+    jobs: int | None = None,
+    dask: str | None = None,
 ) -> int:
     outputs.check()
     console = Console(stderr=True)
-    inputs = Inputs(paths=paths, gpu=gpu, gpus=gpus, model=model, configs_only=configs_only)
+    inputs = Inputs(
+        paths=paths, gpu=gpu, gpus=gpus, model=model, configs_only=configs_only, jobs=jobs, dask=dask
+    )
     try:
         with console.status("reading") as status:
-            profile = load_run(inputs, on_file=lambda p, kind: status.update(f"reading {p.name} ({kind})"))
+            profile = load_run(
+                inputs,
+                on_file=lambda p, kind: status.update(f"reading {p.name} ({kind})"),
+                on_trace=lambda done, total, name: status.update(_trace_progress(done, total, name)),
+            )
     except IngestError as exc:
         raise UserError(str(exc), 2) from None
     diagnosis = diagnose(profile)

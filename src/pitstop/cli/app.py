@@ -207,13 +207,32 @@ def analyze(
     tensorboard: TensorboardOpt = None,
     history: HistoryOpt = None,
     no_history: NoHistoryOpt = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs", "-j", min=1, help="Traces read at once (default: from cores and free memory)."
+        ),
+    ] = None,
+    dask: Annotated[
+        str | None,
+        typer.Option(
+            "--dask",
+            metavar="ADDRESS|local",
+            help="Read the traces on a Dask cluster (a scheduler address its workers share the files with), "
+            "or 'local' for a LocalCluster.",
+        ),
+    ] = None,
 ) -> None:
     """Diagnose a run from what it left behind: profiler traces, nvidia-smi logs, Trainer outputs, configs."""
     from pitstop.cli.analyze import run_analyze
     from pitstop.cli.outputs import Outputs
 
     outputs = Outputs(json_out, html, tensorboard, history, record=not no_history)
-    raise typer.Exit(run_analyze(paths, gpu=gpu, gpus=gpus, model=model, configs_only=False, outputs=outputs))
+    raise typer.Exit(
+        run_analyze(
+            paths, gpu=gpu, gpus=gpus, model=model, configs_only=False, outputs=outputs, jobs=jobs, dask=dask
+        )
+    )
 
 
 @app.command()

@@ -30,6 +30,8 @@ class Inputs:
     gpus: int | None = None
     model: str | None = None
     configs_only: bool = False
+    jobs: int | None = None  # trace reading: worker processes (None: from cores and free memory)
+    dask: str | None = None  # trace reading on a Dask cluster: "local" or a scheduler address
     kinds: dict[str, str] = field(default_factory=dict)  # file -> kind, for the report
 
 
@@ -42,12 +44,18 @@ def _merge_totals(a: RunTotals | None, b: RunTotals) -> RunTotals:
     return a
 
 
-def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None) -> RunProfile:
+def load_run(
+    inputs: Inputs,
+    on_file: Callable[[Path, str], None] | None = None,
+    on_trace: Callable[[int, int, str], None] | None = None,
+) -> RunProfile:
     notes: list[str] = []
     found = expand(inputs.paths, notes)
     files = [path for path, _ in found]
     env = Environment()
     trace_ranks: list[RankProfile] = []
+    trace_paths: list[Path] = []
+    trace_notes: list[str] = []
     gpu_ranks: list[RankProfile] = []
     totals: RunTotals | None = None
     for path, in_folder in found:
@@ -76,9 +84,7 @@ def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None)
         if kind == "binary":
             raise IngestError(f"{path}: {NOT_ARTIFACTS[kind]}, not an artifact pitstop reads")
         if kind == "kineto_trace":
-            from pitstop.ingest.trace import load_trace
-
-            trace_ranks.append(load_trace(path, fallback_rank=len(trace_ranks)))
+            trace_paths.append(path)
         elif kind == "nvidia_smi":
             log = read_smi(path)
             notes += log.notes
@@ -107,6 +113,11 @@ def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None)
                 )
         else:  # pragma: no cover - sniff returns only the kinds above
             raise IngestError(f"{path}: unsupported kind {kind}")
+    if trace_paths:  # all traces at once: in parallel, then the cross-rank step
+        from pitstop.ingest.trace.fleet import read_traces
+
+        fleet = read_traces(trace_paths, jobs=inputs.jobs, dask=inputs.dask, progress=on_trace)
+        trace_ranks, trace_notes = fleet.ranks, fleet.notes
     if inputs.model:
         try:
             env.model = model_info_from_config(load_model_config(inputs.model))
@@ -140,7 +151,5 @@ def load_run(inputs: Inputs, on_file: Callable[[Path, str], None] | None = None)
         notes=notes,
     )
     profile.command = [str(p) for p in inputs.paths]
-    for rank in trace_ranks:
-        if rank.trace is not None:
-            profile.notes += [f"rank {rank.rank}: {note}" for note in rank.trace.limitations]
+    profile.notes += trace_notes
     return profile

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import working
 from pitstop.findings import Finding
@@ -303,6 +305,12 @@ def communication_bound(ctx: RuleContext) -> Finding | None:
         return None
     exposed = max(nccl * (1 - overlap) / step for nccl, overlap, step in rows)
     share = max(nccl / step for nccl, _, step in rows)
+    # ranks aligned across traces: time spent waiting for a late rank is the straggler's, not the link's
+    aligned = [
+        t.exposed_comm_ms / t.step_ms for t in ctx.traces if t.exposed_comm_ms is not None and t.step_ms
+    ]
+    exposed = max(aligned) if aligned else exposed
+    bandwidths = [t.bus_bandwidth_gbps for t in ctx.traces if t.bus_bandwidth_gbps]
     if exposed < 0.05:
         return None
     overlap = min(o for _, o, _ in rows)
@@ -318,6 +326,8 @@ def communication_bound(ctx: RuleContext) -> Finding | None:
             "nccl_frac_of_step": round(share, 3),
             "nccl_overlap_frac": round(overlap, 3),
             "exposed_frac_of_step": round(exposed, 3),
+            "exposed_comm_frac": round(exposed, 3),
+            **({"bus_bandwidth_gbps": round(statistics.median(bandwidths), 1)} if bandwidths else {}),
         },
         est_speedup=amdahl(exposed, float("inf")),
         speedup_basis="NCCL kernel time not covered by compute kernels (trace); hiding it gives at most 1/(1−f)",

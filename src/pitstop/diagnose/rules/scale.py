@@ -9,7 +9,7 @@ from pitstop.diagnose.metrics import rank_metrics
 from pitstop.findings import Finding
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import model_states
-from pitstop.profile import Environment
+from pitstop.profile import Environment, TraceStats
 from pitstop.remedies import RemedyId, advise, use
 from pitstop.vocabulary import Severity
 
@@ -88,43 +88,123 @@ def offload_bound(ctx: RuleContext) -> Finding | None:
     )
 
 
+def _late_arrival(ctx: RuleContext) -> tuple[int, float, str, str, dict[str, object], str] | None:
+    """The rank the others wait for at collectives, from traces of several ranks with aligned clocks:
+    (slow rank, share of the step the others wait, reason, summary, evidence, basis)."""
+    rows = {
+        r.rank: r.trace
+        for r in ctx.profile.ranks
+        if r.trace is not None and r.trace.arrival_late_ms is not None and r.trace.step_ms
+    }
+    if len(rows) < 2:
+        return None
+    slow_rank = max(rows, key=lambda k: rows[k].arrival_late_ms or 0.0)
+    slow = rows[slow_rank]
+    others = [t for k, t in rows.items() if k != slow_rank]
+    waiting = statistics.fmean(min((t.collective_wait_ms or 0.0) / (t.step_ms or 1.0), 1.0) for t in others)
+    peer = "the other rank" if len(others) == 1 else "the median rank"
+    reason = _why_late(slow, others, peer)
+    late = slow.arrival_late_ms or 0.0
+    summary = (
+        f"Rank {slow_rank} holds every rank back: the others wait {waiting:.0%} of the step for it at "
+        f"collectives (it arrives {late:.2f} ms after {peer} on average, last at "
+        f"{slow.last_arrival_frac or 0.0:.0%} of them); {reason}."
+    )
+    evidence: dict[str, object] = {
+        "slow_rank": slow_rank,
+        "waiting_frac_others": round(waiting, 3),
+        "arrival_skew_ms": round(statistics.median(t.arrival_skew_ms or 0.0 for t in rows.values()), 3),
+        "arrival_late_ms": round(late, 3),
+        "last_arrival_frac": round(slow.last_arrival_frac or 0.0, 3),
+        "reason": reason,
+        "slow_rank_step_s": round((slow.step_ms or 0.0) / 1000, 4),
+        "ranks": len(rows),
+    }
+    basis = (
+        "time the other ranks' collectives wait for the last rank to arrive (traces, clocks aligned on the "
+        "ends of matching collectives); all of it is lost by every rank"
+    )
+    return slow_rank, waiting, reason, summary, evidence, basis
+
+
+def _why_late(slow: TraceStats, others: list[TraceStats], peer: str) -> str:
+    """The late rank's own breakdown against the others': longer kernels (its GPU) or longer host gaps (its
+    input pipeline or CPU)."""
+
+    def excess(name: str) -> float:
+        mine = getattr(slow, name) if name != "kernel" else slow.breakdown_ms.get("Kernel")
+        theirs = [
+            v
+            for t in others
+            if (v := (getattr(t, name) if name != "kernel" else t.breakdown_ms.get("Kernel"))) is not None
+        ]
+        return (mine - statistics.median(theirs)) if mine is not None and theirs else 0.0
+
+    kernel, host = excess("kernel"), excess("host_wait_ms")
+    loader = excess("dataloader_ms")
+    if max(kernel, host, loader) <= 0.1 * max(slow.arrival_late_ms or 0.0, 1e-3):
+        return f"its own breakdown does not say why (its kernels and host gaps match {peer}'s)"
+    if kernel >= max(host, loader):
+        return (
+            f"its GPU kernels take {kernel:.1f} ms more per step than {peer}'s (a slower or throttled GPU, "
+            "or more work on this rank)"
+        )
+    detail = f"; its DataLoader takes {loader:.1f} ms more per step" if loader > 0.1 * max(host, 1e-3) else ""
+    return (
+        f"its GPU waits {max(host, loader):.1f} ms more per step for the host than {peer}'s (its input "
+        f"pipeline or CPU{detail})"
+    )
+
+
 def straggler(ctx: RuleContext) -> Finding | None:
     """A rank that spends longer on its own input pipeline than the others holds every rank back.
 
-    Only data wait is compared: it is local to a rank, while forward and backward time include waiting for
+    From traces of several ranks: the rank the others wait for at collectives, with its reason. Otherwise only
+    data wait is compared: it is local to a rank, while forward and backward time include waiting for
     peers in collectives (DDP's buffer broadcast, gradient all-reduce), which host clocks cannot separate.
     """
-    ranks = [r for r in ctx.profile.ranks if r.steps]
-    if len(ranks) < 2:
-        return None
-    rows = {r.rank: rank_metrics(r) for r in ranks}
-    waits = {k: v.data_wait_frac or 0.0 for k, v in rows.items()}
-    median = statistics.median(waits.values())
-    slow_rank = max(waits, key=lambda k: waits[k])
-    gap = waits[slow_rank] - median
-    if gap < 0.05:
-        return None
-    slow = rows[slow_rank]
-    fastest = min(waits, key=lambda k: waits[k])
-    # two ranks have no median: the other one is what a user compares with; more have a median and a fastest
-    versus = (
-        f"{waits[fastest]:.0%} on the other rank"
-        if len(waits) == 2
-        else f"{median:.0%} on the median rank and {waits[fastest]:.0%} on the fastest (rank {fastest})"
-    )
-    reason = f"it waits on its input pipeline {waits[slow_rank]:.0%} of the step vs {versus}"
-    return Finding(
-        cause="straggler",
-        severity=severity_for(gap, 0.25, 0.10),
-        confidence=0.75,
-        summary=f"Rank {slow_rank} holds every rank back: {reason}.",
-        evidence={
+    arrival = _late_arrival(ctx)
+    if arrival is not None:
+        slow_rank, gap, reason, summary, evidence, basis = arrival
+        if gap < 0.05:
+            return None
+    else:
+        ranks = [r for r in ctx.profile.ranks if r.steps]
+        if len(ranks) < 2:
+            return None
+        rows = {r.rank: rank_metrics(r) for r in ranks}
+        waits = {k: v.data_wait_frac or 0.0 for k, v in rows.items()}
+        median = statistics.median(waits.values())
+        slow_rank = max(waits, key=lambda k: waits[k])
+        gap = waits[slow_rank] - median
+        if gap < 0.05:
+            return None
+        slow = rows[slow_rank]
+        fastest = min(waits, key=lambda k: waits[k])
+        # two ranks have no median: the other one is what a user compares with; more have a median and a fastest
+        versus = (
+            f"{waits[fastest]:.0%} on the other rank"
+            if len(waits) == 2
+            else f"{median:.0%} on the median rank and {waits[fastest]:.0%} on the fastest (rank {fastest})"
+        )
+        reason = f"it waits on its input pipeline {waits[slow_rank]:.0%} of the step vs {versus}"
+        summary = f"Rank {slow_rank} holds every rank back: {reason}."
+        evidence = {
             "slow_rank": slow_rank,
             "gap_frac_of_step": round(gap, 3),
             "data_wait_frac_per_rank": {str(k): round(v, 3) for k, v in sorted(waits.items())},
             "slow_rank_step_s": None if slow.step_time_s is None else round(slow.step_time_s, 4),
-        },
+        }
+        basis = (
+            "per-rank data wait (measured); what the slowest rank waits beyond the median rank is lost by all"
+        )
+    return Finding(
+        cause="straggler",
+        severity=severity_for(gap, 0.25, 0.10),
+        confidence=0.75,
+        summary=summary,
+        evidence=evidence,
         est_speedup=amdahl(gap, float("inf")),
-        speedup_basis="per-rank data wait (measured); what the slowest rank waits beyond the median rank is lost by all",
+        speedup_basis=basis,
         fix=advise(ctx.framework, use(RemedyId.BALANCE_RANKS, slow_rank=slow_rank, reason=reason)),
     )

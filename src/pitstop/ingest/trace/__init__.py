@@ -55,13 +55,19 @@ def _steps(view: Overview, cols: TraceColumns) -> list[StepRecord]:
 
 
 def load_trace(path: Path, fallback_rank: int = 0) -> RankProfile:
-    cols = read_columns(path)
+    return profile_of(read_columns(path), fallback_rank)[0]
+
+
+def profile_of(cols: TraceColumns, fallback_rank: int = 0) -> tuple[RankProfile, Overview]:
+    """The RankProfile of one trace's columns, and the step view it was computed from."""
     view = overview(cols)
     stats = trace_stats(cols, view)
     hta = temporal(cols)
     if hta is not None:
         stats.temporal = {k: round(v, 4) for k, v in hta.shares().items()}
         stats.idle_split = {k: round(float(v), 4) for k, v in hta.idle_split().items()}
+        if view.steps:
+            stats.host_wait_ms = hta.host_wait_us / len(view.steps) / 1000.0
     env = _environment(cols)
     stats.device_name = env.gpu_name
     rank = RankProfile(
@@ -73,4 +79,4 @@ def load_trace(path: Path, fallback_rank: int = 0) -> RankProfile:
     )
     if not view.aligned and view.steps and len(cols.kernels):
         stats.limitations.append("steps could not be aligned to the GPU (no runtime call matched a kernel)")
-    return rank
+    return rank, view

@@ -1,6 +1,6 @@
 """Streaming a Kineto trace into compact columns, one pass, without holding the JSON tree.
 
-Events are read one by one (ijson over a gzip or plain stream) and only what the analyses need is kept:
+Events are read in batches (jsonstream: the C JSON decoder on chunks of decompressed text) and only what the analyses need is kept:
 start / end times in flat float arrays per kind (GPU kernels, memcpy, memset, CUDA runtime calls,
 DataLoader spans, CPU operators), a few integers (stream, device, correlation id), and counters that can be
 taken on the fly (operator names that reveal the attention path, matmul input dtypes). Every later step
@@ -10,7 +10,6 @@ works on these columns; a 1 GB trace costs tens of MB, not tens of GB.
 from __future__ import annotations
 
 import re
-import zlib
 from array import array
 from collections import Counter
 from collections.abc import Iterator
@@ -18,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop.ingest.errors import IngestError
-from pitstop.ingest.readers import head, open_binary
+from pitstop.ingest.readers import head
+from pitstop.ingest.trace.jsonstream import event_batches
 
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 DATALOADER_PREFIX = "enumerate(DataLoader)"
@@ -75,6 +74,10 @@ def _ints() -> array:
     return array("q")
 
 
+def _flags() -> array:
+    return array("b")  # small codes and 0/1 flags: one byte each (a 2 GB trace has millions of rows)
+
+
 @dataclass
 class Columns:
     ts: array = field(default_factory=_floats)
@@ -89,23 +92,51 @@ class Columns:
 
 
 @dataclass
+class MergedColumns(Columns):
+    """Intervals used only through their union (CPU operators and annotations): an event that overlaps the
+    last kept interval widens it to their hull instead of being stored. The union is the same; nested
+    operators of one thread, which arrive next to each other, collapse, so memory does not follow the
+    operator count."""
+
+    def add(self, ts: float, dur: float) -> None:
+        end = ts + dur
+        if self.ts and ts <= self.end[-1] and end >= self.ts[-1]:  # overlaps the last: keep the hull
+            if end > self.end[-1]:
+                self.end[-1] = end
+            if ts < self.ts[-1]:
+                self.ts[-1] = ts
+            return
+        self.ts.append(ts)
+        self.end.append(end)
+
+
+@dataclass
 class GpuColumns(Columns):
     stream: array = field(default_factory=_ints)
     device: array = field(default_factory=_ints)
     correlation: array = field(default_factory=_ints)
     external: array = field(default_factory=_ints)
-    code: array = field(default_factory=_ints)  # kernel class / memcpy kind code, see the constants below
+    code: array = field(default_factory=_flags)  # kernel class / memcpy kind code, see the constants below
 
 
 @dataclass
 class RuntimeColumns(Columns):
     correlation: array = field(default_factory=_ints)
-    tid: array = field(default_factory=_ints)
-    sync: array = field(default_factory=_ints)  # 1 for blocking synchronizations
-    launch: array = field(default_factory=_ints)  # 1 for kernel launches
+    sync: array = field(default_factory=_flags)  # 1 for blocking synchronizations
+    launch: array = field(default_factory=_flags)  # 1 for kernel launches
     driver: array = field(
-        default_factory=_ints
+        default_factory=_flags
     )  # 1 for cuda_driver events (the TensorBoard plugin ignores them)
+
+
+@dataclass
+class CollectiveColumns(Columns):
+    """NCCL / RCCL kernels on the GPU: what the cross-rank step matches between ranks."""
+
+    kind: array = field(default_factory=_ints)  # index into COLLECTIVE_KINDS
+    nbytes: array = field(default_factory=_floats)  # message size (the larger of in / out), -1 unknown
+    group: array = field(default_factory=_ints)  # index into TraceColumns.comm_groups
+    group_size: array = field(default_factory=_ints)  # ranks in the communicator, -1 unknown
 
 
 # kernel classes, as Holistic Trace Analysis names them (hta/utils/utils.py get_kernel_type)
@@ -127,10 +158,12 @@ class TraceColumns:
     runtime: RuntimeColumns = field(default_factory=RuntimeColumns)
     dataloader: Columns = field(default_factory=Columns)
     dataloader_names: Counter[str] = field(default_factory=Counter)
-    cpu_ops: Columns = field(default_factory=Columns)  # cpu_op / operator / python (the plugin's "CPU Exec")
-    annotations: Columns = field(default_factory=Columns)  # user annotations other than steps and NCCL
+    cpu_ops: MergedColumns = field(default_factory=MergedColumns)  # cpu_op / operator / python ("CPU Exec")
+    annotations: MergedColumns = field(default_factory=MergedColumns)  # user annotations but steps and NCCL
     comm_ops: Columns = field(default_factory=Columns)  # CPU-side nccl:* / gloo:* operators
     comm_externals: set[int] = field(default_factory=set)  # their external ids: kernels launched under them
+    collectives: CollectiveColumns = field(default_factory=CollectiveColumns)
+    comm_groups: list[str] = field(default_factory=list)  # process group names, in order of appearance
     gpu_other: GpuColumns = field(default_factory=GpuColumns)  # other events on a GPU stream (cuda_sync, ...)
     sync_ops: Columns = field(default_factory=Columns)
     memcpy_bytes: array = field(default_factory=_floats)
@@ -149,7 +182,57 @@ class TraceColumns:
     vendor: str | None = None
 
 
-_COMM_KERNEL = re.compile(r"^(nccl|rccl).*Kernel", re.I)
+# every NCCL / RCCL generation: ncclAllReduceRingLLKernel_sum_f32 (NCCL < 2.8), ncclKernel_AllReduce_RING_LL_Sum_float
+# (2.8-2.18, and RCCL), ncclDevKernel_AllReduce_Sum_f32_RING_LL (>= 2.19), RCCL's ncclDevKernel_Generic_4 and
+# MSCCL's mscclKernel_Sum_f32_LL; a demangled name may start with "void "
+_COMM_KERNEL = re.compile(r"^(?:void\s+)?(?:nccl|rccl|msccl)\w*?kernel", re.I)
+COLLECTIVE_KINDS = (
+    "allreduce",
+    "allgather",
+    "reducescatter",
+    "alltoall",
+    "broadcast",
+    "reduce",
+    "sendrecv",
+    "send",
+    "recv",
+    "other",
+)
+_KIND_IN_NAME = re.compile(
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|send_?recv|send|recv|reduce", re.I
+)
+_DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "bfloat16": 2,
+    "half": 2,
+    "float16": 2,
+    "double": 8,
+    "float64": 8,
+    "long": 8,
+    "int64": 8,
+    "int": 4,
+    "int32": 4,
+    "byte": 1,
+    "char": 1,
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+
+
+def collective_kind(name: str, collective_arg: object = None) -> int:
+    """Index into COLLECTIVE_KINDS from the kernel name, or the "Collective name" argument newer traces
+    carry (RCCL's generic kernel names say nothing)."""
+    for text in (name, collective_arg if isinstance(collective_arg, str) else ""):
+        m = _KIND_IN_NAME.search(text)
+        if m:
+            return COLLECTIVE_KINDS.index(m.group(0).lower().replace("_", ""))
+    return len(COLLECTIVE_KINDS) - 1
+
+
 _MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|dma)")
 
 
@@ -190,13 +273,13 @@ def _head_metadata(path: Path, columns: TraceColumns) -> None:
     import json
 
     text = head(path, 1 << 20).decode("utf-8", errors="replace")
-    m = re.search(r'"distributedInfo"\s*:\s*(\{[^{}]*\})', text)
+    m = re.search(r'"distributedInfo"\s*:\s*(?=\{)', text)
     if m:
-        try:
-            info = json.loads(m.group(1))
+        try:  # newer traces nest the process groups ("pg_config": [{...}]) inside it
+            info, _ = json.JSONDecoder().raw_decode(text, m.end())
             columns.rank = int(info["rank"]) if "rank" in info else None
             columns.world_size = int(info["world_size"]) if "world_size" in info else None
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             pass
     for dev in re.finditer(r'"id"\s*:\s*(\d+)\s*,\s*"name"\s*:\s*"([^"]*)"', text):
         columns.device_names[int(dev.group(1))] = dev.group(2)
@@ -215,21 +298,10 @@ def _int(value: Any, default: int = -1) -> int:
         return default
 
 
-def iter_events(path: Path) -> Iterator[dict[str, Any]]:
-    try:
-        import ijson
-    except ImportError as exc:  # pragma: no cover - a dependency
-        raise IngestError("reading traces needs ijson: pip install ijson") from exc
-    stream = open_binary(path)
-    try:
-        yield from ijson.items(stream, "traceEvents.item", use_float=True)
-    except ijson.JSONError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise IngestError(f"{path}: invalid JSON in the trace ({first})") from None
-    except (EOFError, zlib.error) as exc:
-        raise IngestError(f"{path}: truncated or corrupt gzip ({exc})") from None
-    finally:
-        stream.close()
+def iter_events(path: Path) -> Iterator[Any]:
+    """The ``traceEvents`` items one by one (see jsonstream for how and within which limits)."""
+    for batch in event_batches(path):
+        yield from batch
 
 
 def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: dict[str, Any], code: int) -> None:
@@ -266,11 +338,34 @@ def _kernel_info(name: str) -> tuple[int, str | None]:
     return _kernel_class(name), gemm
 
 
+# what an event's category makes of it (decided once per distinct category, in the order of the checks)
+_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _CPU, _STREAM_OTHER, _IGNORED = range(7)
+
+
+def _role_of(cat: str) -> int:
+    if cat == "kernel":
+        return _KERNEL
+    if cat in MEMCPY_CATS:
+        return _MEMCPY
+    if cat in MEMSET_CATS:
+        return _MEMSET
+    if cat in RUNTIME_CATS:
+        return _RUNTIME
+    if cat.startswith("gpu_"):
+        return _IGNORED  # GPU-side copies of CPU annotations (gpu_user_annotation): the CPU ones count
+    if cat in CPU_OP_CATS or cat == "user_annotation":
+        return _CPU
+    if cat == "python_function":
+        return _IGNORED
+    return _STREAM_OTHER  # kept when on a GPU stream, e.g. cuda_sync "Stream Wait Event"
+
+
 def read_columns(path: Path) -> TraceColumns:
     """One streaming pass over a Kineto trace.
 
-    The loop is the hot path of ``pitstop analyze`` (millions of events): per-name facts are cached, and
-    numbers that already are floats skip conversion.
+    The loop is the hot path of ``pitstop analyze`` (after JSON decoding, most of its time): per-name and
+    per-category facts are cached, numbers that already are floats skip conversion, and the work per event
+    is inline.
     """
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
@@ -278,67 +373,77 @@ def read_columns(path: Path) -> TraceColumns:
     kernel_cache: dict[str, tuple[int, str | None]] = {}
     gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
     categories: dict[str, int] = {}
-    cat_cache: dict[object, str] = {}
-    n_events = 0
-    for ev in iter_events(path):
-        n_events += 1
-        if type(ev) is not dict or ev.get("ph") != "X":
-            continue
-        try:
-            ts = ev["ts"]
-            if type(ts) is not float and type(ts) is not int:
-                ts = _num(ts)
-            dur = ev.get("dur", 0.0)
-            if type(dur) is not float and type(dur) is not int:
-                dur = _num(dur)
-        except (KeyError, TypeError, ValueError):
-            cols.bad_events += 1
-            continue
-        if dur < 0:
-            cols.negative_durations += 1
-            continue
-        raw_cat = ev.get("cat", "")
-        cat = cat_cache.get(raw_cat)
-        if cat is None:
-            cat = cat_cache[raw_cat] = str(raw_cat).lower()
-        categories[cat] = categories.get(cat, 0) + 1
-        name = ev.get("name", "")
-        if type(name) is not str:
-            name = str(name)
-        args = ev.get("args")
-        if type(args) is not dict:
-            args = {}
-        if cat == "kernel":
-            info = kernel_cache.get(name)
-            if info is None:
-                info = kernel_cache[name] = _kernel_info(name)
-            _add_gpu(kernels, ts, dur, args, info[0])
-            if info[1] is not None:
-                gemm_time[info[1]] += dur
-        elif cat in MEMCPY_CATS:
-            _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
-            size = args.get("bytes")
-            cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
-        elif cat in MEMSET_CATS:
-            _add_gpu(memset, ts, dur, args, 0)
-        elif cat in RUNTIME_CATS:
-            runtime.add(ts, dur)
-            runtime.correlation.append(_int(args.get("correlation")))
-            runtime.tid.append(_int(ev.get("tid")))
-            runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
-            runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
-            runtime.driver.append(1 if cat == "cuda_driver" else 0)
-            if cols.vendor is None:
-                cols.vendor = "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
-        elif cat.startswith("gpu_"):
-            continue  # GPU-side copies of CPU annotations (gpu_user_annotation): the CPU ones count
-        elif (
-            "stream" in args and cat not in CPU_OP_CATS and cat not in ("user_annotation", "python_function")
-        ):
-            _add_gpu(cols.gpu_other, ts, dur, args, 0)  # e.g. cuda_sync "Stream Wait Event" on a stream
-        elif cat in CPU_OP_CATS or cat == "user_annotation":
-            _cpu_event(cols, cat, name, ts, dur, args)
+    cat_cache: dict[object, tuple[str, int]] = {}
+    n_events = bad = negative = 0
+    for batch in event_batches(path):
+        n_events += len(batch)
+        for ev in batch:
+            if type(ev) is not dict or ev.get("ph") != "X":
+                continue
+            try:
+                ts = ev["ts"]
+                if type(ts) is not float and type(ts) is not int:
+                    ts = _num(ts)
+                dur = ev.get("dur", 0.0)
+                if type(dur) is not float and type(dur) is not int:
+                    dur = _num(dur)
+            except (KeyError, TypeError, ValueError):
+                bad += 1
+                continue
+            if dur < 0:
+                negative += 1
+                continue
+            if not (-1e18 < ts < 1e18 and dur < 1e15):  # 1e400 parses as inf; NaN fails every comparison
+                bad += 1
+                continue
+            raw_cat = ev.get("cat", "")
+            known = cat_cache.get(raw_cat)
+            if known is None:
+                lowered = str(raw_cat).lower()
+                known = cat_cache[raw_cat] = (lowered, _role_of(lowered))
+            cat, role = known
+            categories[cat] = categories.get(cat, 0) + 1
+            if role == _IGNORED:
+                continue
+            name = ev.get("name", "")
+            if type(name) is not str:
+                name = str(name)
+            args = ev.get("args")
+            if type(args) is not dict:
+                args = {}
+            if role == _CPU:
+                _cpu_event(cols, cat, name, ts, dur, args)
+            elif role == _RUNTIME:
+                runtime.ts.append(ts)
+                runtime.end.append(ts + dur)
+                corr = args.get("correlation")
+                runtime.correlation.append(corr if type(corr) is int else _int(corr))
+                runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
+                runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
+                runtime.driver.append(1 if cat == "cuda_driver" else 0)
+                if cols.vendor is None:
+                    cols.vendor = (
+                        "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
+                    )
+            elif role == _KERNEL:
+                info = kernel_cache.get(name)
+                if info is None:
+                    info = kernel_cache[name] = _kernel_info(name)
+                _add_gpu(kernels, ts, dur, args, info[0])
+                if info[1] is not None:
+                    gemm_time[info[1]] += dur
+                if info[0] == COMMUNICATION:
+                    _add_collective(cols, name, ts, dur, args)
+            elif role == _MEMCPY:
+                _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
+                size = args.get("bytes")
+                cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
+            elif role == _MEMSET:
+                _add_gpu(memset, ts, dur, args, 0)
+            elif "stream" in args:
+                _add_gpu(cols.gpu_other, ts, dur, args, 0)
     cols.events = n_events
+    cols.bad_events, cols.negative_durations = bad, negative
     cols.categories.update(categories)
     cols.gemm_us = sum(gemm_time.values())
     cols.gemm_low_us, cols.gemm_tf32_us, cols.gemm_fp32_us = (
@@ -347,6 +452,20 @@ def read_columns(path: Path) -> TraceColumns:
         gemm_time["fp32"],
     )
     return cols
+
+
+def _add_collective(cols: TraceColumns, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
+    c = cols.collectives
+    c.add(ts, dur)
+    c.kind.append(collective_kind(name, args.get("Collective name")))
+    elems = [v for v in (args.get("In msg nelems"), args.get("Out msg nelems")) if type(v) is int and v >= 0]
+    size = _DTYPE_BYTES.get(str(args.get("dtype", "")).lower().removeprefix("c10::"), 0)
+    c.nbytes.append(float(max(elems) * size) if elems and size else -1.0)
+    group = str(args.get("Process Group Name", ""))
+    if group not in cols.comm_groups:
+        cols.comm_groups.append(group)
+    c.group.append(cols.comm_groups.index(group))
+    c.group_size.append(_int(args.get("Group size")))
 
 
 def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:

@@ -90,33 +90,33 @@ def align_steps(cols: TraceColumns, steps: list[Step]) -> tuple[list[Step], bool
     """Stretch steps to the GPU work their runtime calls launched (see the module docstring)."""
     if not steps:
         return steps, False
-    rt_mask = np.frombuffer(cols.runtime.driver, dtype=np.int64) == 0
-    rt_ts = np.frombuffer(cols.runtime.ts, dtype=np.float64)[rt_mask]
-    rt_end = np.frombuffer(cols.runtime.end, dtype=np.float64)[rt_mask]
-    rt_corr = np.frombuffer(cols.runtime.correlation, dtype=np.int64)[rt_mask]
+    # views, not copies: a 2 GB trace has millions of runtime calls
+    rt_ts = np.frombuffer(cols.runtime.ts, dtype=np.float64)
+    rt_end = np.frombuffer(cols.runtime.end, dtype=np.float64)
+    rt_corr = np.frombuffer(cols.runtime.correlation, dtype=np.int64)
     dev_ts, dev_end, dev_corr = _device_ops(cols)
     hs = np.array([s.start for s in steps])
     he = np.array([s.end for s in steps])
-    # a runtime call belongs to the step whose host window contains it entirely
+    # a runtime call (not a driver call) belongs to the step whose host window contains it entirely
     idx = np.searchsorted(hs, rt_ts, side="right") - 1
-    inside = (idx >= 0) & (rt_end <= he[np.clip(idx, 0, None)])
-    step_of_corr: dict[int, int] = {}
-    for c, i in zip(rt_corr[inside].tolist(), idx[inside].tolist(), strict=True):
-        if c >= 0:
-            step_of_corr.setdefault(c, i)
+    inside = idx >= 0
+    inside &= rt_end <= he[np.maximum(idx, 0)]
+    inside &= np.frombuffer(cols.runtime.driver, dtype=np.int8) == 0
+    inside &= rt_corr >= 0
+    # correlation id -> step of the first such call that carries it (sorted arrays, not a dict)
+    keys, first = np.unique(rt_corr[inside], return_index=True)
+    step_of_key = idx[inside][first]
+    del idx, inside
     n = len(steps)
     dev_min = np.full(n, np.inf)
     dev_max = np.full(n, -np.inf)
     count = np.zeros(n, dtype=np.int64)
-    matched = np.zeros(dev_ts.size, dtype=bool)
-    for j, c in enumerate(dev_corr.tolist()):
-        i = step_of_corr.get(c)
-        if i is None:
-            continue
-        matched[j] = True
-        count[i] += 1
-        dev_min[i] = min(dev_min[i], dev_ts[j])
-        dev_max[i] = max(dev_max[i], dev_end[j])
+    pos = np.minimum(np.searchsorted(keys, dev_corr), max(keys.size - 1, 0))
+    matched = (keys[pos] == dev_corr) if keys.size else np.zeros(dev_ts.size, dtype=bool)
+    owner = step_of_key[pos[matched]] if keys.size else np.zeros(0, dtype=np.int64)
+    np.add.at(count, owner, 1)
+    np.minimum.at(dev_min, owner, dev_ts[matched])
+    np.maximum.at(dev_max, owner, dev_end[matched])
     if not matched.any():
         return steps, False
     prev_end = steps[0].start
@@ -146,12 +146,12 @@ def _role_intervals(cols: TraceColumns) -> dict[str, tuple[np.ndarray, np.ndarra
         if cols.comm_externals
         else (np.zeros(k_ts.size, dtype=bool))
     )
-    rt_mask = np.frombuffer(cols.runtime.driver, dtype=np.int64) == 0
+    rt_mask = np.frombuffer(cols.runtime.driver, dtype=np.int8) == 0
 
     def cols_of(c: object, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         ts = np.frombuffer(c.ts, dtype=np.float64)  # type: ignore[attr-defined]
         end = np.frombuffer(c.end, dtype=np.float64)  # type: ignore[attr-defined]
-        return (ts, end) if mask is None else (ts[mask], end[mask])
+        return (ts, end) if mask is None or mask.all() else (ts[mask], end[mask])
 
     comm_cpu = cols_of(cols.comm_ops)
     return {
@@ -175,22 +175,24 @@ def overview(cols: TraceColumns) -> Overview:
     steps, aligned = align_steps(cols, host_steps(cols))
     if not steps:
         return Overview(steps=[], role_us=[], aligned=False)
-    roles = _role_intervals(cols)
-    bounds = [np.array([s.start for s in steps]), np.array([s.end for s in steps])]
-    points = np.unique(np.concatenate([*bounds, *(a for pair in roles.values() for a in pair)]))
-    lo, hi = steps[0].start, steps[-1].end
-    points = points[(points >= lo) & (points <= hi)]
-    mids = (points[:-1] + points[1:]) / 2
-    widths = np.diff(points)
-    owner = np.full(mids.size, len(ROLES), dtype=np.int64)  # "Other" unless a role covers the moment
-    for r, role in enumerate(ROLES):
-        free = owner == len(ROLES)
-        hit = covers(*roles[role], mids[free])
-        owner[np.nonzero(free)[0][hit]] = r
-    step_idx = np.searchsorted(bounds[0], mids, side="right") - 1
-    in_step = (step_idx >= 0) & (mids < bounds[1][np.clip(step_idx, 0, None)])
+    roles = [_role_intervals(cols)[role] for role in ROLES]
     per_step = np.zeros((len(steps), len(ROLES) + 1))
-    np.add.at(per_step, (step_idx[in_step], owner[in_step]), widths[in_step])
+    for i, step in enumerate(steps):  # step by step: memory follows one step's events, not the trace's
+        lo, hi = step.start, step.end
+        window = []
+        for starts, ends in roles:  # the (sorted, disjoint) intervals that reach into the step
+            a, b = np.searchsorted(ends, lo, side="left"), np.searchsorted(starts, hi, side="right")
+            window.append((starts[a:b], ends[a:b]))
+        points = np.unique(np.concatenate([np.array([lo, hi]), *(x for pair in window for x in pair)]))
+        points = points[(points >= lo) & (points <= hi)]
+        mids = (points[:-1] + points[1:]) / 2
+        owner = np.full(mids.size, len(ROLES), dtype=np.int64)  # "Other" unless a role covers the moment
+        for r, (starts, ends) in enumerate(window):
+            free = owner == len(ROLES)
+            hit = covers(starts, ends, mids[free])
+            owner[np.nonzero(free)[0][hit]] = r
+        np.add.at(per_step[i], owner, np.diff(points))
+    lo, hi = steps[0].start, steps[-1].end
     role_us = [dict(zip((*ROLES, "Other"), row.tolist(), strict=True)) for row in per_step]
     return Overview(steps=steps, role_us=role_us, gpu_util=_gpu_util(cols, lo, hi), aligned=aligned)
 
@@ -208,5 +210,5 @@ def _gpu_util(cols: TraceColumns, lo: float, hi: float) -> dict[int, float]:
 
 
 def kernel_class_share(cols: TraceColumns) -> float:
-    codes = np.frombuffer(cols.kernels.code, dtype=np.int64)
+    codes = np.frombuffer(cols.kernels.code, dtype=np.int8)
     return float(np.mean(codes == COMMUNICATION)) if codes.size else 0.0

@@ -50,7 +50,7 @@ def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
 
     # host syncs: blocking runtime calls and .item() (aten::_local_scalar_dense) per step
     rt = cols.runtime
-    sync_mask = np.frombuffer(rt.sync, dtype=np.int64) == 1
+    sync_mask = np.frombuffer(rt.sync, dtype=np.int8) == 1
     rt_ts, rt_end = np.frombuffer(rt.ts, dtype=np.float64), np.frombuffer(rt.end, dtype=np.float64)
     syncs = _per_step(rt_ts[sync_mask], lo, hi)
     item_ts = np.frombuffer(cols.sync_ops.ts, dtype=np.float64)
@@ -62,7 +62,7 @@ def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
 
     # copies
     mc = cols.memcpy
-    kinds = np.frombuffer(mc.code, dtype=np.int64)
+    kinds = np.frombuffer(mc.code, dtype=np.int8)
     sizes = np.frombuffer(cols.memcpy_bytes, dtype=np.float64)
     mc_ts = np.frombuffer(mc.ts, dtype=np.float64)
     if mc_ts.size:
@@ -74,7 +74,7 @@ def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
     # kernels
     k = cols.kernels
     k_ts, k_end = np.frombuffer(k.ts, dtype=np.float64), np.frombuffer(k.end, dtype=np.float64)
-    codes = np.frombuffer(k.code, dtype=np.int64)
+    codes = np.frombuffer(k.code, dtype=np.int8)
     if k_ts.size:
         per_step = _per_step(k_ts, lo, hi)
         stats.kernels_per_step = float(per_step.mean())

@@ -62,7 +62,7 @@ def _round(ts: np.ndarray, end: np.ndarray, fractional: bool) -> tuple[np.ndarra
 def _gpu_table(cols: TraceColumns) -> dict[str, np.ndarray]:
     """All events on a GPU stream: start, end, stream, correlation, compute flag, part of the idle split."""
     parts: list[tuple[GpuColumns, np.ndarray | None, bool]] = [
-        (cols.kernels, np.frombuffer(cols.kernels.code, dtype=np.int64), True),
+        (cols.kernels, np.frombuffer(cols.kernels.code, dtype=np.int8), True),
         (cols.memcpy, None, True),
         (cols.memset, None, True),
         (cols.gpu_other, None, False),
@@ -98,8 +98,11 @@ def temporal(cols: TraceColumns) -> Temporal | None:
     step_starts = sorted({start for _, start, _ in cols.steps})
     if len({n for n, _, _ in cols.steps}) >= 2:
         last = np.ceil(step_starts[-1]) if fractional else step_starts[-1]
-        launched_before = set(rt_corr[(rt_round < last) & (rt_corr >= 0)].tolist())
-        keep = np.isin(gpu["corr"], np.fromiter(launched_before, dtype=np.int64)) if launched_before else keep
+        launched_before = np.unique(rt_corr[(rt_round < last) & (rt_corr >= 0)])
+        if launched_before.size:  # membership by binary search: np.isin would sort both arrays together
+            pos = np.minimum(np.searchsorted(launched_before, gpu["corr"]), launched_before.size - 1)
+            keep = launched_before[pos] == gpu["corr"]
+        del launched_before
     ts, end = ts[keep], end[keep]
     if ts.size == 0:
         return None
@@ -124,23 +127,36 @@ def _idle_split(
     rt_corr: np.ndarray,
     rt_ts: np.ndarray,
 ) -> tuple[float, float, float]:
-    launch = dict(zip(rt_corr.tolist(), rt_ts.tolist(), strict=True))
-    host = kernel = other = 0.0
+    # launch time of each correlation id (the last call that carries it), as sorted arrays
+    keys, last = np.unique(rt_corr[::-1], return_index=True)
+    launch_ts = rt_ts[::-1][last]
+    host: list[np.ndarray] = []
+    kernel: list[np.ndarray] = []
+    other: list[np.ndarray] = []
     for s in np.unique(stream[eligible]).tolist():
         mask = eligible & (stream == s)
         order = np.argsort(ts[mask], kind="stable")
         s_ts, s_end, s_corr = ts[mask][order], end[mask][order], corr[mask][order]
-        for i in range(1, s_ts.size):
-            prev_end = s_end[i - 1]
-            gap = s_ts[i] - prev_end
-            launched = launch.get(int(s_corr[i]))
-            if launched is not None and launched > prev_end:
-                host += gap
-            elif gap < KERNEL_WAIT_US:
-                kernel += gap
-            else:
-                other += gap
-    return host, kernel, other
+        prev_end = s_end[:-1]
+        gap = s_ts[1:] - prev_end
+        if keys.size:
+            pos = np.minimum(np.searchsorted(keys, s_corr[1:]), keys.size - 1)
+            known = keys[pos] == s_corr[1:]
+            after = known & (launch_ts[pos] > prev_end)
+        else:
+            after = np.zeros(gap.size, dtype=bool)
+        short = ~after & (gap < KERNEL_WAIT_US)
+        host.append(gap[after])
+        kernel.append(gap[short])
+        other.append(gap[~after & ~short])
+
+    def total(parts: list[np.ndarray]) -> float:
+        """Summed in the order a loop over streams and gaps would (cumsum is sequential), so the figures
+        stay the same to the last digit."""
+        values = np.concatenate(parts) if parts else np.zeros(0)
+        return float(np.cumsum(np.concatenate([[0.0], values]))[-1])
+
+    return total(host), total(kernel), total(other)
 
 
 __all__ = ["MEMORY_KERNEL", "Temporal", "temporal"]
