@@ -9,6 +9,7 @@ from pitstop import schemas
 from pitstop.catalogue import CAUSES
 from pitstop.diagnose.context import RuleContext
 from pitstop.diagnose.metrics import Metrics, rank_metrics
+from pitstop.diagnose.ranks import RanksAnalysis, Scaling
 from pitstop.findings import Finding, rank_findings
 from pitstop.profile import RunProfile
 
@@ -20,6 +21,8 @@ class Diagnosis:
     findings: list[Finding]
     skipped_checks: list[str] = field(default_factory=list)  # causes that need a GPU on a CPU run
     notes: list[str] = field(default_factory=list)
+    ranks_analysis: RanksAnalysis | None = None
+    scaling: Scaling | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The stable ``pitstop.run/1`` document."""
@@ -55,10 +58,50 @@ class Diagnosis:
                 "cpu_count": env.cpu_count,
                 "versions": env.versions,
             },
-            "ranks": [vars(rank_metrics(r)) for r in self.profile.ranks],
+            "ranks": self._ranks(),
+            "scaling": None if self.scaling is None else self.scaling.to_dict(),
+            "communication": self._communication(),
+            "missing_ranks": self.profile.missing_ranks,
+            "missing_hosts": self.profile.missing_hosts,
             "skipped_checks": self.skipped_checks,
             "notes": self.notes + self.profile.notes,
             "profile": self.profile.to_dict(),
+        }
+
+    def _ranks(self) -> list[dict[str, Any]]:
+        """Per-rank figures; with timed collectives, each rank's waiting, communication and arrival skew."""
+        comm = {} if self.ranks_analysis is None else {r.rank: r for r in self.ranks_analysis.ranks}
+        rows = []
+        for rank in self.profile.ranks:
+            row: dict[str, Any] = vars(rank_metrics(rank))
+            c = comm.get(rank.rank)
+            if c is not None:
+                row |= {
+                    "host": c.host,
+                    "wait_s": c.wait_s,
+                    "comm_s": c.comm_s,
+                    "own_compute_s": c.compute_s,
+                    "collectives_per_step": c.collectives_per_step,
+                    "collective_bytes_per_step": c.bytes_per_step,
+                    "arrival_late_s": c.late_s,
+                    "arrived_last_frac": c.last_frac,
+                    "clock_offset_s": c.clock_offset_s,
+                }
+            rows.append(row)
+        return rows
+
+    def _communication(self) -> dict[str, Any] | None:
+        a = self.ranks_analysis
+        if a is None:
+            return None
+        return {
+            "matched_collectives": a.matched,
+            "arrival_skew_s": a.skew_s,
+            "straggler": a.straggler,
+            "straggler_last_frac": a.straggler_last_frac,
+            "persistent": a.persistent,
+            "clock": a.clock,
+            "bandwidth": [vars(b) for b in a.bandwidth],
         }
 
 
@@ -72,8 +115,9 @@ def diagnose(profile: RunProfile) -> Diagnosis:
             ctx.earlier.append(finding)
     skipped = []
     if ctx.env.device == "cpu":
-        skipped = [c.id for c in CAUSES.values() if c.needs_gpu]
+        live = {"communication_bound"} if ctx.ranks is not None else set()  # timed collectives: any device
+        skipped = [c.id for c in CAUSES.values() if c.needs_gpu and c.id not in live]
     notes = []
     for rank in profile.ranks:
         notes += [f"rank {rank.rank}: {e}" for e in rank.probe_errors]
-    return Diagnosis(profile, ctx.metrics, rank_findings(ctx.earlier), skipped, notes)
+    return Diagnosis(profile, ctx.metrics, rank_findings(ctx.earlier), skipped, notes, ctx.ranks, ctx.scaling)

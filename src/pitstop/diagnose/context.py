@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pitstop.diagnose.metrics import Metrics, compute_metrics
+from pitstop.diagnose.ranks import RanksAnalysis, Scaling, analyse, scaling
 from pitstop.findings import Finding
 from pitstop.hardware import GpuSpec, lookup_gpu
 from pitstop.profile import Environment, RunProfile, TraceStats
@@ -15,10 +16,17 @@ class RuleContext:
     profile: RunProfile
     metrics: Metrics
     earlier: list[Finding] = field(default_factory=list)  # findings of the rules that ran before
+    ranks: RanksAnalysis | None = None  # who waits for whom (multi-rank runs with timed collectives)
+    scaling: Scaling | None = None
 
     @classmethod
     def of(cls, profile: RunProfile) -> RuleContext:
-        return cls(profile=profile, metrics=compute_metrics(profile))
+        metrics = compute_metrics(profile)
+        ranks = analyse(profile)
+        scaled = scaling(profile, ranks, metrics.real_tokens_per_s or metrics.tokens_per_s)
+        if scaled is not None:
+            metrics.scaling_efficiency = scaled.efficiency
+        return cls(profile=profile, metrics=metrics, ranks=ranks, scaling=scaled)
 
     @property
     def env(self) -> Environment:

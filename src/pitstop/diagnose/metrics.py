@@ -62,6 +62,9 @@ class Metrics:
     hf_flops_per_s: float | None = None  # the Trainer's own 6·N·tokens count over training time
     eval_frac: float | None = None  # share of the Trainer's runtime spent in evaluation
     source_of_util: str | None = None  # "nvml", "nvidia-smi" or "trace"
+    scaling_efficiency: float | None = (
+        None  # multi-rank: tokens/s over world size × one rank's (see ranks.py)
+    )
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

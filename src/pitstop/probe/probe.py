@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pitstop.atomic import write_atomic
+from pitstop.probe import collectives as collmod
 from pitstop.probe import environment as envmod
 from pitstop.probe.batch import count_batch, looks_like_text
 from pitstop.probe.config import ProbeConfig
@@ -69,6 +70,9 @@ class Probe:
         self._pid = os.getpid()  # forked DataLoader workers inherit the probe; only this process reports
         self.hooks = Hooks(self)
         self.builder = StepBuilder(HostClock())
+        self.collectives = collmod.CollectiveRecorder(
+            self.origin, lambda: self.builder.index + 1, self.disable
+        )
         self.records: list[StepRecord] = []
         self.environment: Environment | None = None
         self.rank = int(os.environ.get("RANK", "0"))
@@ -98,6 +102,7 @@ class Probe:
     # -- lifecycle ------------------------------------------------------------------------------------
     def install(self) -> Probe:
         self.hooks.install()
+        self.collectives.install()
         if self.config.out_dir is not None:
             atexit.register(self._at_exit)
         return self
@@ -116,6 +121,7 @@ class Probe:
         self.disabled = True
         self.errors.append(f"{type(exc).__name__}: {exc}")
         self.hooks.remove()
+        self.collectives.remove()
         self._stop_samplers()
         print(
             f"pitstop: probe disabled after an internal error ({type(exc).__name__}: {exc}); "
@@ -178,6 +184,7 @@ class Probe:
             self.builder.mark(OPT_START)
             return
         record = self.builder.end_step()
+        self.collectives.close_step(record)
         self.records.append(record)
         self._after_step(record, optimizer)
 
@@ -250,7 +257,9 @@ class Probe:
         eos_ids = eos if isinstance(eos, list) else [eos]
         self._pad_token_id = pad if isinstance(pad, int) and pad not in eos_ids else None
         self.environment = env
+        collmod.describe(env)
         if env.device == "cuda":
+            self.collectives.use_device_clock()
             self.builder.switch_clock(CudaEventClock())
             self.hooks.install_sync_watch()
         self._start_samplers(env, params)
@@ -319,6 +328,7 @@ class Probe:
             self.finished = True
         self.window_end_t = time.perf_counter() - self.origin
         self.hooks.active = False
+        self.collectives.active = False
         try:
             self.builder.drain()
         except Exception as exc:
@@ -329,6 +339,7 @@ class Probe:
         if self.config.out_dir is not None:
             self._write(profile)
         self.hooks.remove()
+        self.collectives.remove()
         if self.on_done is not None:
             self.on_done(profile)
         if profile.stopped_by_probe:
@@ -369,6 +380,7 @@ class Probe:
             memory=self._memory_stats(env),
             environment=env,
             probe_errors=list(self.errors),
+            collectives=self.collectives.resolve(steps[0].index, steps[-1].index) if steps else [],
         )
 
     def _memory_stats(self, env: Environment) -> MemoryStats:
