@@ -283,15 +283,15 @@ def _bandwidth(
         start = max(last_arrival[key], previous_end.get(key[0], float("-inf")))
         end = finished[key]
         previous_end[key[0]] = end
-        if sample.bytes <= 0 or end <= start:
-            continue
-        per_op[sample.op].append((sample.bytes, end - start, sample.size))
+        if sample.bytes > 0:  # a collective done before it could start (clock noise) moves bytes in 0 s
+            per_op[sample.op].append((sample.bytes, max(0.0, end - start), sample.size))
     out = []
     for op, rows in sorted(per_op.items()):
         total_bytes = sum(b for b, _, _ in rows)
-        total_s = sum(s for _, s, _ in rows)
+        timed = [(b, s) for b, s, _ in rows if s > 0]
+        total_s = sum(s for _, s in timed)
         size = max(n for _, _, n in rows)
-        algbw = total_bytes / total_s / 1e9 if total_s > 0 else None
+        algbw = sum(b for b, _ in timed) / total_s / 1e9 if total_s > 0 else None
         out.append(
             OpBandwidth(
                 op=op,

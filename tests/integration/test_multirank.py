@@ -1,0 +1,83 @@
+"""Many ranks for real: 2-rank gloo DDP jobs under `pitstop doctor -- torchrun`, with one planted cause each."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS, causes, doctor, run_pitstop
+
+pytestmark = pytest.mark.slow
+
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2")
+SCRIPT = str(SCRIPTS / "ddp_ranks.py")
+
+
+def test_slow_compute_rank_is_the_straggler_and_the_other_waits(tmp_path: Path) -> None:
+    doc, proc = doctor(
+        tmp_path, *TORCHRUN, SCRIPT, "--slow-compute-rank", "1", "--slow-compute-ms", "80", steps=10
+    )
+    straggler = next(f for f in doc["findings"] if f["cause"] == "straggler")
+    ev = straggler["evidence"]
+    assert ev["slow_rank"] == 1 and ev["reason"] == "compute" and ev["persistent"]
+    assert ev["arrived_last_frac"] > 0.8
+    assert straggler["severity"] == "high"
+    ranks = {r["rank"]: r for r in doc["ranks"]}
+    # rank 0's backward is mostly waiting for rank 1; rank 1 itself hardly waits
+    assert ranks[0]["wait_s"] > 0.5 * ranks[0]["step_time_s"]
+    assert ranks[1]["wait_s"] < 0.2 * ranks[1]["step_time_s"]
+    assert ranks[1]["own_compute_s"] > ranks[0]["own_compute_s"] + 0.05
+    assert doc["communication"]["straggler"] == 1
+    assert "Rank 1 arrives last" in proc.stdout
+
+
+def test_communication_heavy_job_is_communication_bound_first(tmp_path: Path) -> None:
+    doc, _ = doctor(tmp_path, *TORCHRUN, SCRIPT, "--heavy", steps=8)
+    assert causes(doc)[0] == "communication_bound"
+    ev = doc["findings"][0]["evidence"]
+    allreduce = ev["bandwidth"]["all_reduce"]
+    assert allreduce["mb_per_step"] == pytest.approx(6 * 2048 * 2048 * 4 / 1e6, rel=0.01)
+    assert allreduce["busbw_gbps"] > 0 and allreduce["busbw_gbps"] == allreduce["algbw_gbps"]  # 2(n-1)/n = 1
+    assert ev["exposed_frac_of_step"] >= 0.1
+    assert ev["backend"] == "gloo"
+    assert doc["metrics"]["scaling_efficiency"] is not None and doc["metrics"]["scaling_efficiency"] < 1.0
+
+
+def test_healthy_two_rank_job_has_no_high_finding(tmp_path: Path) -> None:
+    doc, _ = doctor(tmp_path, *TORCHRUN, SCRIPT, steps=10)
+    assert not [f["cause"] for f in doc["findings"] if f["severity"] == "high"]
+    assert doc["communication"]["matched_collectives"] == 10  # one gradient bucket per step, on both ranks
+    assert all(r["collectives_per_step"] == 1.0 for r in doc["ranks"])
+
+
+def test_losses_are_bit_identical_with_and_without_the_probe(tmp_path: Path) -> None:
+    plain, probed = tmp_path / "plain", tmp_path / "probed"
+    subprocess.run(
+        [*TORCHRUN, SCRIPT, "--steps", "12", "--losses", str(plain)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    proc = run_pitstop(
+        "doctor",
+        "--quiet",
+        "--full",
+        "--warmup",
+        "2",
+        "--",
+        *TORCHRUN,
+        SCRIPT,
+        "--steps",
+        "12",
+        "--losses",
+        str(probed),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "collective" not in proc.stderr  # the probe was not disabled
+    for rank in (0, 1):
+        a = Path(f"{plain}.rank{rank}").read_text().split("\n")
+        b = Path(f"{probed}.rank{rank}").read_text().split("\n")
+        assert len(a) == 13 and a == b
