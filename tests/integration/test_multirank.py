@@ -81,3 +81,66 @@ def test_losses_are_bit_identical_with_and_without_the_probe(tmp_path: Path) -> 
         a = Path(f"{plain}.rank{rank}").read_text().split("\n")
         b = Path(f"{probed}.rank{rank}").read_text().split("\n")
         assert len(a) == 13 and a == b
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _two_nodes(tmp_path: Path, *script_args: str) -> list[tuple[subprocess.CompletedProcess[str], Path]]:
+    """Two `pitstop doctor -- torchrun --nnodes 2 --node-rank i` started together, one rank per "node"."""
+    import os
+
+    from tests.conftest import ROOT
+
+    port = _free_port()
+    procs = []
+    for node in (0, 1):
+        out = tmp_path / f"node{node}.json"
+        cmd = [sys.executable, "-m", "pitstop", "doctor", "--quiet", "--warmup", "3", "--steps", "8"]
+        cmd += ["--json", str(out), "--", sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
+        cmd += ["--node-rank", str(node), "--nproc_per_node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        env = {**os.environ, "PITSTOP_GATHER_TIMEOUT_S": "15", "COLUMNS": "120"}
+        popen = subprocess.Popen(
+            [*cmd, SCRIPT, *script_args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        procs.append((popen, out))
+    done = []
+    for popen, out in procs:
+        stdout, stderr = popen.communicate(timeout=300)
+        done.append((subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr), out))
+    return done
+
+
+def test_two_nodes_give_one_report_on_the_node_of_rank_0(tmp_path: Path) -> None:
+    import json
+
+    (node0, out0), (node1, out1) = _two_nodes(tmp_path)
+    assert node0.returncode == 0, node0.stderr
+    doc = json.loads(out0.read_text())
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert all(r["steps"] == 8 for r in doc["ranks"])
+    assert doc["communication"]["matched_collectives"] == 8
+    assert not doc["missing_ranks"]
+    assert "the job's report is on" in node1.stderr and "#0" in node1.stderr
+    assert not out1.exists()
+
+
+def test_a_node_that_dies_mid_window_is_named_missing(tmp_path: Path) -> None:
+    import json
+
+    (node0, out0), _ = _two_nodes(tmp_path, "--die-rank", "1", "--die-step", "7")
+    doc = json.loads(out0.read_text())
+    assert doc["missing_ranks"] == [1] and doc["missing_hosts"] == ["node 1"]
+    assert [r["rank"] for r in doc["ranks"]] == [0] and doc["ranks"][0]["steps"] >= 2
+    assert any("ranks 1 (node 1) did not report" in n for n in doc["notes"])
+    assert node0.returncode != 0  # the job failed, and pitstop says so

@@ -4,6 +4,7 @@
                                             forward: its compute, not its data, is slow)
 --heavy                                     a model with large gradients and almost no compute per step
                                             (communication dominates)
+--die-rank R --die-step S                   rank R's process vanishes at step S (a lost node)
 --losses PATH                               each rank appends "step loss" lines to PATH.rank<R>
 """
 
@@ -47,6 +48,8 @@ def main() -> int:
     p.add_argument("--heavy", action="store_true")
     p.add_argument("--losses", type=Path, default=None)
     p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--die-rank", type=int, default=None, help="this rank's process dies at --die-step")
+    p.add_argument("--die-step", type=int, default=0)
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -77,6 +80,8 @@ def main() -> int:
             opt.step()
             opt.zero_grad(set_to_none=True)
             step += 1
+            if rank == args.die_rank and step == args.die_step:
+                os._exit(1)  # a node lost mid-window: no exit handlers, no goodbye
             if out is not None:
                 out.write(f"{step} {loss.item().hex()}\n")
                 out.flush()

@@ -180,7 +180,7 @@ def analyse(profile: RunProfile) -> RanksAnalysis | None:
         skew_s=statistics.median(skews),
         straggler=straggler,
         straggler_last_frac=share,
-        persistent=share is not None and share >= 0.6,
+        persistent=share is not None and share >= 0.75,
         last_by_step={step: rank for step, (_, rank) in sorted(by_step.items())},
         bandwidth=_bandwidth(table, members, last_arrival, finished, offsets, ranks),
         clock=ranks[0].collectives[0].clock,

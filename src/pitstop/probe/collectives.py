@@ -34,7 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pitstop.profile import CollectiveRecord, Environment, StepRecord
+from pitstop.probe import gather
+from pitstop.profile import CollectiveRecord, Environment, RankProfile, StepRecord
 
 MAX_RECORDS = (
     400_000  # a long --full run keeps the first ones; enough for 1,000 steps of a 400-collective FSDP
@@ -403,6 +404,12 @@ def describe(env: Environment) -> None:
 
         if dist.is_available() and dist.is_initialized():
             env.dist_backend = str(dist.get_backend())
+    gather.prepare()
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if env.world_size and local and int(local) > 0:
         env.nodes = max(1, env.world_size // int(local))
+
+
+def gather_to_rank0(profile: RankProfile, out_dir: Any) -> None:
+    """Many nodes: hand this rank's profile to global rank 0's node (see pitstop.probe.gather)."""
+    gather.exchange(profile, out_dir)

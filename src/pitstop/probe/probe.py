@@ -338,6 +338,7 @@ class Probe:
         profile.stopped_by_probe = reason == "window" and self.config.stop_when_done
         if self.config.out_dir is not None:
             self._write(profile)
+            self.guard(collmod.gather_to_rank0, profile, self.config.out_dir)
         self.hooks.remove()
         self.collectives.remove()
         if self.on_done is not None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pitstop.probe.gather import read_summary
 from pitstop.profile import RankProfile, RunProfile, from_jsonable
 from pitstop.runner.launch import Launch
 
@@ -44,6 +45,12 @@ def collect(
         return Outcome(None, launch.start_error, 127)
     ranks = read_ranks(launch.out_dir)
     code = launch.exit_code if launch.exit_code is not None else 1
+    gathered = read_summary(launch.out_dir)
+    if gathered is not None and gathered.get("role") == "sent" and not any(r.rank == 0 for r in ranks):
+        where = gathered.get("rank0_node") or "the node of global rank 0 (it did not answer)"
+        return Outcome(
+            None, f"this node's ranks sent their measurements to rank 0: the job's report is on {where}", 0
+        )
     if launch.interrupted and not any(r.steps for r in ranks):
         return Outcome(None, "interrupted before any step was measured", 130)
     if not any(r.steps for r in ranks):
@@ -73,6 +80,14 @@ def collect(
         requested_steps=requested_steps,
         exit_code=launch.exit_code,
     )
+    if gathered is not None and gathered.get("missing_ranks"):
+        profile.missing_ranks = list(gathered["missing_ranks"])
+        profile.missing_hosts = list(gathered.get("missing_nodes") or [])
+        nodes = ", ".join(profile.missing_hosts) or "their nodes"
+        profile.notes.append(
+            f"ranks {', '.join(map(str, profile.missing_ranks))} ({nodes}) did not report in time: "
+            "the diagnosis covers the ranks that did"
+        )
     stopped = any(r.stopped_by_probe for r in ranks)
     message = None
     exit_code = 0
