@@ -50,14 +50,20 @@ OPS: dict[str, tuple[str, int | None]] = {
     "broadcast": ("broadcast", 0),
     "all_gather": ("all_gather", 0),
     "all_gather_into_tensor": ("all_gather", 0),
+    "all_gather_single": ("all_gather", 0),
     "_all_gather_base": ("all_gather", 0),
     "reduce_scatter": ("reduce_scatter", 1),
     "reduce_scatter_tensor": ("reduce_scatter", 1),
+    "reduce_scatter_single": ("reduce_scatter", 1),
     "_reduce_scatter_base": ("reduce_scatter", 1),
     "all_to_all": ("all_to_all", 1),
     "all_to_all_single": ("all_to_all", 1),
     "barrier": ("barrier", None),
 }
+
+
+def _setter(owner: Any, name: str, value: Any) -> Callable[[], None]:
+    return lambda: setattr(owner, name, value)
 
 
 def nbytes(value: Any) -> int:
@@ -163,9 +169,7 @@ class CollectiveRecorder:
             for owner in (c10d, dist):
                 if getattr(owner, name, None) is original:
                     setattr(owner, name, wrapper)
-                    self._restore.append(
-                        lambda owner=owner, name=name, original=original: setattr(owner, name, original)
-                    )
+                    self._restore.append(_setter(owner, name, original))
         self._install_ddp()
 
     def remove(self) -> None:
@@ -188,18 +192,18 @@ class CollectiveRecorder:
         local = self._local
 
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if not recorder.active or getattr(local, "depth", 0):
+            if not recorder.active or getattr(local, "depth", False):
                 return original(*args, **kwargs)  # not observing, or a collective inside a collective
             try:
                 pending = recorder._begin(op, args, kwargs, tensor_at, tensor_name, group_at)
             except Exception as exc:
                 recorder._failed(exc)
                 return original(*args, **kwargs)
-            local.depth = 1
+            local.depth = True
             try:
                 result = original(*args, **kwargs)
             finally:
-                local.depth = 0
+                local.depth = False
             asynchronous = bool(
                 kwargs.get(
                     "async_op", args[async_at] if async_at is not None and len(args) > async_at else False
@@ -311,8 +315,8 @@ class CollectiveRecorder:
             module._pitstop_builtin_hook = True
             return original_builtin(module, *args, **kwargs)
 
-        DDP.__init__ = __init__  # type: ignore[method-assign]
-        DDP._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign]
+        DDP.__init__ = __init__  # type: ignore[method-assign,assignment]
+        DDP._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign,assignment]
         self._restore.append(lambda: setattr(DDP, "__init__", original_init))
         self._restore.append(lambda: setattr(DDP, "_register_builtin_comm_hook", original_builtin))
 
@@ -339,12 +343,12 @@ class CollectiveRecorder:
 
         local = self._local
 
-        def pitstop_allreduce_hook(process_group, bucket):  # type: ignore[no-untyped-def]
+        def pitstop_allreduce_hook(process_group, bucket):
             """The reducer's built-in default, in Python: the bucket holds the raw gradients, which it
             multiplies by 1/world size (exactly as the reducer's copy does) before a sum all-reduce.
             Unannotated on purpose: DDP checks a hook's annotations, which this module's are strings."""
             tensor = bucket.buffer()
-            group = process_group if process_group is not None else dist.group.WORLD
+            group: Any = process_group if process_group is not None else dist.group.WORLD
             tensor.mul_(1.0 / group.size())
             local.source = "ddp"
             try:
