@@ -24,7 +24,7 @@ def _profile(late_rank: int | None, late_s: float, transfer_s: float, clock: str
         for i in range(10):
             t0 = i * (STEP + late_s)  # the job's common clock: every step ends when the all-reduce ends
             slow = rank == (i % 3 if late_rank is not None and late_rank < 0 else late_rank)
-            compute = STEP - transfer_s - (0.0 if slow else 0.0)
+            compute = STEP - transfer_s
             arrive = t0 + compute + (late_s if slow else 0.0)
             last = t0 + compute + late_s
             done = last + transfer_s
