@@ -134,3 +134,23 @@ def test_single_rank_or_no_collectives_gives_no_analysis() -> None:
     for r in p.ranks:
         r.collectives = []
     assert analyse(p) is None
+
+
+def test_reports_show_waiting_and_arrival_per_rank() -> None:
+    from rich.console import Console
+
+    from pitstop.report.html import render_html
+    from pitstop.report.terminal import render
+
+    d = diagnose(_profile(2, 0.03, 0.01))
+    doc = d.to_dict()
+    rows = {r["rank"]: r for r in doc["ranks"]}
+    assert rows[0]["wait_s"] == pytest.approx(0.03) and rows[2]["arrival_late_s"] > rows[0]["arrival_late_s"]
+    assert doc["communication"]["straggler"] == 2 and doc["metrics"]["scaling_efficiency"] is not None
+    html = render_html(doc)
+    assert 'id="per-rank-split"' in html or "per-rank-split" in html
+    assert "per-rank-arrival" in html
+    console = Console(record=True, width=140)
+    render(d, console)
+    text = console.export_text()
+    assert "waiting" in text and "all_reduce: 100.0 MB per step" in text and "scaling efficiency" in text

@@ -280,5 +280,7 @@ def environment(doc: dict[str, Any]) -> str:
 
 
 def run_sections(doc: dict[str, Any]) -> list[str]:
-    plots = step_plots(doc) + gpu_plots(doc) + rank_plots(doc) + trace_plots(doc)
+    from pitstop.report.html.ranks import rank_comm_plots
+
+    plots = step_plots(doc) + gpu_plots(doc) + rank_plots(doc) + rank_comm_plots(doc) + trace_plots(doc)
     return [verdict(doc), findings(doc), section("plots", "Pictures", "".join(plots)), environment(doc)]
