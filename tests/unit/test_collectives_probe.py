@@ -165,3 +165,14 @@ def test_a_single_node_job_gathers_nothing(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     gather.exchange(RankProfile(rank=0), tmp_path)
     assert gather.read_summary(tmp_path) is None
+
+
+def test_ddp_with_gradient_as_bucket_view_is_left_untimed(world1: Any) -> None:
+    rec = CollectiveRecorder(0.0, lambda: 1, lambda exc: None)
+    rec.install()
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4), gradient_as_bucket_view=True)
+        model(torch.randn(3, 8)).sum().backward()
+    finally:
+        rec.remove()
+    assert model._comm_hooks == [] and rec.resolve(1) == []

@@ -10,9 +10,12 @@ step: DDP issues one per gradient bucket):
   the host around it; an asynchronous one gets a completion callback on its work's future (no extra wait).
 - DDP's reducer runs its gradient all-reduce in C++, out of reach of those wrappers. At a DDP module's first
   forward, when the user registered no comm hook of their own, the probe registers one that does exactly what
-  the reducer's built-in default does (scale the bucket by 1/world size, then a sum all-reduce, async), through
-  the wrapped Python ``all_reduce`` — so DDP's buckets are timed like any other collective, bit-for-bit the same
-  gradients. A user's own comm hook is left alone (its collectives go through the wrappers anyway).
+  the reducer's built-in default does (it copies each gradient into the bucket multiplied by 1/world size —
+  ``mul_out(bucket, grad, 1/n)`` — then runs a sum all-reduce, async), through the wrapped Python
+  ``all_reduce`` — so DDP's buckets are timed like any other collective, with bit-for-bit the same gradients.
+  A user's own comm hook is left alone (its collectives go through the wrappers anyway). With
+  ``gradient_as_bucket_view=True`` the reducer divides in place (``div_``) from the second step on, which no hook
+  can reproduce bit-for-bit, so those buckets stay untimed; so does a model with sparse gradients.
 - On a GPU the arrival and completion of a collective are CUDA events on the stream that runs it (the
   caller's stream before the call; the completion callback's stream after it), read at the end of the window,
   so the host never waits for the device. The same code runs on the host clock on a CPU, which is what lets the
@@ -335,6 +338,10 @@ class CollectiveRecorder:
         if hooks is None or hooks:
             return  # an older DDP we cannot read, or the user's own hook
         if any(getattr(p, "is_sparse", False) for p in module.parameters()):
+            return
+        if getattr(module, "gradient_as_bucket_view", True):
+            # the reducer then divides the bucket in place (div_) from the second step on, which a hook cannot
+            # tell from the first step's multiply-while-copying: leave DDP's buckets untimed rather than risk a bit
             return
         module.register_comm_hook(module.process_group, self._ddp_hook())
 
