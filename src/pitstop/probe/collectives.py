@@ -416,9 +416,9 @@ def describe(env: Environment) -> None:
         if dist.is_available() and dist.is_initialized():
             env.dist_backend = str(dist.get_backend())
     gather.prepare()
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    if env.world_size and local and int(local) > 0:
-        env.nodes = max(1, env.world_size // int(local))
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if env.world_size and local.isdigit() and int(local) > 0:
+        env.nodes = max(1, -(-env.world_size // int(local)))
 
 
 def gather_to_rank0(profile: RankProfile, out_dir: Any) -> None:

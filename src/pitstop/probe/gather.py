@@ -26,6 +26,7 @@ ENV_TIMEOUT = "PITSTOP_GATHER_TIMEOUT_S"
 SUMMARY = "gather.json"
 PREFIX = "pitstop/"
 POLL_S = 0.2
+MAX_SENT_COLLECTIVES = 20_000  # per rank: 512 ranks × 20k records stay within what rank 0 can hold
 
 _store: Any = None
 
@@ -33,8 +34,8 @@ _store: Any = None
 def spans_nodes(environ: dict[str, str] | None = None) -> bool:
     """Whether the job has ranks on other nodes than this one (the launcher's variables say so)."""
     env = os.environ if environ is None else environ
-    world, local = env.get("WORLD_SIZE"), env.get("LOCAL_WORLD_SIZE")
-    return bool(world and local and int(local) < int(world))
+    world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
+    return world.isdigit() and local.isdigit() and int(local) < int(world)
 
 
 def node_of(environ: dict[str, str] | None = None) -> str:
@@ -70,7 +71,10 @@ def exchange(profile: RankProfile, out_dir: Path | None) -> None:
     if store is None:
         _summary(out_dir, {"role": "unreachable", "node": node, "world_size": world})
         return
-    payload = json.dumps({"node": node, "profile": to_jsonable(profile)})
+    sent = to_jsonable(profile)
+    if len(sent["collectives"]) > MAX_SENT_COLLECTIVES:  # the latest steps are kept whole
+        sent["collectives"] = sent["collectives"][-MAX_SENT_COLLECTIVES:]
+    payload = json.dumps({"node": node, "profile": sent})
     store.set(f"{PREFIX}rank/{profile.rank}", payload)
     if profile.rank == 0:
         store.set(f"{PREFIX}rank0_node", node)
@@ -127,7 +131,8 @@ def _collect(store: Any, out_dir: Path, world: int, node: str, timeout: float) -
 
 def _guess_nodes(missing: list[int]) -> list[str]:
     """The nodes of ranks that never reported: torchrun numbers ranks node by node."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    text = os.environ.get("LOCAL_WORLD_SIZE", "")
+    local = int(text) if text.isdigit() else 0
     if not missing or local <= 0:
         return []
     return sorted({f"node {r // local}" for r in missing}, key=lambda s: int(s.split()[1]))
