@@ -104,11 +104,28 @@ def ddp_worker(rank: int, world: int, init: str, args: argparse.Namespace, out: 
             yield
             timed.append(sum(r.collectives or 0 for r in session.probe.records))
 
-    modes: dict[str, Callable[[], Any]] = {"none": no_observer, "pitstop": probe}
+    @contextlib.contextmanager
+    def probe_without_collectives() -> Iterator[None]:
+        from pitstop.probe.collectives import CollectiveRecorder
+
+        install = CollectiveRecorder.install
+        CollectiveRecorder.install = lambda self: None  # type: ignore[method-assign]
+        try:
+            with pitstop.watch(steps=None, warmup=0, report=False):
+                yield
+        finally:
+            CollectiveRecorder.install = install  # type: ignore[method-assign]
+
+    modes: dict[str, Callable[[], Any]] = {
+        "none": no_observer,
+        "pitstop": probe,
+        "pitstop without collective timing": probe_without_collectives,
+    }
     names = list(modes)
     medians: dict[str, list[float]] = {name: [] for name in modes}
     for round_index in range(args.rounds):
-        order = names[round_index % 2 :] + names[: round_index % 2]
+        shift = round_index % len(names)
+        order = names[shift:] + names[:shift]
         for name in order:
             with modes[name]():
                 ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -160,6 +177,17 @@ def main_gloo(args: argparse.Namespace) -> int:
     medians = result["medians"]
     base = statistics.median(medians["none"])
     ratios = [p / b for p, b in zip(medians["pitstop"], medians["none"], strict=True)]
+    bare = [p / b for p, b in zip(medians["pitstop without collective timing"], medians["none"], strict=True)]
+    paired = [
+        p / b for p, b in zip(medians["pitstop"], medians["pitstop without collective timing"], strict=True)
+    ]
+    print(
+        f"pitstop without collective timing / none: median {statistics.median(bare):.4f}; "
+        f"pitstop / pitstop without collective timing: median {statistics.median(paired):.4f} "
+        f"(per-round {min(paired):.4f} - {max(paired):.4f})"
+    )
+    result["ratio_without_collective_timing"] = statistics.median(bare)
+    result["ratio_collective_timing_alone"] = statistics.median(paired)
     print(
         f"gloo ranks={args.gloo_ranks} rounds={args.rounds} steps/block={args.steps} "
         f"baseline median step {base * 1000:.2f} ms; collectives timed by the probe: {result['collectives_timed']}"
