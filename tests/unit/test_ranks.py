@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pitstop.diagnose import diagnose
@@ -154,3 +156,19 @@ def test_reports_show_waiting_and_arrival_per_rank() -> None:
     render(d, console)
     text = console.export_text()
     assert "waiting" in text and "all_reduce: 100.0 MB per step" in text and "scaling efficiency" in text
+
+
+def test_tensorboard_gets_collectives_per_step_and_scaling(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tests.unit.test_tensorboard_export import _read
+
+    from pitstop.report.tensorboard import export_tensorboard
+
+    p = _profile(2, 0.03, 0.01)
+    for r in p.ranks:
+        for s in r.steps:
+            s.collectives, s.collective_bytes = 1, MB100
+    export = export_tensorboard(diagnose(p).to_dict(), tmp_path)
+    scalars = _read(export.path)
+    assert [v for _, v in scalars["pitstop/collective_mb"]] == [pytest.approx(100.0)] * 10
+    assert scalars["pitstop/summary/scaling_efficiency"][0][1] < 1.0

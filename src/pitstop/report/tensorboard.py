@@ -41,7 +41,7 @@ from pitstop.profile import GpuSample, RankProfile, RunProfile, StepRecord
 
 MISSING_WRITER = "--tensorboard needs the tensorboard package: pip install 'pitstop[tensorboard]'"
 GIB = 2**30
-SUMMARY_METRICS = ("real_tokens_per_s", "tokens_per_s", "mfu", "gpu_util")
+SUMMARY_METRICS = ("real_tokens_per_s", "tokens_per_s", "mfu", "gpu_util", "scaling_efficiency")
 
 # (GpuSample field, tag, factor to the tag's unit)
 GPU_FIELDS: tuple[tuple[str, str, float], ...] = (
@@ -178,6 +178,9 @@ def _step_scalars(rank: RankProfile, series: _Series) -> None:
             "pitstop/forward_s": s.forward_s,
             "pitstop/backward_s": s.backward_s,
             "pitstop/optimizer_s": s.optimizer_s,
+            "pitstop/collectives": s.collectives,
+            "pitstop/collective_mb": None if s.collective_bytes is None else s.collective_bytes / 1e6,
+            "pitstop/collective_blocked_s": s.collective_blocked_s,
             **_rates(s),
         }
         series.put(step, {k: f for k, v in values.items() if (f := _finite(v)) is not None})
