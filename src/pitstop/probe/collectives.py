@@ -146,6 +146,7 @@ class CollectiveRecorder:
         self.active = False
         self.records: list[_Open] = []
         self.dropped = 0
+        self.errors: list[str] = []
         self._restore: list[Callable[[], None]] = []
         self._groups: dict[int, tuple[Any, str, int]] = {}  # id(group) -> (group, key, size)
         self._seq: dict[str, int] = {}
@@ -168,18 +169,33 @@ class CollectiveRecorder:
             original = getattr(c10d, name, None)
             if original is None:
                 continue
-            wrapper = self._wrap(original, op, tensor_at)
+            try:
+                wrapper = self._wrap(original, op, tensor_at)
+            except (TypeError, ValueError):  # a signature this torch does not expose: leave that one alone
+                continue
             for owner in (c10d, dist):
                 if getattr(owner, name, None) is original:
                     setattr(owner, name, wrapper)
                     self._restore.append(_setter(owner, name, original))
-        self._install_ddp()
+        try:
+            self._install_ddp()
+        except Exception as exc:  # a DDP this code does not know: its buckets stay untimed
+            self.errors.append(f"DDP buckets not timed: {type(exc).__name__}: {exc}")
 
     def remove(self) -> None:
         self.active = False
         while self._restore:
             with contextlib.suppress(Exception):
                 self._restore.pop()()
+
+    def notes(self) -> list[str]:
+        """What the recorder could not do, for the rank's probe_errors."""
+        dropped = (
+            [f"{self.dropped} collectives after the first {MAX_RECORDS:,} were not recorded"]
+            if self.dropped
+            else []
+        )
+        return self.errors + dropped
 
     def use_device_clock(self) -> None:
         """From now on, mark collectives with CUDA events (the probe learns at step 1 that it is on a GPU)."""

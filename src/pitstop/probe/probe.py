@@ -380,7 +380,7 @@ class Probe:
             window_end_t=self.window_end_t,
             memory=self._memory_stats(env),
             environment=env,
-            probe_errors=list(self.errors),
+            probe_errors=list(self.errors) + self.collectives.notes(),
             collectives=self.collectives.resolve(steps[0].index, steps[-1].index) if steps else [],
         )
 
