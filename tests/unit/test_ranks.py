@@ -172,3 +172,22 @@ def test_tensorboard_gets_collectives_per_step_and_scaling(tmp_path: Path) -> No
     scalars = _read(export.path)
     assert [v for _, v in scalars["pitstop/collective_mb"]] == [pytest.approx(100.0)] * 10
     assert scalars["pitstop/summary/scaling_efficiency"][0][1] < 1.0
+
+
+def test_comm_advice_gives_text_and_snippets() -> None:
+    from pitstop.diagnose.comm_advice import ADVICE, bigger_buckets
+    from pitstop.diagnose.comm_advice import transport as transport_advice
+
+    assert "bucket_cap_mb=200" in bigger_buckets(200)["snippets"]["pytorch"]
+    assert "ddp_bucket_cap_mb=200" in bigger_buckets(200)["snippets"]["hf_trainer"]
+    multi = transport_advice(["NCCL_IB_DISABLE=1 is set"], multi_node=True)
+    assert "NCCL_IB_DISABLE=1" in multi["text"] and "NCCL_SOCKET_IFNAME" in multi["snippets"]["shell"]
+    for make in ADVICE.values():
+        advice = (
+            make(1)
+            if make.__name__ == "straggler_compute"
+            else make()
+            if make.__name__ != "transport"
+            else make([], False)
+        )
+        assert advice["text"] and advice["snippets"]
