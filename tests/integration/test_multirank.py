@@ -144,3 +144,26 @@ def test_a_node_that_dies_mid_window_is_named_missing(tmp_path: Path) -> None:
     assert [r["rank"] for r in doc["ranks"]] == [0] and doc["ranks"][0]["steps"] >= 2
     assert any("ranks 1 (node 1) did not report" in n for n in doc["notes"])
     assert node0.returncode != 0  # the job failed, and pitstop says so
+
+
+def test_scaling_efficiency_against_a_one_rank_run_from_the_history(tmp_path: Path) -> None:
+    import json
+
+    history = tmp_path / "history.sqlite3"
+    docs = []
+    for ranks in ("1", "2"):
+        out = tmp_path / f"r{ranks}.json"
+        proc = run_pitstop(
+            "doctor", "--quiet", "--warmup", "3", "--steps", "8", "--history", str(history), "--json", str(out),
+            "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", ranks, SCRIPT,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        docs.append(json.loads(out.read_text()))
+    one, two = docs
+    assert one["scaling"] is None  # one rank: nothing to scale
+    scaling = two["scaling"]
+    assert scaling["source"].startswith("history run 1: the same job on 1 rank")
+    assert scaling["single_rank_tokens_per_s"] == pytest.approx(one["metrics"]["real_tokens_per_s"])
+    expected = two["metrics"]["real_tokens_per_s"] / (2 * one["metrics"]["real_tokens_per_s"])
+    assert scaling["efficiency"] == pytest.approx(expected)
+    assert two["metrics"]["scaling_efficiency"] == pytest.approx(expected)
