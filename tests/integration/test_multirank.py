@@ -49,8 +49,10 @@ def test_communication_heavy_job_is_communication_bound_first(tmp_path: Path) ->
 def test_healthy_two_rank_job_has_no_high_finding(tmp_path: Path) -> None:
     doc, _ = doctor(tmp_path, *TORCHRUN, SCRIPT, steps=10)
     assert not [f["cause"] for f in doc["findings"] if f["severity"] == "high"]
-    assert doc["communication"]["matched_collectives"] == 10  # one gradient bucket per step, on both ranks
-    assert all(r["collectives_per_step"] == 1.0 for r in doc["ranks"])
+    # per step: DDP's buffer broadcast at the forward's start and one gradient bucket, matched on both ranks
+    assert doc["communication"]["matched_collectives"] == 20
+    assert all(r["collectives_per_step"] == 2.0 for r in doc["ranks"])
+    assert {b["op"] for b in doc["communication"]["bandwidth"]} == {"all_reduce", "broadcast"}
 
 
 def test_losses_are_bit_identical_with_and_without_the_probe(tmp_path: Path) -> None:
@@ -129,7 +131,7 @@ def test_two_nodes_give_one_report_on_the_node_of_rank_0(tmp_path: Path) -> None
     doc = json.loads(out0.read_text())
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     assert all(r["steps"] == 8 for r in doc["ranks"])
-    assert doc["communication"]["matched_collectives"] == 8
+    assert doc["communication"]["matched_collectives"] == 16  # buffer broadcast + gradient bucket per step
     assert not doc["missing_ranks"]
     assert "the job's report is on" in node1.stderr and "#0" in node1.stderr
     assert not out1.exists()

@@ -15,7 +15,9 @@ step: DDP issues one per gradient bucket):
   ``all_reduce`` — so DDP's buckets are timed like any other collective, with bit-for-bit the same gradients.
   A user's own comm hook is left alone (its collectives go through the wrappers anyway). With
   ``gradient_as_bucket_view=True`` the reducer divides in place (``div_``) from the second step on, which no hook
-  can reproduce bit-for-bit, so those buckets stay untimed; so does a model with sparse gradients.
+  can reproduce bit-for-bit, so those buckets stay untimed; so does a model with sparse gradients. DDP's
+  buffer broadcast at the start of each forward (C++ too, and where ranks wait for one that was late to its
+  batch) is timed around DDP's own Python method that issues it.
 - On a GPU the arrival and completion of a collective are CUDA events on the stream that runs it (the
   caller's stream before the call; the completion callback's stream after it), read at the end of the window,
   so the host never waits for the device. The same code runs on the host clock on a CPU, which is what lets the
@@ -266,19 +268,39 @@ class CollectiveRecorder:
         group_at: int | None,
     ) -> _Open | None:
         group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
-        key, size = self._group(group)
         tensors = None
         if tensor_at is not None:
             tensors = args[tensor_at] if len(args) > tensor_at else kwargs.get(tensor_name or "")
+        return self._open(op, group, nbytes(tensors), getattr(self._local, "source", None) or "python")
+
+    def _open(self, op: str, group: Any, size_bytes: int, source: str) -> _Open:
+        key, size = self._group(group)
         with self._lock:
             seq = self._seq.get(key, 0)
             self._seq[key] = seq + 1
-        source = getattr(self._local, "source", None) or "python"
         marks = self.marks
         issued = marks.mark()
-        return _Open(
-            self.step(), op, key, seq, nbytes(tensors), size, issued, marks, source, time.perf_counter()
-        )
+        return _Open(self.step(), op, key, seq, size_bytes, size, issued, marks, source, time.perf_counter())
+
+    def timed(self, op: str, group: Any, size_bytes: int, source: str, call: Callable[[], Any]) -> Any:
+        """Run a blocking collective issued from C++ (``call``), timed like the wrapped Python ones."""
+        if not self.active or getattr(self._local, "depth", False):
+            return call()
+        try:
+            pending = self._open(op, group, size_bytes, source)
+        except Exception as exc:
+            self._failed(exc)
+            return call()
+        self._local.depth = True
+        try:
+            result = call()
+        finally:
+            self._local.depth = False
+        try:
+            self._end(pending, None, False)
+        except Exception as exc:
+            self._failed(exc)
+        return result
 
     def _end(self, pending: _Open | None, result: Any, asynchronous: bool) -> None:
         if pending is None:
@@ -334,6 +356,20 @@ class CollectiveRecorder:
             module._pitstop_builtin_hook = True
             return original_builtin(module, *args, **kwargs)
 
+        original_broadcast = vars(DDP)["_distributed_broadcast_coalesced"]
+
+        def _distributed_broadcast_coalesced(module: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            """DDP's buffer broadcast at each forward's start, a C++ collective the ranks wait in."""
+            return recorder.timed(
+                "broadcast",
+                module.process_group,
+                nbytes(list(tensors)),
+                "ddp",
+                lambda: original_broadcast(module, tensors, *args, **kwargs),
+            )
+
+        DDP._distributed_broadcast_coalesced = _distributed_broadcast_coalesced  # type: ignore[method-assign]
+        self._restore.append(lambda: setattr(DDP, "_distributed_broadcast_coalesced", original_broadcast))
         DDP.__init__ = __init__  # type: ignore[method-assign,assignment]
         DDP._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign,assignment]
         self._restore.append(lambda: setattr(DDP, "__init__", original_init))
