@@ -70,10 +70,10 @@ class RankComm:
 class RanksAnalysis:
     ranks: list[RankComm]
     matched: int  # collectives seen by every reporting rank of their group
-    skew_s: float  # median over collectives of (last arrival − the other ranks' median arrival)
+    skew_s: float  # median over steps of the largest (last arrival − the other ranks' median arrival)
     straggler: int | None  # the rank the others wait for, by arrival
-    straggler_last_frac: float | None  # share of skewed collectives it was last at
-    persistent: bool  # the same rank is last at most collectives
+    straggler_last_frac: float | None  # share of steps it was last at the collective with the largest skew
+    persistent: bool  # the same rank holds back at least 3 steps in 4
     last_by_step: dict[int, int] = field(default_factory=dict)  # step -> rank last at its largest skew
     bandwidth: list[OpBandwidth] = field(default_factory=list)
     clock: str = "host"
@@ -171,13 +171,15 @@ def analyse(profile: RunProfile) -> RanksAnalysis | None:
         return None
 
     rows = [_rank_row(r, offsets, table, last_arrival, late, last_counts, matched) for r in ranks]
-    skewed = sum(last_counts.values())
     straggler = max(held, key=lambda k: held[k]) if held else None
-    share = last_counts[straggler] / skewed if straggler is not None and skewed else None
+    # per step, the collective the others waited longest at says who held that step back; a collective where
+    # everyone arrived together (DDP's buffer broadcast behind a slow backward) says nothing
+    step_last = [rank for _, rank in by_step.values()]
+    share = step_last.count(straggler) / len(step_last) if straggler is not None and step_last else None
     return RanksAnalysis(
         ranks=rows,
         matched=matched,
-        skew_s=statistics.median(skews),
+        skew_s=statistics.median(skew for skew, _ in by_step.values()),
         straggler=straggler,
         straggler_last_frac=share,
         persistent=share is not None and share >= 0.75,

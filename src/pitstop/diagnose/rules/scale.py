@@ -143,8 +143,8 @@ def _straggler_by_arrival(ctx: RuleContext) -> Finding | None:
     waiters = ", ".join(str(r.rank) for r in others[:8]) + (" …" if len(others) > 8 else "")
     persistent = a.persistent
     lead = (
-        f"Rank {slow_rank} arrives last at {a.straggler_last_frac or 0.0:.0%} of the collectives, "
-        f"{a.skew_s * 1000:.0f} ms after the other ranks (median)"
+        f"Rank {slow_rank} arrives last in {a.straggler_last_frac or 0.0:.0%} of the steps (at the collective "
+        f"the others wait longest at), {a.skew_s * 1000:.0f} ms after the other ranks (median)"
     )
     if not persistent:
         lead = (
