@@ -64,6 +64,8 @@ def table(d: Diagnosis) -> Table:
             f"+{hidden} more ranks (step spread {spread * 1000:,.1f} ms): the full table is in --json / --html"
         )
     for b in a.bandwidth:
+        if b.bytes_per_step < 100_000:
+            continue  # a few buffers: latency, not bandwidth (still in the JSON)
         bw = (
             "unknown"
             if b.busbw_gbps is None
