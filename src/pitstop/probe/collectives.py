@@ -368,7 +368,7 @@ class CollectiveRecorder:
                 lambda: original_broadcast(module, tensors, *args, **kwargs),
             )
 
-        DDP._distributed_broadcast_coalesced = _distributed_broadcast_coalesced  # type: ignore[method-assign]
+        DDP._distributed_broadcast_coalesced = _distributed_broadcast_coalesced  # type: ignore[method-assign,assignment]
         self._restore.append(lambda: setattr(DDP, "_distributed_broadcast_coalesced", original_broadcast))
         DDP.__init__ = __init__  # type: ignore[method-assign,assignment]
         DDP._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign,assignment]
