@@ -7,6 +7,7 @@ first step, a one-off that is not per-step overhead).
 
     python bench/probe_overhead.py                 # CPU, tiny Llama
     python bench/probe_overhead.py --device cuda   # on a GPU
+    python bench/probe_overhead.py --gloo-ranks 2  # a 2-rank gloo DDP loop, every collective timed
 """
 
 from __future__ import annotations
@@ -78,6 +79,146 @@ def run_block(
     return times
 
 
+def ddp_worker(rank: int, world: int, init: str, args: argparse.Namespace, out: Path) -> None:
+    """One rank of the gloo DDP loop: the probe (with collective timing) against no observer, in rotating
+    blocks; a fresh DDP wrapper per block so the probe's DDP comm hook is in place exactly in its blocks."""
+    import gc
+
+    import torch.distributed as dist
+    from torch.utils.data import DistributedSampler
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = tiny_llama("sdpa", hidden=args.hidden)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = TokenDataset(examples(4096, 0))
+    loader = DataLoader(
+        data, batch_size=args.batch, sampler=DistributedSampler(data, seed=0), collate_fn=pad_collate(None)
+    )
+    timed: list[int] = []
+
+    @contextlib.contextmanager
+    def probe() -> Iterator[None]:
+        with pitstop.watch(steps=None, warmup=0, report=False) as session:
+            yield
+            timed.append(sum(r.collectives or 0 for r in session.probe.records))
+
+    @contextlib.contextmanager
+    def probe_without_collectives() -> Iterator[None]:
+        from pitstop.probe.collectives import CollectiveRecorder
+
+        install = CollectiveRecorder.install
+        CollectiveRecorder.install = lambda self: None  # type: ignore[method-assign]
+        try:
+            with pitstop.watch(steps=None, warmup=0, report=False):
+                yield
+        finally:
+            CollectiveRecorder.install = install  # type: ignore[method-assign]
+
+    modes: dict[str, Callable[[], Any]] = {
+        "none": no_observer,
+        "pitstop": probe,
+        "pitstop without collective timing": probe_without_collectives,
+    }
+    names = list(modes)
+    medians: dict[str, list[float]] = {name: [] for name in modes}
+    for round_index in range(args.rounds):
+        shift = round_index % len(names)
+        order = names[shift:] + names[:shift]
+        for name in order:
+            with modes[name]():
+                ddp = torch.nn.parallel.DistributedDataParallel(model)
+                times = run_block(ddp, opt, loader, "cpu", args.steps, [])
+                del ddp
+                gc.collect()
+            medians[name].append(statistics.median(times[args.drop :]))
+    if rank == 0:
+        out.write_text(json.dumps({"medians": medians, "collectives_timed": sum(timed)}))
+    dist.destroy_process_group()
+
+
+def per_collective_cost(init: str, calls: int = 200, blocks: int = 20) -> float:
+    """Seconds the recorder adds to one collective: a small all_reduce in a 1-rank gloo group, with and
+    without the wrappers, in alternating blocks (the median of per-block differences)."""
+    import torch.distributed as dist
+
+    from pitstop.probe.collectives import CollectiveRecorder
+
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
+    x = torch.ones(16)
+    diffs = []
+    for _ in range(blocks):
+        per = []
+        for observed in (False, True):
+            rec = CollectiveRecorder(time.perf_counter(), lambda: 1, lambda exc: None)
+            if observed:
+                rec.install()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                dist.all_reduce(x, async_op=True).wait()
+            per.append((time.perf_counter() - t0) / calls)
+            rec.remove()
+        diffs.append(per[1] - per[0])
+    dist.destroy_process_group()
+    return statistics.median(diffs)
+
+
+def main_gloo(args: argparse.Namespace) -> int:
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cost = per_collective_cost(f"file://{tmp}/single")
+        out = Path(tmp) / "result.json"
+        mp.spawn(ddp_worker, args=(args.gloo_ranks, f"file://{tmp}/store", args, out), nprocs=args.gloo_ranks)
+        result = json.loads(out.read_text())
+    medians = result["medians"]
+    base = statistics.median(medians["none"])
+    ratios = [p / b for p, b in zip(medians["pitstop"], medians["none"], strict=True)]
+    bare = [p / b for p, b in zip(medians["pitstop without collective timing"], medians["none"], strict=True)]
+    paired = [
+        p / b for p, b in zip(medians["pitstop"], medians["pitstop without collective timing"], strict=True)
+    ]
+    print(
+        f"pitstop without collective timing / none: median {statistics.median(bare):.4f}; "
+        f"pitstop / pitstop without collective timing: median {statistics.median(paired):.4f} "
+        f"(per-round {min(paired):.4f} - {max(paired):.4f})"
+    )
+    result["ratio_without_collective_timing"] = statistics.median(bare)
+    result["ratio_collective_timing_alone"] = statistics.median(paired)
+    print(
+        f"gloo ranks={args.gloo_ranks} rounds={args.rounds} steps/block={args.steps} "
+        f"baseline median step {base * 1000:.2f} ms; collectives timed by the probe: {result['collectives_timed']}"
+    )
+    print(
+        f"pitstop (collective timing on) / none: median {statistics.median(ratios):.4f} "
+        f"(per-round {min(ratios):.4f} - {max(ratios):.4f})"
+    )
+    steps = args.rounds * args.steps
+    per_step = result["collectives_timed"] / max(steps, 1)
+    print(
+        f"collective timing alone: {cost * 1e6:.1f} us per collective × {per_step:.1f} per step = "
+        f"{cost * per_step / base:.4%} of the step"
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "gloo_ranks": args.gloo_ranks,
+                    "baseline_step_ms": base * 1000,
+                    "ratio": statistics.median(ratios),
+                    "ratio_min": min(ratios),
+                    "ratio_max": max(ratios),
+                    **result,
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -88,7 +229,10 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--gloo-ranks", type=int, default=0, help="run the 2-rank (or N-rank) gloo DDP loop")
     args = parser.parse_args()
+    if args.gloo_ranks:
+        return main_gloo(args)
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -40,6 +40,10 @@ class StepRecord:
     syncs: int | None = None
     sync_s: float | None = None
     h2d_bytes: int | None = None
+    end_t: float | None = None  # host seconds since the probe started, at the optimizer step's end
+    collectives: int | None = None  # torch.distributed collectives issued in the step (probe-timed)
+    collective_bytes: int | None = None
+    collective_blocked_s: float | None = None  # host time blocked inside blocking collectives
 
     @property
     def other_s(self) -> float | None:
@@ -183,6 +187,9 @@ class Environment:
     offload: dict[str, str] | None = None  # {"optimizer": "cpu", "param": "nvme"}; {} when known to be off
     world_size: int | None = None
     versions: dict[str, str] = field(default_factory=dict)
+    dist_backend: str | None = None  # "gloo", "nccl", ... (torch.distributed's default group)
+    nodes: int | None = None  # hosts the job's ranks ran on
+    comm_env: dict[str, str] | None = None  # NCCL_* / GLOO_* settings that change the transport
     # settings read from configs (pitstop analyze / check); None where no source said
     packing: bool | None = None
     group_by_length: bool | None = None
@@ -307,6 +314,25 @@ class SyncSite:
 
 
 @dataclass
+class CollectiveRecord:
+    """One torch.distributed collective as one rank saw it. Times are seconds on the rank's own clock
+    (host seconds since the probe started, or device seconds since the rank's first CUDA event); ranks are
+    compared only after aligning their clocks on collective ends (pitstop.diagnose.ranks)."""
+
+    step: int  # index of the optimizer step it was issued in
+    op: str  # all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, barrier, ...
+    group: str  # the global ranks of its process group, "0,1,2,3"
+    seq: int  # its position among this group's collectives on this rank (the same collective on every rank)
+    bytes: int
+    size: int  # ranks in the group
+    issued_t: float  # when this rank arrived (called it, or its stream reached it)
+    done_t: float | None = None  # when it completed on this rank
+    blocked_s: float | None = None  # host time blocked in the call (None: asynchronous)
+    source: str = "python"  # "python" (a torch.distributed call) or "ddp" (DDP's gradient buckets)
+    clock: str = "host"  # "host" or "device"
+
+
+@dataclass
 class RankProfile:
     """Everything one process measured."""
 
@@ -330,6 +356,8 @@ class RankProfile:
     sync_sites: list[SyncSite] = field(
         default_factory=list
     )  # where the host waited on the GPU, busiest first
+    collectives: list[CollectiveRecord] = field(default_factory=list)
+    world_rank0_host: str | None = None  # the node that holds global rank 0 (multi-node gather)
 
     def total(self, name: str) -> float | None:
         """Sum of one StepRecord field over the measured steps (None if any step lacks it)."""
@@ -360,6 +388,10 @@ class RunProfile:
     notes: list[str] = field(default_factory=list)
     totals: RunTotals | None = None
     run_environment: Environment | None = None  # the merged facts of all artifacts (pitstop analyze)
+    missing_ranks: list[int] | None = None  # ranks of the job that did not report (multi-node gather)
+    missing_hosts: list[str] | None = None
+    single_rank_tokens_per_s: float | None = None  # a one-rank reference for scaling efficiency
+    single_rank_source: str | None = None  # where that reference came from
 
     @property
     def environment(self) -> Environment:

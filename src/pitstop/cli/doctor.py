@@ -55,11 +55,32 @@ def run_doctor(
 ) -> int:
     outputs.check()
     diagnosis = measure_and_diagnose(command, None if full else steps, warmup, quiet, "measuring", timeout)
+    diagnosis = _with_single_rank_reference(diagnosis, outputs)
     doc = diagnosis.to_dict()
     outputs.write(doc)
     render(diagnosis)
     outputs.remember(doc, "doctor")
     return diagnosis.profile.exit_code or 0
+
+
+def _with_single_rank_reference(diagnosis: Diagnosis, outputs: Outputs) -> Diagnosis:
+    """A multi-rank run's scaling efficiency against a comparable one-rank run from the history, if any."""
+    if not outputs.record or diagnosis.profile.world_size < 2:
+        return diagnosis
+    from pitstop.history import resolve_path
+    from pitstop.history.reference import single_rank_reference
+
+    try:
+        found = single_rank_reference(diagnosis.to_dict(), resolve_path(outputs.history))
+    except (ValueError, OSError, RuntimeError):
+        return diagnosis
+    if found is None:
+        return diagnosis
+    profile = diagnosis.profile
+    profile.single_rank_tokens_per_s, profile.single_rank_source = found
+    again = diagnose(profile)
+    again.profile.exit_code = profile.exit_code
+    return again
 
 
 def demo_command(fixed: bool) -> list[str]:

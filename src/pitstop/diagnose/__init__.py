@@ -10,9 +10,10 @@ from pitstop.catalogue import CAUSES
 from pitstop.diagnose.context import RuleContext
 from pitstop.diagnose.gpu_windows import describe_stretches
 from pitstop.diagnose.metrics import Metrics
+from pitstop.diagnose.ranks import RanksAnalysis, Scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.findings import Finding, rank_findings
-from pitstop.profile import RunProfile
+from pitstop.profile import RunProfile, to_jsonable
 
 
 @dataclass
@@ -24,6 +25,8 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     # per-rank rows, per-step series, GPU windows and the rank shown; computed from the profile when not given
     results: RunResults = None  # type: ignore[assignment]
+    ranks_analysis: RanksAnalysis | None = None  # with timed collectives: who waits for whom
+    scaling: Scaling | None = None
 
     def __post_init__(self) -> None:
         if self.results is None:
@@ -68,9 +71,50 @@ class Diagnosis:
             "metrics": self.metrics.to_dict(),
             "environment": self.environment_table(),
             **self.results.to_dict(),  # ranks, step_series, gpu_windows, shown_rank
+            "ranks": self._ranks(),
+            "scaling": None if self.scaling is None else self.scaling.to_dict(),
+            "communication": self._communication(),
+            "missing_ranks": self.profile.missing_ranks,
+            "missing_hosts": self.profile.missing_hosts,
             "skipped_checks": self.skipped_checks,
             "notes": self.notes + self.profile.notes,
             "profile": self.profile.to_dict(),
+        }
+
+    def _ranks(self) -> list[dict[str, Any]]:
+        """Per-rank figures; with timed collectives, each rank's waiting, communication and arrival skew."""
+        comm = {} if self.ranks_analysis is None else {r.rank: r for r in self.ranks_analysis.ranks}
+        rows = []
+        for metrics in self.results.ranks:
+            row: dict[str, Any] = to_jsonable(metrics)
+            c = comm.get(metrics.rank)
+            if c is not None:
+                row |= {
+                    "host": c.host,
+                    "wait_s": c.wait_s,
+                    "comm_s": c.comm_s,
+                    "own_compute_s": c.compute_s,
+                    "collectives_per_step": c.collectives_per_step,
+                    "collective_bytes_per_step": c.bytes_per_step,
+                    "arrival_late_s": c.late_s,
+                    "arrived_last_frac": c.last_frac,
+                    "clock_offset_s": c.clock_offset_s,
+                }
+            rows.append(row)
+        return rows
+
+    def _communication(self) -> dict[str, Any] | None:
+        a = self.ranks_analysis
+        if a is None:
+            return None
+        return {
+            "matched_collectives": a.matched,
+            "arrival_skew_s": a.skew_s,
+            "straggler": a.straggler,
+            "straggler_last_frac": a.straggler_last_frac,
+            "persistent": a.persistent,
+            "clock": a.clock,
+            "bandwidth": [vars(b) for b in a.bandwidth],
         }
 
 
@@ -84,10 +128,13 @@ def diagnose(profile: RunProfile) -> Diagnosis:
             ctx.earlier.append(finding)
     skipped = []
     if ctx.env.device == "cpu":
-        skipped = [c.id for c in CAUSES.values() if c.needs_gpu]
+        live = {"communication_bound"} if ctx.ranks is not None else set()  # timed collectives: any device
+        skipped = [c.id for c in CAUSES.values() if c.needs_gpu and c.id not in live]
     notes = []
     for rank in profile.ranks:
         notes += [f"rank {rank.rank}: {e}" for e in rank.probe_errors]
     for window in ctx.results.gpus:
         notes += describe_stretches(window)
-    return Diagnosis(profile, ctx.metrics, rank_findings(ctx.earlier), skipped, notes, ctx.results)
+    return Diagnosis(
+        profile, ctx.metrics, rank_findings(ctx.earlier), skipped, notes, ctx.results, ctx.ranks, ctx.scaling
+    )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from pitstop.diagnose.gpu_windows import gpu_windows
 from pitstop.diagnose.metrics import Metrics, compute_metrics
+from pitstop.diagnose.ranks import RanksAnalysis, Scaling, analyse, scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.findings import Finding
 from pitstop.hardware import GpuSpec, lookup_gpu
@@ -19,11 +20,20 @@ class RuleContext:
     metrics: Metrics
     results: RunResults
     earlier: list[Finding] = field(default_factory=list)  # findings of the rules that ran before
+    ranks: RanksAnalysis | None = None  # who waits for whom (multi-rank runs with timed collectives)
+    scaling: Scaling | None = None
 
     @classmethod
     def of(cls, profile: RunProfile) -> RuleContext:
         gpus = gpu_windows(profile)
-        return cls(profile=profile, metrics=compute_metrics(profile, gpus), results=results_of(profile, gpus))
+        metrics = compute_metrics(profile, gpus)
+        ranks = analyse(profile)
+        scaled = scaling(profile, ranks, metrics.real_tokens_per_s or metrics.tokens_per_s)
+        if scaled is not None:
+            metrics.scaling_efficiency = scaled.efficiency
+        return cls(
+            profile=profile, metrics=metrics, results=results_of(profile, gpus), ranks=ranks, scaling=scaled
+        )
 
     @property
     def env(self) -> Environment:

@@ -70,6 +70,9 @@ class Metrics:
     gpu_active_frac: float | None = None  # share of the sampled time in which those GPUs computed
     gpus_never_busy: int | None = None  # GPUs in the samples that never did any work (idle_gpu's)
     throughput_spread: float | None = None  # relative standard error of real tokens/s (CHUNKS runs of steps)
+    scaling_efficiency: float | None = (
+        None  # multi-rank: tokens/s over world size × one rank's (see ranks.py)
+    )
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

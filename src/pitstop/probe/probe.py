@@ -26,6 +26,7 @@ from typing import Any
 
 from pitstop.atomic import write_atomic
 from pitstop.data.rawtext import looks_like_text
+from pitstop.probe import collectives as collmod
 from pitstop.probe import cpu_threads
 from pitstop.probe import environment as envmod
 from pitstop.probe.allocator import AllocatorWatch
@@ -93,6 +94,9 @@ class Probe:
         self._pid = os.getpid()  # forked DataLoader workers inherit the probe; only this process reports
         self.hooks = Hooks(self)
         self.builder = StepBuilder(HostClock())
+        self.collectives = collmod.CollectiveRecorder(
+            self.origin, lambda: self.builder.index + 1, self.disable
+        )
         self.records: list[StepRecord] = []
         self._measured = 0  # records past the warm-up, counted as they come (not recounted every step)
         self._stream = RankStream(config.out_dir) if config.out_dir is not None else None
@@ -138,6 +142,7 @@ class Probe:
     # -- lifecycle ------------------------------------------------------------------------------------
     def install(self) -> Probe:
         self.hooks.install()
+        self.collectives.install()
         if self.config.out_dir is not None:
             atexit.register(self._at_exit)
         return self
@@ -168,6 +173,7 @@ class Probe:
         self.errors.append(f"{type(exc).__name__}: {exc}")
         self._emit("error", text=self.errors[-1])
         self.hooks.remove()
+        self.collectives.remove()
         self._stop_samplers()
         print(
             f"pitstop: probe disabled after an internal error ({type(exc).__name__}: {exc}); "
@@ -230,6 +236,7 @@ class Probe:
             self.builder.mark(OPT_START)
             return
         record = self.builder.end_step()
+        self.collectives.close_step(record)
         self.records.append(record)
         if record.index > self.config.warmup:
             self._measured += 1
@@ -386,8 +393,10 @@ class Probe:
         eos_ids = eos if isinstance(eos, list) else [eos]
         self._pad_token_id = pad if isinstance(pad, int) and pad not in eos_ids else None
         self.environment = env
+        collmod.describe(env)
         self._emit("environment", environment=to_jsonable(env), rank=self.rank, local_rank=self.local_rank)
         if env.device == "cuda":
+            self.collectives.use_device_clock()
             self.builder.switch_clock(CudaEventClock(self._device))
             self.hooks.install_sync_watch()
         self._start_samplers(env)
@@ -461,6 +470,7 @@ class Probe:
             self.finished = True
         self.window_end_t = time.perf_counter() - self.origin
         self.hooks.active = False
+        self.collectives.active = False
         try:
             self.builder.drain()
         except Exception as exc:
@@ -470,7 +480,9 @@ class Probe:
         profile.stopped_by_probe = reason == "window" and self.config.stop_when_done
         if self.config.out_dir is not None:
             self._write(profile)
+            self.guard(collmod.gather_to_rank0, profile, self.config.out_dir)
         self.hooks.remove()
+        self.collectives.remove()
         if self.on_done is not None:
             self.on_done(profile)
         if profile.stopped_by_probe:
@@ -520,8 +532,9 @@ class Probe:
             memory=memory,
             environment=env,
             checkpoints=self._saves,
-            probe_errors=list(self.errors),
+            probe_errors=list(self.errors) + self.collectives.notes(),
             sync_sites=[replace(x) for x in sites[:MAX_SYNC_SITES]],
+            collectives=self.collectives.resolve(steps[0].index, steps[-1].index) if steps else [],
         )
 
     def _memory_stats(self, env: Environment) -> MemoryStats:

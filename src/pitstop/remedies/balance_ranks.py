@@ -28,6 +28,13 @@ class BalanceRanks(Remedy):
             "(workers per rank), CPU contention or NUMA placement, its GPU's clocks, and give every rank a "
             "similar number of tokens per step (group by length or pack)."
         )
+        if params.get("reason") == "compute":
+            text = (
+                f"{who}. It computes slower than its peers: check its GPU's clocks and temperature, other "
+                "processes on it, and whether its batches are longer (group by length or pack so every rank "
+                "gets equal work)."
+            )
+            return Advice(text, "nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER")
         if framework is Framework.TRL:
             return Advice(text, "config = SFTConfig(..., packing=True)")
         if framework is Framework.HF_TRAINER:

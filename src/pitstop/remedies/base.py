@@ -52,6 +52,10 @@ class RemedyId(StrEnum):
     LIGER_KERNELS = "liger_kernels"
     EXPANDABLE_SEGMENTS = "expandable_segments"
     UNTHROTTLE_GPU = "unthrottle_gpu"
+    BIGGER_BUCKETS = "bigger_buckets"
+    NO_SYNC_ACCUMULATION = "no_sync_accumulation"
+    FIX_TRANSPORT = "fix_transport"
+    NCCL_BACKEND = "nccl_backend"
 
 
 def code(text: str) -> str:

@@ -39,12 +39,12 @@ from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.document import read_run
 from pitstop.diagnose.gpu_windows import GpuWindow
 from pitstop.diagnose.series import StepSeries
-from pitstop.profile import RunProfile
+from pitstop.profile import RunProfile, StepRecord
 from pitstop.report.errors import ReportError
 
 MISSING_WRITER = "--tensorboard needs the tensorboard package: pip install 'pitstop[tensorboard]'"
 GIB = 2**30
-SUMMARY_METRICS = ("real_tokens_per_s", "tokens_per_s", "mfu", "gpu_util")
+SUMMARY_METRICS = ("real_tokens_per_s", "tokens_per_s", "mfu", "gpu_util", "scaling_efficiency")
 
 # (GpuSample field, tag, factor to the tag's unit)
 GPU_FIELDS: tuple[tuple[str, str, float], ...] = (
@@ -155,7 +155,7 @@ def _run_series(d: Diagnosis) -> dict[int, _Series]:
     last = 0
     for steps in d.results.series:
         series = runs.setdefault(steps.rank, _Series())
-        _step_scalars(steps, _origin(d, steps.rank), series)
+        _step_scalars(steps, _origin(d, steps.rank), series, _records_by_step(d, steps.rank))
         if steps.steps:
             last = max(last, steps.steps[-1])
     for window in d.results.gpus:
@@ -174,7 +174,9 @@ def _origin(d: Diagnosis, rank: int) -> float | None:
     return next((r.window_start_t for r in d.profile.ranks if r.rank == rank), None)
 
 
-def _step_scalars(steps: StepSeries, origin: float | None, series: _Series) -> None:
+def _step_scalars(
+    steps: StepSeries, origin: float | None, series: _Series, collectives: dict[int, StepRecord]
+) -> None:
     for i, step in enumerate(steps.steps):
         series.offset_s[step] = (origin or 0.0) + steps.end_s[i]
         values: dict[str, float | None] = {
@@ -183,12 +185,31 @@ def _step_scalars(steps: StepSeries, origin: float | None, series: _Series) -> N
             "pitstop/tokens_per_s": steps.tokens_per_s[i],
             "pitstop/real_tokens_per_s": steps.real_tokens_per_s[i],
             "pitstop/padding_frac": steps.padding_frac[i],
+            **_collective_scalars(collectives.get(step)),
         }
         if origin is not None:  # GPU samples sit on the step axis only where the window's start is known
             for name, tag, scale in GPU_FIELDS:
                 mean = steps.gpu.get(name, [])[i] if name in steps.gpu else None
                 values[f"pitstop/{tag}"] = None if mean is None else mean * scale
         series.put(step, {k: f for k, v in values.items() if (f := _finite(v)) is not None})
+
+
+def _records_by_step(d: Diagnosis, rank: int) -> dict[int, StepRecord]:
+    """A rank's step records by step number, for what the step series does not carry (collectives)."""
+    profile = next((r for r in d.profile.ranks if r.rank == rank), None)
+    if profile is None:
+        return {}
+    return {profile.warmup_steps + i + 1: s for i, s in enumerate(profile.steps)}
+
+
+def _collective_scalars(record: StepRecord | None) -> dict[str, float | None]:
+    if record is None or record.collectives is None:
+        return {}
+    return {
+        "pitstop/collectives": record.collectives,
+        "pitstop/collective_mb": None if record.collective_bytes is None else record.collective_bytes / 1e6,
+        "pitstop/collective_blocked_s": record.collective_blocked_s,
+    }
 
 
 def _gpu_by_sample(d: Diagnosis, window: GpuWindow, series: _Series) -> None:

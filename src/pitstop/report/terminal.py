@@ -323,6 +323,10 @@ def _finding_panel(i: int, f: Finding) -> Panel:
 
 
 def _ranks_table(d: Diagnosis) -> Table:
+    if d.ranks_analysis is not None:
+        from pitstop.report import ranks_view
+
+        return ranks_view.table(d)
     table = Table(title="Per rank", title_justify="left", show_edge=False)
     for col in ("rank", "steps", "s/step", "data wait", "tokens/s", "real tokens/s"):
         table.add_column(col, justify="right")

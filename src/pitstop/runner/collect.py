@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pitstop.probe.gather import read_summary
 from pitstop.probe.stream import PATTERN, read_stream
 from pitstop.profile import RankProfile, RunProfile
 from pitstop.runner.launch import GRACE_S, Launch
@@ -127,9 +128,23 @@ def collect(
     files = read_rank_files(launch.out_dir)
     ranks = [f.profile for f in files]
     how, code = death(launch)
+    gathered = read_summary(launch.out_dir)
+    if gathered is not None and gathered.get("role") == "sent" and not any(r.rank == 0 for r in ranks):
+        where = gathered.get("rank0_node") or "the node of global rank 0 (it did not answer)"
+        return Outcome(
+            None, f"this node's ranks sent their measurements to rank 0: the job's report is on {where}", 0
+        )
     if not any(r.steps for r in ranks):
         return _nothing(launch, ranks, cmd, how, code)
     profile = merge(ranks, source, requested_steps, launch.command, code)
+    if gathered is not None and gathered.get("missing_ranks"):
+        profile.missing_ranks = list(gathered["missing_ranks"])
+        profile.missing_hosts = list(gathered.get("missing_nodes") or [])
+        nodes = ", ".join(profile.missing_hosts) or "their nodes"
+        profile.notes.append(
+            f"ranks {', '.join(map(str, profile.missing_ranks))} ({nodes}) did not report in time: "
+            "the diagnosis covers the ranks that did"
+        )
     stopped = any(r.stopped_by_probe for r in ranks)
     measured = min(len(r.steps) for r in ranks if r.steps)
     message = None

@@ -295,7 +295,10 @@ def host_sync(ctx: RuleContext) -> Finding | None:
 
 
 def communication_bound(ctx: RuleContext) -> Finding | None:
-    """NCCL time that does not overlap compute kernels (from traces)."""
+    """Communication the ranks sit blocked in (live, timed collectives), or NCCL time that does not overlap
+    compute kernels (from traces)."""
+    if ctx.ranks is not None:
+        return _communication_live(ctx)
     rows = [
         (t.nccl_ms, t.nccl_overlap_frac, t.step_ms)
         for t in ctx.traces
@@ -333,6 +336,100 @@ def communication_bound(ctx: RuleContext) -> Finding | None:
         speedup_basis="NCCL kernel time not covered by compute kernels (trace); hiding it gives at most 1/(1−f)",
         fix=advise(ctx.framework, use(RemedyId.OVERLAP_COMM, zero_stage=ctx.env.zero_stage)),
     )
+
+
+def _communication_live(ctx: RuleContext) -> Finding | None:
+    from pitstop.interconnect import transport
+
+    a = ctx.ranks
+    assert a is not None
+    exposed = a.mean_frac("comm_s")
+    if exposed < 0.05:
+        return None
+    env = ctx.env
+    link = transport(env.dist_backend, env.device, env.gpu_name, env.nodes, env.comm_env)
+    main = max(a.bandwidth, key=lambda b: b.bytes_per_step, default=None)
+    evidence: dict[str, object] = {
+        "exposed_frac_of_step": round(exposed, 3),
+        "exposed_ms_per_step": round(statistics.fmean(r.comm_s for r in a.ranks) * 1000, 2),
+        "collectives_per_step": round(statistics.fmean(r.collectives_per_step for r in a.ranks), 2),
+        "bytes_per_step": round(statistics.fmean(r.bytes_per_step for r in a.ranks)),
+        "bandwidth": {
+            b.op: {
+                "algbw_gbps": None if b.algbw_gbps is None else round(b.algbw_gbps, 3),
+                "busbw_gbps": None if b.busbw_gbps is None else round(b.busbw_gbps, 3),
+                "mb_per_step": round(b.bytes_per_step / 1e6, 2),
+            }
+            for b in a.bandwidth
+        },
+        "transport": link.name,
+        "link": None if link.link is None else link.link.key,
+        "expected_busbw_gbps": None if link.link is None else round(link.link.expected_busbw_gbps, 1),
+        "link_basis": link.basis,
+        "backend": env.dist_backend,
+    }
+    likely: list[str] = []
+    bw = ""
+    if main is not None and main.busbw_gbps is not None:
+        bw = f"{main.op}: {main.bytes_per_step / 1e6:.1f} MB per step at {main.busbw_gbps:.2f} GB/s bus bandwidth"
+        if link.link is not None:
+            bw += f" on a link that should give ~{link.link.expected_busbw_gbps:.0f} GB/s ({link.link.key})"
+            if main.busbw_gbps < 0.5 * link.link.expected_busbw_gbps:
+                likely.append("transport")
+        else:
+            bw += f" ({link.basis})"
+    if link.warnings:
+        evidence["transport_warnings"] = list(link.warnings)
+        likely.append("nccl_backend" if env.dist_backend == "gloo" else "transport")
+    per_step = statistics.fmean(r.collectives_per_step for r in a.ranks)
+    per_call = statistics.fmean(r.bytes_per_step for r in a.ranks) / max(per_step, 1e-9)
+    if per_step >= 50 and per_call < 1e6:
+        likely.append("bigger_buckets")
+    micro = (
+        statistics.median(s.micro_batches for r in ctx.profile.ranks for s in r.steps) if ctx.measured else 0
+    )
+    params = env.model.params_trainable or env.model.params_total
+    if micro >= 2 and params and evidence["bytes_per_step"] >= 1.5 * params * 2:  # type: ignore[operator]
+        likely.append("no_sync_accumulation")
+    evidence["likely_causes"] = sorted(set(likely))
+    return Finding(
+        cause="communication_bound",
+        severity=severity_for(exposed, 0.25, 0.10),
+        confidence=0.8,
+        summary=(
+            f"Communication exposes {exposed:.0%} of each step (ranks blocked while data moves, after the "
+            f"last rank arrived)" + (f": {bw}." if bw else ".")
+        ),
+        evidence=evidence,
+        est_speedup=amdahl(exposed, float("inf")),
+        speedup_basis="timed collectives: blocked time after the last rank arrived; hiding it gives at most 1/(1−f)",
+        fix=advise(ctx.framework, *_comm_uses(ctx, evidence, link.warnings, per_step, per_call, micro)),
+    )
+
+
+def _comm_uses(
+    ctx: RuleContext,
+    evidence: dict[str, object],
+    warnings: tuple[str, ...] | list[str],
+    per_step: float,
+    per_call: float,
+    micro: float,
+) -> list[Use]:
+    """The remedies for the causes the evidence points at, most specific first; overlap always applies."""
+    raw = evidence.get("likely_causes")
+    likely = set(raw) if isinstance(raw, list) else set()
+    uses: list[Use] = []
+    if "transport" in likely:
+        uses.append(use(RemedyId.FIX_TRANSPORT, warnings=list(warnings), multi_node=(ctx.env.nodes or 1) > 1))
+    if "nccl_backend" in likely:
+        uses.append(use(RemedyId.NCCL_BACKEND))
+    if "bigger_buckets" in likely:
+        uses.append(
+            use(RemedyId.BIGGER_BUCKETS, per_step=round(per_step), mb_per_call=round(per_call / 1e6, 3))
+        )
+    if "no_sync_accumulation" in likely:
+        uses.append(use(RemedyId.NO_SYNC_ACCUMULATION, micro_batches=int(micro)))
+    return [*uses, use(RemedyId.OVERLAP_COMM, zero_stage=ctx.env.zero_stage)]
 
 
 def low_mfu_unexplained(ctx: RuleContext) -> Finding | None:

@@ -157,12 +157,132 @@ def _why_late(slow: TraceStats, others: list[TraceStats], peer: str) -> str:
 
 
 def straggler(ctx: RuleContext) -> Finding | None:
-    """A rank that spends longer on its own input pipeline than the others holds every rank back.
+    """The rank the others wait for, named by when it arrives at collectives, with its reason.
 
-    From traces of several ranks: the rank the others wait for at collectives, with its reason. Otherwise only
-    data wait is compared: it is local to a rank, while forward and backward time include waiting for
-    peers in collectives (DDP's buffer broadcast, gradient all-reduce), which host clocks cannot separate.
+    Live, with timed collectives (``ctx.ranks``): the rank that arrives last (clocks aligned on collective
+    ends), its reason the part of its own step that is longer than the other ranks'. From traces of several
+    ranks: the same, from the traces' collectives. Otherwise only data wait is compared: it is local to a rank,
+    while forward and backward time include waiting for peers, which host clocks alone cannot separate.
     """
+    if ctx.ranks is not None:
+        return _straggler_by_arrival(ctx)
+    return _straggler_from_traces_or_data_wait(ctx)
+
+
+REASONS = {
+    "data_s": "input pipeline",
+    "compute_s": "forward/backward compute",
+    "optimizer_s": "optimizer step",
+    "other_s": "host work outside forward, backward and the optimizer",
+}
+
+
+def _straggler_by_arrival(ctx: RuleContext) -> Finding | None:
+    a = ctx.ranks
+    assert a is not None
+    slow_rank = a.straggler
+    if slow_rank is None:
+        return None
+    rows = {r.rank: r for r in a.ranks}
+    slow = rows[slow_rank]
+    others = [r for r in a.ranks if r.rank != slow_rank]
+    waiting = a.mean_frac("wait_s", exclude=slow_rank)
+    if waiting < 0.05 or not others:
+        return None
+    excess: dict[str, float] = {}
+    for name in REASONS:
+        mine = getattr(slow, name)
+        theirs = [getattr(r, name) for r in others if getattr(r, name) is not None]
+        if mine is not None and theirs:
+            excess[name] = mine - statistics.median(theirs)
+    part = max(excess, key=lambda k: excess[k]) if excess else None
+    theirs_s = (
+        statistics.median(getattr(r, part) for r in others if getattr(r, part) is not None) if part else None
+    )
+    reason = "unknown"
+    detail = ""
+    if part is not None and excess[part] > 0:
+        reason = {"data_s": "data", "compute_s": "compute", "optimizer_s": "optimizer", "other_s": "host"}[
+            part
+        ]
+        detail = (
+            f"its {REASONS[part]} takes {getattr(slow, part) * 1000:.0f} ms per step vs "
+            f"{(theirs_s or 0.0) * 1000:.0f} ms on the other ranks"
+        )
+    extras = _device_reasons(ctx, slow_rank)
+    if extras:
+        detail += ("; " if detail else "") + "; ".join(extras)
+    waiters = ", ".join(str(r.rank) for r in others[:8]) + (" …" if len(others) > 8 else "")
+    persistent = a.persistent
+    lead = (
+        f"Rank {slow_rank} arrives last in {a.straggler_last_frac or 0.0:.0%} of the steps (at the collective "
+        f"the others wait longest at), {a.skew_s * 1000:.0f} ms after the other ranks (median)"
+    )
+    if not persistent:
+        lead = (
+            f"The last rank to arrive at collectives changes from step to step (rank {slow_rank} most often, "
+            f"{a.straggler_last_frac or 0.0:.0%}): noise rather than one bad device"
+        )
+    summary = (
+        f"{lead}{': ' + detail if detail else ''}. Rank{'s' if len(others) > 1 else ''} {waiters} "
+        f"spend{'' if len(others) > 1 else 's'} {waiting:.0%} of each step waiting for it."
+    )
+    waits = {str(r.rank): round(r.data_s / r.step_s, 3) for r in a.ranks if r.step_s}
+    severity = severity_for(waiting, 0.25, 0.10)
+    if not persistent and severity is Severity.HIGH:
+        severity = Severity.MEDIUM
+    return Finding(
+        cause="straggler",
+        severity=severity,
+        confidence=0.85 if persistent else 0.5,
+        summary=summary,
+        evidence={
+            "slow_rank": slow_rank,
+            "reason": reason,
+            "reason_detail": detail or None,
+            "persistent": persistent,
+            "arrival_skew_ms": round(a.skew_s * 1000, 2),
+            "arrived_last_frac": None if a.straggler_last_frac is None else round(a.straggler_last_frac, 3),
+            "others_wait_frac_of_step": round(waiting, 3),
+            "wait_frac_per_rank": {str(r.rank): round(r.wait_s / r.step_s, 3) for r in a.ranks if r.step_s},
+            "own_compute_ms_per_rank": {
+                str(r.rank): None if r.compute_s is None else round(r.compute_s * 1000, 2) for r in a.ranks
+            },
+            "data_wait_frac_per_rank": waits,
+            "last_rank_by_step": {str(k): v for k, v in a.last_by_step.items()},
+            "slow_rank_step_s": round(slow.step_s, 4),
+            "clock": a.clock,
+        },
+        est_speedup=amdahl(waiting, float("inf")),
+        speedup_basis="arrival skew at collectives (clocks aligned on collective ends): the other ranks' "
+        "waiting for this rank is lost by all",
+        fix=advise(ctx.framework, use(RemedyId.BALANCE_RANKS, slow_rank=slow_rank, reason=detail or reason)),
+    )
+
+
+def _device_reasons(ctx: RuleContext, slow_rank: int) -> list[str]:
+    """What the slow rank's device says: lower SM clocks than its peers, allocator retries."""
+    out = []
+    clocks: dict[int, float] = {}
+    retries: dict[int, int] = {}
+    for r in ctx.profile.ranks:
+        values = [s.sm_clock for s in r.gpu_samples if s.sm_clock]
+        if values:
+            clocks[r.rank] = statistics.fmean(values)
+        if r.memory.alloc_retries is not None:
+            retries[r.rank] = r.memory.alloc_retries
+    if slow_rank in clocks and len(clocks) > 1:
+        peers = statistics.median(v for k, v in clocks.items() if k != slow_rank)
+        if clocks[slow_rank] < 0.9 * peers:
+            out.append(f"its GPU runs at {clocks[slow_rank]:,.0f} MHz vs {peers:,.0f} MHz on the others")
+    if retries.get(slow_rank, 0) > 0 and retries[slow_rank] > max(
+        (v for k, v in retries.items() if k != slow_rank), default=0
+    ):
+        out.append(f"its allocator retried {retries[slow_rank]} times (memory pressure)")
+    return out
+
+
+def _straggler_from_traces_or_data_wait(ctx: RuleContext) -> Finding | None:
     arrival = _late_arrival(ctx)
     if arrival is not None:
         slow_rank, gap, reason, summary, evidence, basis = arrival

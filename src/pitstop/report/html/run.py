@@ -320,7 +320,10 @@ def environment(d: Diagnosis) -> str:
 
 
 def run_sections(d: Diagnosis) -> list[str]:
-    plots = step_plots(d) + gpu_plots(d) + gpu_log_plots(d) + rank_plots(d) + trace_plots(d)
+    from pitstop.report.html.ranks import rank_comm_plots
+
+    plots = step_plots(d) + gpu_plots(d) + gpu_log_plots(d) + rank_plots(d) + rank_comm_plots(d.to_dict())
+    plots += trace_plots(d)
     return [verdict(d), findings(d), section("plots", "Pictures", "".join(plots)), environment(d)]
 
 

@@ -1,0 +1,34 @@
+"""Communication far below the link: let NCCL use the fast transport (InfiniBand, NVLink, P2P)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pitstop.remedies.base import Advice, Remedy, RemedyId, register
+from pitstop.vocabulary import Framework
+
+
+@register
+class FixTransport(Remedy):
+    id = RemedyId.FIX_TRANSPORT
+    title = "the fast interconnect"
+    causes = ("communication_bound",)
+
+    def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
+        """``warnings``: what the environment says (e.g. "NCCL_IB_DISABLE=1 is set"); ``multi_node``."""
+        warnings = list(params.get("warnings") or [])
+        text = "Communication runs far below the link: " + (
+            "; ".join(warnings) if warnings else "check which transport NCCL chose (NCCL_DEBUG=INFO)"
+        )
+        text += "."
+        lines = [
+            "unset NCCL_IB_DISABLE NCCL_P2P_DISABLE   # let NCCL use InfiniBand / NVLink",
+            "export NCCL_DEBUG=INFO                  # the log names the transport it picked",
+        ]
+        if params.get("multi_node"):
+            lines.append("export NCCL_SOCKET_IFNAME=ib0   # the fast interface, not the management NIC")
+        return Advice(text, "\n".join(lines))
+
+    def frameworks(self) -> tuple[Framework, ...]:
+        return (Framework.PYTORCH,)

@@ -1,0 +1,173 @@
+"""Many ranks for real: 2-rank gloo DDP jobs under `pitstop doctor -- torchrun`, with one planted cause each."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS, causes, doctor, run_pitstop
+
+pytestmark = pytest.mark.slow
+
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2")
+SCRIPT = str(SCRIPTS / "ddp_ranks.py")
+
+
+def test_slow_compute_rank_is_the_straggler_and_the_other_waits(tmp_path: Path) -> None:
+    doc, proc = doctor(
+        tmp_path, *TORCHRUN, SCRIPT, "--slow-compute-rank", "1", "--slow-compute-ms", "80", steps=10
+    )
+    straggler = next(f for f in doc["findings"] if f["cause"] == "straggler")
+    ev = straggler["evidence"]
+    assert ev["slow_rank"] == 1 and ev["reason"] == "compute" and ev["persistent"]
+    assert ev["arrived_last_frac"] > 0.8
+    assert straggler["severity"] == "high"
+    ranks = {r["rank"]: r for r in doc["ranks"]}
+    # rank 0's backward is mostly waiting for rank 1; rank 1 itself hardly waits
+    assert ranks[0]["wait_s"] > 0.5 * ranks[0]["step_time_s"]
+    assert ranks[1]["wait_s"] < 0.2 * ranks[1]["step_time_s"]
+    assert ranks[1]["own_compute_s"] > ranks[0]["own_compute_s"] + 0.05
+    assert doc["communication"]["straggler"] == 1
+    assert "Rank 1 arrives last" in proc.stdout
+
+
+def test_communication_heavy_job_is_communication_bound_first(tmp_path: Path) -> None:
+    doc, _ = doctor(tmp_path, *TORCHRUN, SCRIPT, "--heavy", steps=8)
+    assert causes(doc)[0] == "communication_bound"
+    ev = doc["findings"][0]["evidence"]
+    allreduce = ev["bandwidth"]["all_reduce"]
+    assert allreduce["mb_per_step"] == pytest.approx(6 * 2048 * 2048 * 4 / 1e6, rel=0.01)
+    assert allreduce["busbw_gbps"] > 0 and allreduce["busbw_gbps"] == allreduce["algbw_gbps"]  # 2(n-1)/n = 1
+    assert ev["exposed_frac_of_step"] >= 0.1
+    assert ev["backend"] == "gloo"
+    assert doc["metrics"]["scaling_efficiency"] is not None and doc["metrics"]["scaling_efficiency"] < 1.0
+
+
+def test_healthy_two_rank_job_has_no_high_finding(tmp_path: Path) -> None:
+    # batch 16: enough compute per step that gloo's all-reduce of 0.6 MB stays a small share of it, whether the
+    # machine is idle (40 ms steps at batch 4) or loaded
+    doc, _ = doctor(tmp_path, *TORCHRUN, SCRIPT, "--batch", "16", steps=10)
+    assert not [f["cause"] for f in doc["findings"] if f["severity"] == "high"]
+    # per step: DDP's buffer broadcast at the forward's start and one gradient bucket, matched on both ranks
+    assert doc["communication"]["matched_collectives"] == 20
+    assert all(r["collectives_per_step"] == 2.0 for r in doc["ranks"])
+    assert {b["op"] for b in doc["communication"]["bandwidth"]} == {"all_reduce", "broadcast"}
+
+
+def test_losses_are_bit_identical_with_and_without_the_probe(tmp_path: Path) -> None:
+    plain, probed = tmp_path / "plain", tmp_path / "probed"
+    subprocess.run(
+        [*TORCHRUN, SCRIPT, "--steps", "12", "--losses", str(plain)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    proc = run_pitstop(
+        "doctor",
+        "--quiet",
+        "--full",
+        "--warmup",
+        "2",
+        "--",
+        *TORCHRUN,
+        SCRIPT,
+        "--steps",
+        "12",
+        "--losses",
+        str(probed),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "collective" not in proc.stderr  # the probe was not disabled
+    for rank in (0, 1):
+        a = Path(f"{plain}.rank{rank}").read_text().split("\n")
+        b = Path(f"{probed}.rank{rank}").read_text().split("\n")
+        assert len(a) == 13 and a == b
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _two_nodes(tmp_path: Path, *script_args: str) -> list[tuple[subprocess.CompletedProcess[str], Path]]:
+    """Two `pitstop doctor -- torchrun --nnodes 2 --node-rank i` started together, one rank per "node"."""
+    import os
+
+    from tests.conftest import ROOT
+
+    port = _free_port()
+    procs = []
+    for node in (0, 1):
+        out = tmp_path / f"node{node}.json"
+        cmd = [sys.executable, "-m", "pitstop", "doctor", "--quiet", "--warmup", "3", "--steps", "8"]
+        cmd += ["--json", str(out), "--", sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
+        cmd += ["--node-rank", str(node), "--nproc_per_node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        env = {**os.environ, "PITSTOP_GATHER_TIMEOUT_S": "15", "COLUMNS": "120"}
+        popen = subprocess.Popen(
+            [*cmd, SCRIPT, *script_args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        procs.append((popen, out))
+    done = []
+    for popen, out in procs:
+        stdout, stderr = popen.communicate(timeout=300)
+        done.append((subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr), out))
+    return done
+
+
+def test_two_nodes_give_one_report_on_the_node_of_rank_0(tmp_path: Path) -> None:
+    import json
+
+    (node0, out0), (node1, out1) = _two_nodes(tmp_path)
+    assert node0.returncode == 0, node0.stderr
+    doc = json.loads(out0.read_text())
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert all(r["steps"] == 8 for r in doc["ranks"])
+    assert doc["communication"]["matched_collectives"] == 16  # buffer broadcast + gradient bucket per step
+    assert not doc["missing_ranks"]
+    assert "the job's report is on" in node1.stderr and "#0" in node1.stderr
+    assert not out1.exists()
+
+
+def test_a_node_that_dies_mid_window_is_named_missing(tmp_path: Path) -> None:
+    import json
+
+    (node0, out0), _ = _two_nodes(tmp_path, "--die-rank", "1", "--die-step", "7")
+    doc = json.loads(out0.read_text())
+    assert doc["missing_ranks"] == [1] and doc["missing_hosts"] == ["node 1"]
+    assert [r["rank"] for r in doc["ranks"]] == [0] and doc["ranks"][0]["steps"] >= 2
+    assert any("ranks 1 (node 1) did not report" in n for n in doc["notes"])
+    assert node0.returncode != 0  # the job failed, and pitstop says so
+
+
+def test_scaling_efficiency_against_a_one_rank_run_from_the_history(tmp_path: Path) -> None:
+    import json
+
+    history = tmp_path / "history.sqlite3"
+    docs = []
+    for ranks in ("1", "2"):
+        out = tmp_path / f"r{ranks}.json"
+        proc = run_pitstop(
+            "doctor", "--quiet", "--warmup", "3", "--steps", "8", "--history", str(history), "--json", str(out),
+            "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", ranks, SCRIPT,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        docs.append(json.loads(out.read_text()))
+    one, two = docs
+    assert one["scaling"] is None  # one rank: nothing to scale
+    scaling = two["scaling"]
+    assert scaling["source"].startswith("history run 1: the same job on 1 rank")
+    assert scaling["single_rank_tokens_per_s"] == pytest.approx(one["metrics"]["real_tokens_per_s"])
+    expected = two["metrics"]["real_tokens_per_s"] / (2 * one["metrics"]["real_tokens_per_s"])
+    assert scaling["efficiency"] == pytest.approx(expected)
+    assert two["metrics"]["scaling_efficiency"] == pytest.approx(expected)
