@@ -156,7 +156,7 @@ def test_rank0_gathers_other_nodes_and_names_the_missing(
     summary = gather.read_summary(tmp_path)
     assert summary is not None and summary["missing_ranks"] == [2, 3]
     assert summary["missing_nodes"] == ["node 2", "node 3"]
-    assert (tmp_path / "rank-00001-remote.json").exists()
+    assert (tmp_path / "rank-remote-00001.jsonl").exists()
     assert store.check(["pitstop/gathered"])
 
 

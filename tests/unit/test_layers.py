@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "hardware": 1,
     "ds_config": 1,
     "cpus": 1,
+    "interconnect": 1,
     "clock_reasons": 1,
     "vocabulary": 0,
     "errors": 0,

@@ -16,6 +16,7 @@ from pitstop.catalogue import CAUSES
 from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.gpu_windows import gpu_windows
 from pitstop.diagnose.metrics import Metrics, compute_metrics
+from pitstop.diagnose.ranks import analyse, scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.errors import PitstopError
 from pitstop.findings import Finding, Fix
@@ -72,6 +73,7 @@ def _read(doc: dict[str, Any]) -> Diagnosis:
         )
     metrics = _metrics(doc.get("metrics"), profile)
     own_notes = set(profile.notes)
+    analysis = analyse(profile)  # who waits for whom: derived from the saved collectives, as diagnose does
     return Diagnosis(
         profile=profile,
         metrics=metrics,
@@ -79,6 +81,8 @@ def _read(doc: dict[str, Any]) -> Diagnosis:
         skipped_checks=list(doc.get("skipped_checks") or []),
         notes=[n for n in doc.get("notes") or [] if n not in own_notes],
         results=_results(doc, profile),
+        ranks_analysis=analysis,
+        scaling=scaling(profile, analysis, metrics.real_tokens_per_s or metrics.tokens_per_s),
     )
 
 
