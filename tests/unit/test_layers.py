@@ -4,6 +4,7 @@ packages import each other (directly or around a circle). Read from the source w
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,35 @@ def test_no_circle_between_packages() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node)
+
+
+MAX_FUNCTION_LINES = 80  # issue 11: a longer function is split into named helpers
+
+
+def long_functions(source: str, name: str) -> list[str]:
+    """Each function (or method, nested or not) of ``source`` longer than MAX_FUNCTION_LINES, from its
+    ``def`` (decorators not counted) to its last line."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                out.append(f"{name}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+def test_the_length_check_sees_a_long_function() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES - 1))
+    assert long_functions(f"def fits():\n{body}", "f.py") == []
+    too_long = textwrap.indent(f"def long():\n{body}    y = 0\n", "        ")
+    nested = f"class C:\n    def m(self):\n{too_long}"
+    assert sorted(long_functions(nested, "f.py")) == ["f.py:2 m (82 lines)", "f.py:3 long (81 lines)"]
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    files = sorted(SRC.rglob("*.py"))
+    assert len(files) > 50  # the walk found the package
+    offenders = [
+        hit for path in files for hit in long_functions(path.read_text(), str(path.relative_to(SRC.parent)))
+    ]
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines (split them):\n" + "\n".join(offenders)

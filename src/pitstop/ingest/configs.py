@@ -258,68 +258,85 @@ def _fsdp(env: Environment, data: dict[str, Any]) -> None:
         env.offload = {**(env.offload or {}), "param": "cpu", "optimizer": "cpu"}
 
 
+def _deepspeed_keys(env: Environment, data: dict[str, Any]) -> None:
+    """A DeepSpeed config's own keys: ZeRO stage, offload, batch sizes, precision."""
+    env.zero_stage, env.offload = _offload(data)
+    env.micro_batch_size = _int(data.get("train_micro_batch_size_per_gpu"))
+    env.grad_accum_steps = _int(data.get("gradient_accumulation_steps"))
+    for key, dtype in (("bf16", "bf16"), ("fp16", "fp16")):
+        section = data.get(key)
+        if isinstance(section, dict) and _bool(section.get("enabled")):
+            env.autocast_dtype = dtype
+
+
+def _accelerate_keys(facts: ConfigFacts, data: dict[str, Any], base: Path, others: Iterable[Path]) -> None:
+    """An Accelerate config: precision, processes, and the DeepSpeed or FSDP plugin it embeds or points at."""
+    env = facts.env
+    mp = str(data.get("mixed_precision") or "").lower()
+    env.autocast_dtype = {"bf16": "bf16", "fp16": "fp16"}.get(mp)
+    if mp == "no":
+        env.param_dtype = "fp32"
+    env.world_size = _int(data.get("num_processes"))
+    ds = data.get("deepspeed_config")
+    if isinstance(ds, dict):
+        env.zero_stage = _int(ds.get("zero_stage"), minimum=0)
+        offload = {}
+        for key, what in (("offload_optimizer_device", "optimizer"), ("offload_param_device", "param")):
+            device = str(ds.get(key) or "none").lower()
+            if device not in ("none", ""):
+                offload[what] = device
+        env.offload = offload
+        if ds.get("deepspeed_config_file"):
+            _deepspeed_ref(env, ds["deepspeed_config_file"], base, others, facts.notes)
+    _fsdp(env, {"fsdp_config": data.get("fsdp_config")})
+
+
+def _axolotl_keys(facts: ConfigFacts, data: dict[str, Any], base: Path, others: Iterable[Path]) -> None:
+    """An Axolotl config: its own key names for batch, packing, attention, adapters and quantization."""
+    env = facts.env
+    env.micro_batch_size = _int(data.get("micro_batch_size"))
+    env.grad_accum_steps = _int(data.get("gradient_accumulation_steps"))
+    env.packing = _bool(data.get("sample_packing"))
+    if env.packing is None and _bool(data.get("pad_to_sequence_len")):
+        env.packing = False
+    env.max_seq_len = _int(data.get("sequence_len"))
+    env.gradient_checkpointing = _bool(data.get("gradient_checkpointing"))
+    env.dataloader.num_workers = _int(data.get("dataloader_num_workers"), minimum=0)
+    env.dataloader.pin_memory = _bool(data.get("dataloader_pin_memory"))
+    env.group_by_length = _bool(data.get("group_by_length"))
+    env.eval_steps = _int(data.get("eval_steps"))
+    env.save_steps = _int(data.get("save_steps"))
+    env.logging_steps = _int(data.get("logging_steps"))
+    env.torch_compile = _bool(data.get("torch_compile"))
+    impl = data.get("attn_implementation")
+    if isinstance(impl, str) and impl.lower() in ATTENTION_NAMES:
+        env.attention.implementation = ATTENTION_NAMES[impl.lower()]
+    for key, name in (
+        ("flash_attention", "flash_attention_2"),
+        ("sdp_attention", "sdpa"),
+        ("xformers_attention", "xformers"),
+        ("eager_attention", "eager"),
+    ):
+        if _bool(data.get(key)):
+            env.attention.implementation = name
+    _precision(env, data)
+    facts.lora = str(data.get("adapter") or "").lower() in ("lora", "qlora")
+    facts.quantized = bool(_bool(data.get("load_in_8bit")) or _bool(data.get("load_in_4bit")))
+    _deepspeed_ref(env, data.get("deepspeed"), base, others, facts.notes)
+    _fsdp(env, data)
+
+
 def read_config(data: dict[str, Any], kind: str, path: Path, others: Iterable[Path] = ()) -> ConfigFacts:
     env = Environment()
     env.config_sources.append(str(path))
     facts = ConfigFacts(kind=kind, env=env)
     base = path.parent
     if kind == "deepspeed":
-        env.zero_stage, env.offload = _offload(data)
-        env.micro_batch_size = _int(data.get("train_micro_batch_size_per_gpu"))
-        env.grad_accum_steps = _int(data.get("gradient_accumulation_steps"))
-        for key, dtype in (("bf16", "bf16"), ("fp16", "fp16")):
-            section = data.get(key)
-            if isinstance(section, dict) and _bool(section.get("enabled")):
-                env.autocast_dtype = dtype
+        _deepspeed_keys(env, data)
     elif kind == "accelerate":
-        mp = str(data.get("mixed_precision") or "").lower()
-        env.autocast_dtype = {"bf16": "bf16", "fp16": "fp16"}.get(mp)
-        if mp == "no":
-            env.param_dtype = "fp32"
-        env.world_size = _int(data.get("num_processes"))
-        ds = data.get("deepspeed_config")
-        if isinstance(ds, dict):
-            env.zero_stage = _int(ds.get("zero_stage"), minimum=0)
-            offload = {}
-            for key, what in (("offload_optimizer_device", "optimizer"), ("offload_param_device", "param")):
-                device = str(ds.get(key) or "none").lower()
-                if device not in ("none", ""):
-                    offload[what] = device
-            env.offload = offload
-            if ds.get("deepspeed_config_file"):
-                _deepspeed_ref(env, ds["deepspeed_config_file"], base, others, facts.notes)
-        _fsdp(env, {"fsdp_config": data.get("fsdp_config")})
+        _accelerate_keys(facts, data, base, others)
     elif kind == "axolotl":
-        env.micro_batch_size = _int(data.get("micro_batch_size"))
-        env.grad_accum_steps = _int(data.get("gradient_accumulation_steps"))
-        env.packing = _bool(data.get("sample_packing"))
-        if env.packing is None and _bool(data.get("pad_to_sequence_len")):
-            env.packing = False
-        env.max_seq_len = _int(data.get("sequence_len"))
-        env.gradient_checkpointing = _bool(data.get("gradient_checkpointing"))
-        env.dataloader.num_workers = _int(data.get("dataloader_num_workers"), minimum=0)
-        env.dataloader.pin_memory = _bool(data.get("dataloader_pin_memory"))
-        env.group_by_length = _bool(data.get("group_by_length"))
-        env.eval_steps = _int(data.get("eval_steps"))
-        env.save_steps = _int(data.get("save_steps"))
-        env.logging_steps = _int(data.get("logging_steps"))
-        env.torch_compile = _bool(data.get("torch_compile"))
-        impl = data.get("attn_implementation")
-        if isinstance(impl, str) and impl.lower() in ATTENTION_NAMES:
-            env.attention.implementation = ATTENTION_NAMES[impl.lower()]
-        for key, name in (
-            ("flash_attention", "flash_attention_2"),
-            ("sdp_attention", "sdpa"),
-            ("xformers_attention", "xformers"),
-            ("eager_attention", "eager"),
-        ):
-            if _bool(data.get(key)):
-                env.attention.implementation = name
-        _precision(env, data)
-        facts.lora = str(data.get("adapter") or "").lower() in ("lora", "qlora")
-        facts.quantized = bool(_bool(data.get("load_in_8bit")) or _bool(data.get("load_in_4bit")))
-        _deepspeed_ref(env, data.get("deepspeed"), base, others, facts.notes)
-        _fsdp(env, data)
+        _axolotl_keys(facts, data, base, others)
     elif kind in ("llama_factory", "hf_args"):
         _common_trainer_keys(env, data)
         if kind == "llama_factory":

@@ -44,6 +44,59 @@ def _merge_totals(a: RunTotals | None, b: RunTotals) -> RunTotals:
     return a
 
 
+def _refuse(path: Path, kind: str, configs_only: bool) -> None:
+    """Files that are named explicitly but that pitstop will not read (or not in `pitstop check`): one clear
+    error instead of a skip."""
+    if configs_only and kind not in (*CONFIG_KINDS, "model_config"):
+        raise IngestError(f"{path}: a {kind.replace('_', ' ')}, not a config; `pitstop analyze` reads it")
+    if kind == "torch_pickle":
+        raise IngestError(
+            f"{path}: a pickled file (training_args.bin?); pitstop never unpickles. Export the arguments "
+            "instead: python -c \"import torch,json; a=torch.load('training_args.bin', weights_only=False); "
+            'print(a.to_json_string())" > training_args.json'
+        )
+    if kind == "binary":
+        raise IngestError(f"{path}: {NOT_ARTIFACTS[kind]}, not an artifact pitstop reads")
+
+
+def _apply_flags(inputs: Inputs, env: Environment, totals: RunTotals | None) -> RunTotals | None:
+    """--model, --gpu and --gpus: what the user states over what the artifacts said."""
+    if inputs.model:
+        try:
+            env.model = model_info_from_config(load_model_config(inputs.model))
+        except ModelConfigError as exc:
+            raise IngestError(str(exc)) from None
+    if inputs.gpu:
+        spec = lookup_gpu(inputs.gpu)
+        if spec is None:
+            raise IngestError(f"--gpu {inputs.gpu}: not in pitstop's hardware table (see `pitstop gpus`)")
+        env.gpu_name = spec.key
+        env.device = "cuda"
+    if inputs.gpus is not None and not 1 <= inputs.gpus <= MAX_WORLD:
+        raise IngestError(f"--gpus {inputs.gpus}: not a GPU count (1 to {MAX_WORLD:,})")
+    if inputs.gpus:
+        env.world_size = inputs.gpus
+        totals = _merge_totals(totals, RunTotals(n_gpus=inputs.gpus)) if totals is not None else None
+    return totals
+
+
+def _join_ranks(
+    trace_ranks: list[RankProfile], gpu_ranks: list[RankProfile], env: Environment, notes: list[str]
+) -> list[RankProfile]:
+    """The ranks come from traces, else from nvidia-smi's GPUs; nvidia-smi's samples join the traced ranks in order,
+    and each rank's own environment and the run's complete each other."""
+    ranks = trace_ranks or gpu_ranks
+    if trace_ranks and gpu_ranks:
+        for trace_rank, gpu_rank in zip(trace_ranks, gpu_ranks, strict=False):
+            trace_rank.gpu_samples = gpu_rank.gpu_samples
+    for rank in ranks:  # what the artifacts themselves measured wins over configs
+        merge_into(rank.environment, env, [])
+    if ranks:
+        merge_into(env, ranks[0].environment, notes)
+        env.world_size = env.world_size or len(ranks)
+    return ranks
+
+
 def load_run(
     inputs: Inputs,
     on_file: Callable[[Path, str], None] | None = None,
@@ -73,16 +126,7 @@ def load_run(
         inputs.kinds[str(path)] = kind
         if on_file is not None:
             on_file(path, kind)
-        if inputs.configs_only and kind not in (*CONFIG_KINDS, "model_config"):
-            raise IngestError(f"{path}: a {kind.replace('_', ' ')}, not a config; `pitstop analyze` reads it")
-        if kind == "torch_pickle":
-            raise IngestError(
-                f"{path}: a pickled file (training_args.bin?); pitstop never unpickles. Export the arguments "
-                "instead: python -c \"import torch,json; a=torch.load('training_args.bin', weights_only=False); "
-                'print(a.to_json_string())" > training_args.json'
-            )
-        if kind == "binary":
-            raise IngestError(f"{path}: {NOT_ARTIFACTS[kind]}, not an artifact pitstop reads")
+        _refuse(path, kind, inputs.configs_only)
         if kind == "kineto_trace":
             trace_paths.append(path)
         elif kind == "nvidia_smi":
@@ -118,31 +162,8 @@ def load_run(
 
         fleet = read_traces(trace_paths, jobs=inputs.jobs, dask=inputs.dask, progress=on_trace)
         trace_ranks, trace_notes = fleet.ranks, fleet.notes
-    if inputs.model:
-        try:
-            env.model = model_info_from_config(load_model_config(inputs.model))
-        except ModelConfigError as exc:
-            raise IngestError(str(exc)) from None
-    if inputs.gpu:
-        spec = lookup_gpu(inputs.gpu)
-        if spec is None:
-            raise IngestError(f"--gpu {inputs.gpu}: not in pitstop's hardware table (see `pitstop gpus`)")
-        env.gpu_name = spec.key
-        env.device = "cuda"
-    if inputs.gpus is not None and not 1 <= inputs.gpus <= MAX_WORLD:
-        raise IngestError(f"--gpus {inputs.gpus}: not a GPU count (1 to {MAX_WORLD:,})")
-    if inputs.gpus:
-        env.world_size = inputs.gpus
-        totals = _merge_totals(totals, RunTotals(n_gpus=inputs.gpus)) if totals is not None else None
-    ranks = trace_ranks or gpu_ranks
-    if trace_ranks and gpu_ranks:
-        for trace_rank, gpu_rank in zip(trace_ranks, gpu_ranks, strict=False):
-            trace_rank.gpu_samples = gpu_rank.gpu_samples
-    for rank in ranks:  # what the artifacts themselves measured wins over configs
-        merge_into(rank.environment, env, [])
-    if ranks:
-        merge_into(env, ranks[0].environment, notes)
-        env.world_size = env.world_size or len(ranks)
+    totals = _apply_flags(inputs, env, totals)
+    ranks = _join_ranks(trace_ranks, gpu_ranks, env, notes)
     profile = RunProfile(
         source="analyze" if not inputs.configs_only else "check",
         ranks=ranks,

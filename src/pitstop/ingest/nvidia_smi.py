@@ -15,6 +15,7 @@ import io
 import itertools
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -205,30 +206,68 @@ def read_smi(path: Path) -> SmiLog:
         ) from None
 
 
+def _columns(path: Path, reader: Iterator[list[str]]) -> tuple[list[str], bool, list[str | None]]:
+    """The first row, whether it is a header, and each column's role (from the header, else guessed from
+    the values' units); an error when neither utilization nor memory is among them."""
+    try:
+        first = next(reader)
+    except StopIteration:
+        raise IngestError(f"{path}: empty file") from None
+    except (EOFError, OSError, csv.Error) as exc:
+        raise IngestError(f"{path}: truncated or corrupt ({exc})") from None
+    header = any(h in ",".join(first).lower() for h in HEADER_HINTS)
+    roles = [_column_role(c) for c in first] if header else _infer_roles(first)
+    if "util" not in roles and "mem_used" not in roles:
+        why = "no header, and its values carry no units" if not header else "no utilization or memory column"
+        raise IngestError(
+            f"{path}: not an nvidia-smi log pitstop can read ({why}); log with "
+            "--query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv"
+        )
+    return first, header, roles
+
+
+def _log(
+    path: Path,
+    by_gpu: dict[str, GpuTimeline],
+    times: list[float],
+    skipped: int,
+    beyond: int,
+    out_of_range: int,
+) -> SmiLog:
+    """The GPUs in index order, the sampling interval, and a note for each kind of row or value left out."""
+    gpus = sorted(by_gpu.values(), key=lambda g: (len(g.key), g.key))
+    if not gpus:
+        why = (
+            f" ({skipped} did not match the header: a decimal-comma locale? log with LC_ALL=C)"
+            if skipped
+            else ""
+        )
+        raise IngestError(f"{path}: no readable rows{why}")
+    log = SmiLog(gpus=gpus, interval_s=_interval(times, len(gpus)), skipped_rows=skipped)
+    if skipped:
+        log.notes.append(
+            f"{path.name}: {skipped} rows skipped (did not match the columns; a decimal-comma locale?)"
+        )
+    if out_of_range:
+        log.notes.append(
+            f"{path.name}: {out_of_range} values out of range ignored (a utilization outside 0-100 %, a negative "
+            "memory, power or clock)"
+        )
+    if beyond:
+        log.notes.append(
+            f"{path.name}: more than {MAX_GPUS} GPUs in one log; {beyond} rows of the GPUs after the first "
+            f"{MAX_GPUS} skipped"
+        )
+    return log
+
+
 def _read_smi(path: Path) -> SmiLog:
     bad = _Bad()
     with open_binary(path) as raw:
         capped = io.BufferedReader(_Capped(raw, SMI_LIMIT))
         text = io.TextIOWrapper(capped, encoding="utf-8", errors="replace", newline="")
         reader = csv.reader(text, skipinitialspace=True)
-        try:
-            first = next(reader)
-        except StopIteration:
-            raise IngestError(f"{path}: empty file") from None
-        except (EOFError, OSError, csv.Error) as exc:
-            raise IngestError(f"{path}: truncated or corrupt ({exc})") from None
-        header = any(h in ",".join(first).lower() for h in HEADER_HINTS)
-        roles = [_column_role(c) for c in first] if header else _infer_roles(first)
-        if "util" not in roles and "mem_used" not in roles:
-            why = (
-                "no header, and its values carry no units"
-                if not header
-                else "no utilization or memory column"
-            )
-            raise IngestError(
-                f"{path}: not an nvidia-smi log pitstop can read ({why}); log with "
-                "--query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv"
-            )
+        first, header, roles = _columns(path, reader)
         rows_iter = reader if header else itertools.chain([first], reader)
         by_gpu: dict[str, GpuTimeline] = {}
         order: dict[float, int] = defaultdict(int)
@@ -292,30 +331,7 @@ def _read_smi(path: Path) -> SmiLog:
             raise IngestError(f"{path}: truncated or corrupt ({exc})") from None
         except csv.Error as exc:
             raise IngestError(f"{path}: not CSV that pitstop can read ({exc})") from None
-    gpus = sorted(by_gpu.values(), key=lambda g: (len(g.key), g.key))
-    if not gpus:
-        why = (
-            f" ({skipped} did not match the header: a decimal-comma locale? log with LC_ALL=C)"
-            if skipped
-            else ""
-        )
-        raise IngestError(f"{path}: no readable rows{why}")
-    log = SmiLog(gpus=gpus, interval_s=_interval(times, len(gpus)), skipped_rows=skipped)
-    if skipped:
-        log.notes.append(
-            f"{path.name}: {skipped} rows skipped (did not match the columns; a decimal-comma locale?)"
-        )
-    if bad.count:
-        log.notes.append(
-            f"{path.name}: {bad.count} values out of range ignored (a utilization outside 0-100 %, a negative "
-            "memory, power or clock)"
-        )
-    if beyond:
-        log.notes.append(
-            f"{path.name}: more than {MAX_GPUS} GPUs in one log; {beyond} rows of the GPUs after the first "
-            f"{MAX_GPUS} skipped"
-        )
-    return log
+    return _log(path, by_gpu, times, skipped, beyond, bad.count)
 
 
 def _interval(times: list[float], gpus: int) -> float | None:

@@ -93,13 +93,20 @@ class Hooks:
     # -- install / remove -------------------------------------------------------------------------
     def install(self) -> None:
         import torch
-        import torch.utils.data.dataloader as dl
-        from torch.optim import optimizer as optim_mod
 
         listener = self.listener
         compiling = torch.compiler.is_compiling
         capturing = graph_capturing()
         self.active = True
+        self._hook_optimizer(listener, compiling, capturing)
+        self._hook_loader(listener)
+        self._hook_model(listener, compiling, capturing)
+
+    def _hook_optimizer(
+        self, listener: Listener, compiling: Callable[[], bool], capturing: Callable[[], bool]
+    ) -> None:
+        """Optimizer steps, through torch's global step hooks (nothing of ours to unwrap)."""
+        from torch.optim import optimizer as optim_mod
 
         def on_step(opt: Any, starting: bool) -> None:
             if self.active and not compiling() and not capturing():
@@ -110,6 +117,11 @@ class Hooks:
         pre = optim_mod.register_optimizer_step_pre_hook(lambda opt, args, kwargs: on_step(opt, True))
         post = optim_mod.register_optimizer_step_post_hook(lambda opt, args, kwargs: on_step(opt, False))
         self._restore += [pre.remove, post.remove]
+
+    def _hook_loader(self, listener: Listener) -> None:
+        """The DataLoader: its iterators' creation, the time each batch blocks, and a single-process
+        loader's collate."""
+        import torch.utils.data.dataloader as dl
 
         def make_iter_init(original: Any) -> Any:
             def __init__(it: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
@@ -145,6 +157,13 @@ class Hooks:
             return __next__
 
         self._patch(dl._BaseDataLoaderIter, "__next__", make_next)
+
+    def _hook_model(
+        self, listener: Listener, compiling: Callable[[], bool], capturing: Callable[[], bool]
+    ) -> None:
+        """What the model's step runs: backward, SDPA (with or without a mask), autocast and activation
+        checkpointing."""
+        import torch
 
         def make_backward(original: Any) -> Any:
             def backward(*args: Any, **kwargs: Any) -> Any:

@@ -6,6 +6,7 @@ import statistics
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.metrics import rank_metrics
+from pitstop.diagnose.ranks import RankComm
 from pitstop.findings import Finding
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import model_states
@@ -177,18 +178,9 @@ REASONS = {
 }
 
 
-def _straggler_by_arrival(ctx: RuleContext) -> Finding | None:
-    a = ctx.ranks
-    assert a is not None
-    slow_rank = a.straggler
-    if slow_rank is None:
-        return None
-    rows = {r.rank: r for r in a.ranks}
-    slow = rows[slow_rank]
-    others = [r for r in a.ranks if r.rank != slow_rank]
-    waiting = a.mean_frac("wait_s", exclude=slow_rank)
-    if waiting < 0.05 or not others:
-        return None
+def _slowest_part(slow: RankComm, others: list[RankComm]) -> tuple[str, str]:
+    """The part of the step (data, compute, optimizer, host) where the slow rank loses most against the
+    others' median, as (reason, detail); ("unknown", "") when no part is slower."""
     excess: dict[str, float] = {}
     for name in REASONS:
         mine = getattr(slow, name)
@@ -209,6 +201,22 @@ def _straggler_by_arrival(ctx: RuleContext) -> Finding | None:
             f"its {REASONS[part]} takes {getattr(slow, part) * 1000:.0f} ms per step vs "
             f"{(theirs_s or 0.0) * 1000:.0f} ms on the other ranks"
         )
+    return reason, detail
+
+
+def _straggler_by_arrival(ctx: RuleContext) -> Finding | None:
+    a = ctx.ranks
+    assert a is not None
+    slow_rank = a.straggler
+    if slow_rank is None:
+        return None
+    rows = {r.rank: r for r in a.ranks}
+    slow = rows[slow_rank]
+    others = [r for r in a.ranks if r.rank != slow_rank]
+    waiting = a.mean_frac("wait_s", exclude=slow_rank)
+    if waiting < 0.05 or not others:
+        return None
+    reason, detail = _slowest_part(slow, others)
     extras = _device_reasons(ctx, slow_rank)
     if extras:
         detail += ("; " if detail else "") + "; ".join(extras)

@@ -12,14 +12,16 @@ from __future__ import annotations
 import re
 from array import array
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pitstop.ingest.readers import head
 from pitstop.ingest.trace.jsonstream import event_batches
 
+K = TypeVar("K")
+V = TypeVar("V")
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 DATALOADER_PREFIX = "enumerate(DataLoader)"
 SYNC_RUNTIME = (
@@ -360,6 +362,25 @@ def _role_of(cat: str) -> int:
     return _STREAM_OTHER  # kept when on a GPU stream, e.g. cuda_sync "Stream Wait Event"
 
 
+class _Memo(dict[K, V]):
+    """A cache filled on a miss by ``make``: in the event loop a hit is one subscript, with no test for
+    None and no method call."""
+
+    def __init__(self, make: Callable[[K], V]) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key: K) -> V:
+        value = self[key] = self.make(key)
+        return value
+
+
+def _category(raw: object) -> tuple[str, int]:
+    """An event's category, lower-cased, and what it makes of the event."""
+    lowered = str(raw).lower()
+    return lowered, _role_of(lowered)
+
+
 def read_columns(path: Path) -> TraceColumns:
     """One streaming pass over a Kineto trace.
 
@@ -370,10 +391,10 @@ def read_columns(path: Path) -> TraceColumns:
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
     kernels, memcpy, memset, runtime = cols.kernels, cols.memcpy, cols.memset, cols.runtime
-    kernel_cache: dict[str, tuple[int, str | None]] = {}
+    kernel_cache = _Memo(_kernel_info)
     gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
     categories: dict[str, int] = {}
-    cat_cache: dict[object, tuple[str, int]] = {}
+    cat_cache = _Memo(_category)
     n_events = bad = negative = 0
     for batch in event_batches(path):
         n_events += len(batch)
@@ -397,11 +418,7 @@ def read_columns(path: Path) -> TraceColumns:
                 bad += 1
                 continue
             raw_cat = ev.get("cat", "")
-            known = cat_cache.get(raw_cat)
-            if known is None:
-                lowered = str(raw_cat).lower()
-                known = cat_cache[raw_cat] = (lowered, _role_of(lowered))
-            cat, role = known
+            cat, role = cat_cache[raw_cat]
             categories[cat] = categories.get(cat, 0) + 1
             if role == _IGNORED:
                 continue
@@ -426,9 +443,7 @@ def read_columns(path: Path) -> TraceColumns:
                         "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
                     )
             elif role == _KERNEL:
-                info = kernel_cache.get(name)
-                if info is None:
-                    info = kernel_cache[name] = _kernel_info(name)
+                info = kernel_cache[name]
                 _add_gpu(kernels, ts, dur, args, info[0])
                 if info[1] is not None:
                     gemm_time[info[1]] += dur
@@ -442,6 +457,18 @@ def read_columns(path: Path) -> TraceColumns:
                 _add_gpu(memset, ts, dur, args, 0)
             elif "stream" in args:
                 _add_gpu(cols.gpu_other, ts, dur, args, 0)
+    return _totals(cols, n_events, bad, negative, categories, gemm_time)
+
+
+def _totals(
+    cols: TraceColumns,
+    n_events: int,
+    bad: int,
+    negative: int,
+    categories: dict[str, int],
+    gemm_time: dict[str, float],
+) -> TraceColumns:
+    """The counters the loop kept in locals (cheaper there than attributes), stored on the columns."""
     cols.events = n_events
     cols.bad_events, cols.negative_durations = bad, negative
     cols.categories.update(categories)

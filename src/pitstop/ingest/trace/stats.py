@@ -29,26 +29,9 @@ def attention_path(cols: TraceColumns) -> str | None:
     return None
 
 
-def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
-    stats = TraceStats(steps=len(view.steps))
-    if not view.steps:
-        stats.limitations.append(
-            "no ProfilerStep#N spans: record with torch.profiler.profile(schedule=...) and "
-            "call prof.step() every step"
-        )
-        return stats
-    lo = np.array([s.start for s in view.steps])
-    hi = np.array([s.end for s in view.steps])
-    n = len(view.steps)
-    stats.step_ms = view.mean_step_us / 1000.0
-    stats.breakdown_ms = {k: v / 1000.0 for k, v in view.mean_role_us().items()}
-    if view.gpu_util:
-        stats.gpu_util = float(np.mean(list(view.gpu_util.values())))
-    stats.dataloader_ms = stats.breakdown_ms.get("DataLoader")
-    if cols.dataloader_names:
-        stats.dataloader_multiprocess = any("MultiProcessing" in name for name in cols.dataloader_names)
-
-    # host syncs: blocking runtime calls and .item() (aten::_local_scalar_dense) per step
+def _syncs(stats: TraceStats, cols: TraceColumns, lo: np.ndarray, hi: np.ndarray) -> None:
+    """Host syncs per step: blocking runtime calls and .item() (aten::_local_scalar_dense), and their time."""
+    n = lo.size
     rt = cols.runtime
     sync_mask = np.frombuffer(rt.sync, dtype=np.int8) == 1
     rt_ts, rt_end = np.frombuffer(rt.ts, dtype=np.float64), np.frombuffer(rt.end, dtype=np.float64)
@@ -60,7 +43,10 @@ def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
         float(np.sum(rt_end[sync_mask] - rt_ts[sync_mask])) / n / 1000.0 if sync_mask.any() else 0.0
     )
 
-    # copies
+
+def _copies(stats: TraceStats, cols: TraceColumns, lo: np.ndarray, hi: np.ndarray) -> None:
+    """Host-to-device megabytes per step, pageable and pinned."""
+    n = lo.size
     mc = cols.memcpy
     kinds = np.frombuffer(mc.code, dtype=np.int8)
     sizes = np.frombuffer(cols.memcpy_bytes, dtype=np.float64)
@@ -71,7 +57,11 @@ def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
         stats.h2d_pageable_mb = float(sizes[inside & (kinds == H2D_PAGEABLE)].sum()) / n / 1e6
         stats.h2d_pinned_mb = float(sizes[inside & (kinds == H2D_PINNED)].sum()) / n / 1e6
 
-    # kernels
+
+def _kernels(stats: TraceStats, cols: TraceColumns, lo: np.ndarray, hi: np.ndarray) -> bool:
+    """Kernels per step, tiny kernels, launch-bound, and NCCL time and overlap; False when the trace has no
+    kernels."""
+    n = lo.size
     k = cols.kernels
     k_ts, k_end = np.frombuffer(k.ts, dtype=np.float64), np.frombuffer(k.end, dtype=np.float64)
     codes = np.frombuffer(k.code, dtype=np.int8)
@@ -95,6 +85,31 @@ def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
             stats.nccl_overlap_frac = intersection_length(comm_u, comp_u) / nccl if nccl else None
         else:
             stats.nccl_ms = 0.0
+    return bool(k_ts.size)
+
+
+def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
+    stats = TraceStats(steps=len(view.steps))
+    if not view.steps:
+        stats.limitations.append(
+            "no ProfilerStep#N spans: record with torch.profiler.profile(schedule=...) and "
+            "call prof.step() every step"
+        )
+        return stats
+    lo = np.array([s.start for s in view.steps])
+    hi = np.array([s.end for s in view.steps])
+    n = len(view.steps)
+    stats.step_ms = view.mean_step_us / 1000.0
+    stats.breakdown_ms = {k: v / 1000.0 for k, v in view.mean_role_us().items()}
+    if view.gpu_util:
+        stats.gpu_util = float(np.mean(list(view.gpu_util.values())))
+    stats.dataloader_ms = stats.breakdown_ms.get("DataLoader")
+    if cols.dataloader_names:
+        stats.dataloader_multiprocess = any("MultiProcessing" in name for name in cols.dataloader_names)
+
+    _syncs(stats, cols, lo, hi)
+    _copies(stats, cols, lo, hi)
+    has_kernels = _kernels(stats, cols, lo, hi)
     if cols.gemm_us:
         stats.gemm_ms = cols.gemm_us / n / 1000.0
         stats.fp32_gemm_frac = cols.gemm_fp32_us / cols.gemm_us
@@ -108,7 +123,7 @@ def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
         stats.limitations.append(f"{cols.negative_durations} events with negative durations were skipped")
     if cols.bad_events:
         stats.limitations.append(f"{cols.bad_events} events without a usable timestamp were skipped")
-    if not k_ts.size:
+    if not has_kernels:
         stats.limitations.append(
             "no GPU kernels in the trace: a CPU-only run, or recorded without CUDA activity"
         )
