@@ -126,3 +126,17 @@ def test_worker_memory_stays_flat_as_the_trace_grows(tmp_path: Path) -> None:
     grown = sizes[1] - sizes[0]
     assert grown > 40  # MiB of trace text added
     assert peaks[1] - peaks[0] < 0.1 * grown, (sizes, peaks)
+
+
+def test_an_event_whose_category_is_not_a_string_is_counted_as_malformed(tmp_path: Path) -> None:
+    from pitstop.ingest.trace.events import read_columns
+
+    events = [
+        {"ph": "X", "cat": ["x"], "name": "k", "ts": 1, "dur": 2, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": {"a": 1}, "name": "k", "ts": 1, "dur": 2, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "pid": 0, "tid": 7},
+    ]
+    path = tmp_path / "cat.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    columns = read_columns(path)
+    assert columns.bad_events == 2  # skipped and counted, never an internal error

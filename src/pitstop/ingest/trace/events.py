@@ -418,6 +418,9 @@ def read_columns(path: Path) -> TraceColumns:
                 bad += 1
                 continue
             raw_cat = ev.get("cat", "")
+            if type(raw_cat) is not str:  # a list or object would not hash: count it as a malformed event
+                bad += 1
+                continue
             cat, role = cat_cache[raw_cat]
             categories[cat] = categories.get(cat, 0) + 1
             if role == _IGNORED:
