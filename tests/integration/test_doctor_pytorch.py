@@ -69,3 +69,21 @@ def test_explicit_watch_api_gives_the_same_diagnosis(tmp_path: Path) -> None:
     assert doc["schema"] == "pitstop.run/1" and doc["source"] == "watch"
     assert causes(doc)[0] == "padding_waste"
     assert doc["metrics"]["steps_measured"] == 12
+
+
+def test_steps_auto_ends_the_window_when_it_is_precise(tmp_path: Path) -> None:
+    import json
+
+    from tests.conftest import run_pitstop
+
+    out = tmp_path / "auto.json"
+    script = (sys.executable, str(SCRIPTS / "plain_loop.py"), "--steps", "2000")
+    proc = run_pitstop(
+        "doctor", "--quiet", "--steps", "auto", "--json", str(out), "--no-history", "--", *script
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    rank = doc["profile"]["ranks"][0]
+    assert rank["window_rule"] and doc["metrics"]["steps_measured"] >= 2
+    assert rank["warmup_steps"] >= 2  # the first steps (start-up) are never measured
+    assert "window:" in proc.stdout

@@ -43,7 +43,13 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 @app.command(context_settings={"allow_interspersed_args": False})
 def doctor(
     command: Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")] = None,
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps to measure after the warm-up.")] = 50,
+    steps: Annotated[
+        str,
+        typer.Option(
+            help="Optimizer steps to measure after the warm-up, or 'auto': warm up until the steps settle and "
+            "measure until the mean step time is known to ±3% (a job of several ranks keeps 50)."
+        ),
+    ] = "50",
     warmup: Annotated[int, typer.Option(min=0, help="Optimizer steps to run before measuring.")] = 10,
     full: Annotated[
         bool, typer.Option("--full", help="Let the run finish; measure every step after warm-up.")
@@ -70,14 +76,17 @@ def doctor(
 
     pitstop doctor -- python train.py --my-args
     """
-    from pitstop.cli.doctor import run_demo, run_doctor
+    from pitstop.cli.doctor import parse_window_steps, run_demo, run_doctor
     from pitstop.cli.outputs import Outputs
 
     outputs = Outputs(json_out, html, tensorboard, history, record=not no_history)
     try:
+        count, auto = parse_window_steps(steps)
         if demo:
+            if auto:
+                raise UserError("--demo measures a fixed window: give --steps a number")
             code = run_demo(
-                steps=steps, warmup=warmup, fixed=fixed, quiet=quiet is not False, outputs=outputs
+                steps=count, warmup=warmup, fixed=fixed, quiet=quiet is not False, outputs=outputs
             )
         else:
             if fixed:
@@ -86,8 +95,9 @@ def doctor(
                 raise UserError("no command given: pitstop doctor -- python train.py [args]")
             code = run_doctor(
                 command,
-                steps=steps,
+                steps=count,
                 warmup=warmup,
+                auto=auto,
                 full=full,
                 quiet=bool(quiet),
                 timeout=timeout,

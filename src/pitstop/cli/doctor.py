@@ -12,17 +12,34 @@ from pitstop.cli.errors import UserError
 from pitstop.cli.outputs import Outputs
 from pitstop.cli.progress import steps_bar
 from pitstop.diagnose import Diagnosis, diagnose
+from pitstop.probe.stopping import WindowRule
 from pitstop.report.terminal import render
 from pitstop.runner.measure import StepWindow, measure
 
 
+def parse_window_steps(text: str) -> tuple[int, bool]:
+    """``--steps``: a whole number of at least 1, or 'auto' (the window ends when it is precise enough)."""
+    value = text.strip().lower()
+    if value == "auto":
+        return 50, True
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"--steps: {text!r} is neither 'auto' nor a whole number of at least 1")
+    return int(value), False
+
+
 def measure_and_diagnose(
-    command: list[str], steps: int | None, warmup: int, quiet: bool, label: str, timeout: float | None = None
+    command: list[str],
+    steps: int | None,
+    warmup: int,
+    quiet: bool,
+    label: str,
+    timeout: float | None = None,
+    rule: WindowRule | None = None,
 ) -> Diagnosis:
     """Run one command under the probe and diagnose it; a run with nothing to diagnose is a UserError."""
     console = Console(stderr=True)
-    window = StepWindow(steps=steps, warmup=warmup)
-    total = warmup + (steps or 0)
+    window = StepWindow(steps=steps, warmup=warmup, rule=rule)
+    total = 0 if rule is not None else warmup + (steps or 0)
     if quiet:
         with steps_bar(console) as progress:
             task = progress.add_task(label, total=total or None)
@@ -52,9 +69,13 @@ def run_doctor(
     quiet: bool,
     timeout: float | None,
     outputs: Outputs,
+    auto: bool = False,
 ) -> int:
     outputs.check()
-    diagnosis = measure_and_diagnose(command, None if full else steps, warmup, quiet, "measuring", timeout)
+    rule = WindowRule() if auto and not full else None
+    diagnosis = measure_and_diagnose(
+        command, None if full else steps, warmup, quiet, "measuring", timeout, rule
+    )
     diagnosis = _with_single_rank_reference(diagnosis, outputs)
     doc = diagnosis.to_dict()
     outputs.write(doc)

@@ -402,9 +402,14 @@ class Probe:
         self._start_samplers(env)
         if self.config.announce and self.rank == 0:
             window = "until the run ends" if self.config.steps is None else f"{self.config.steps} steps"
+            plan = f"{self.config.warmup} warm-up steps, then measuring {window}"
+            if self.tracker is not None:
+                plan = (
+                    "warming up until the steps settle, then measuring until the mean step time is known "
+                    f"to ±{self.tracker.rule.precision:.0%}"
+                )
             print(
-                f"pitstop: observing a {framework} run on {env.gpu_name or env.device}: "
-                f"{self.config.warmup} warm-up steps, then measuring {window}",
+                f"pitstop: observing a {framework} run on {env.gpu_name or env.device}: {plan}",
                 file=sys.stderr,
             )
 

@@ -211,10 +211,11 @@ def _headline(d: Diagnosis) -> Table:
         )
     else:
         warm = p.ranks[0].warmup_steps if p.ranks else 0
+        rule = p.ranks[0].window_rule if p.ranks else None
         grid.add_row(
             "Run",
             f"{env.framework or 'pytorch'} on {device}{ranks} · {m.steps_measured} steps measured "
-            f"after {warm} warm-up",
+            f"after {warm} warm-up" + (f" (window: {rule})" if rule else ""),
         )
     if m.tokens_per_s is not None or (m.step_time_s is not None and p.source not in ("analyze", "check")):
         thr = f"{_num(m.real_tokens_per_s)} real tokens/s"
