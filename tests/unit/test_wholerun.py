@@ -109,7 +109,9 @@ def test_a_dataloader_that_slows_after_step_n_is_one_change_at_that_step() -> No
         and change.after / change.before == pytest.approx(0.102 / 0.183, rel=0.1)
     )
     assert "data wait went from" in change.text
-    assert any(c.kind == "new_finding" and c.cause == "dataloader_bound" for c in report.changes)
+    new = [c for c in report.changes if c.kind == "new_finding"]
+    assert [c.cause for c in new] == ["dataloader_bound"]
+    assert 428 <= new[0].step <= 433  # placed at the shift inside its window, not at the window's start
     assert len(report.phases) == 2 and report.phases[1].first_step == 401
 
 
@@ -173,3 +175,8 @@ def test_memory_is_bounded_and_the_series_is_on_disk(tmp_path: Path) -> None:
     assert back[2500].data_wait_s == pytest.approx(0.082)
     assert store.path(0).stat().st_size < 3000 * 120  # compressed: well under the JSON's ~300 bytes a step
     assert report.series_path == str(tmp_path)
+
+
+def test_a_steady_series_has_no_change_point() -> None:
+    for seed in range(5):
+        assert change_point(series(200, seed=seed)) is None

@@ -22,7 +22,9 @@ from pitstop.wholerun.windows import WindowSummary
 
 SIGMAS = 4.0
 BASELINE_WINDOWS = 8  # the most recent windows of the current phase that make the baseline
-WORSE_BY = 0.10  # a finding is worse when fixing it would save this much more of the step
+WORSE_BY = 0.10
+MIN_SHIFT = 0.08  # a split of the step times must shift them by this much...
+SPLIT_T = 5.0  # ...and by this many standard errors  # a finding is worse when fixing it would save this much more of the step
 PART_NAMES = {
     "data_wait_s": "data wait",
     "forward_s": "forward",
@@ -85,6 +87,12 @@ def change_point(steps: list[StepRecord], slower: bool = True) -> int | None:
             best_i, best_gain = i, gain
     if best_i is None:
         return None
+    a, b = prefix[best_i] / best_i, (total - prefix[best_i]) / (n - best_i)
+    within = sum((v - a) ** 2 for v in x[:best_i]) + sum((v - b) ** 2 for v in x[best_i:])
+    sd = math.sqrt(within / max(n - 2, 1))
+    t = abs(b - a) / (sd * math.sqrt(1 / best_i + 1 / (n - best_i))) if sd > 0 else math.inf
+    if abs(b - a) < math.log(1 + MIN_SHIFT) or t < SPLIT_T:
+        return None  # no split explains the series better than its noise
     return steps[best_i].index
 
 
@@ -107,7 +115,7 @@ class ChangeDetector:
         baseline = self.phase[-BASELINE_WINDOWS:]
         if baseline:
             found += self._rate(current, baseline, recent_steps or [])
-            found += self._findings(current, baseline)
+            found += self._findings(current, baseline, recent_steps or [])
         if any(c.kind in ("slower", "faster") for c in found):
             self.phase = [current]
         else:
@@ -151,8 +159,13 @@ class ChangeDetector:
             text += f"; new finding: {new[0].cause} ({new[0].summary})"
         return [Change(kind, step, current.index, text, cause, before, now, part)]
 
-    def _findings(self, current: WindowSummary, baseline: list[WindowSummary]) -> list[Change]:
+    def _findings(
+        self, current: WindowSummary, baseline: list[WindowSummary], steps: list[StepRecord]
+    ) -> list[Change]:
         out = []
+        # a finding that appears with a shift in step time starts where the shift does, when inside this window
+        shift = change_point([s for s in steps if s.index >= current.first_step - 1])
+        start = shift if shift is not None and shift > current.first_step else current.first_step
         for f in current.findings:
             earlier = [b.finding(f.cause) for b in baseline]
             seen = [e for e in earlier if e is not None]
@@ -162,9 +175,9 @@ class ChangeDetector:
                 out.append(
                     Change(
                         "new_finding",
-                        current.first_step,
+                        start,
                         current.index,
-                        f"from step {current.first_step:,} new finding {f.cause} ({f.severity}): {f.summary}",
+                        f"from step {start:,} new finding {f.cause} ({f.severity}): {f.summary}",
                         f.cause,
                         None,
                         f.time_saved_frac,
