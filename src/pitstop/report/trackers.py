@@ -154,7 +154,14 @@ class MlflowTracker:
         self._mlflow = mlflow
         active = mlflow.active_run()
         self.own = active is None
-        self.run = active or mlflow.start_run(run_name=run_name or f"pitstop-watch-{_stamp()}")
+        try:
+            self.run = active or mlflow.start_run(run_name=run_name or f"pitstop-watch-{_stamp()}")
+        except mlflow.exceptions.MlflowException as exc:
+            first = str(exc).split(". ")[0]
+            raise TrackerError(
+                f"mlflow cannot open a run at {mlflow.get_tracking_uri()}: {first} (a file store needs "
+                "MLFLOW_ALLOW_FILE_STORE=true with MLflow >= 3.10; or set MLFLOW_TRACKING_URI)"
+            ) from None
         self.run_id = self.run.info.run_id
 
     def log_window(self, window: WindowSummary, changes: list[Change]) -> None:
