@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.trackers_read import tensorboard_events, wandb_history
+from tests.unit.test_wholerun import series
 
 from pitstop.diagnose import diagnose
 from pitstop.findings import Finding
@@ -19,8 +21,6 @@ from pitstop.report.trackers import (
 )
 from pitstop.wholerun.run import WholeRun, WholeRunReport
 from pitstop.wholerun.windows import WindowSpec, WindowSummary
-from tests.trackers_read import tensorboard_events, wandb_history
-from tests.unit.test_wholerun import series
 
 
 def watched() -> tuple[list[WindowSummary], WholeRunReport, list[Finding]]:
