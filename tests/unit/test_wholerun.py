@@ -180,3 +180,25 @@ def test_memory_is_bounded_and_the_series_is_on_disk(tmp_path: Path) -> None:
 def test_a_steady_series_has_no_change_point() -> None:
     for seed in range(5):
         assert change_point(series(200, seed=seed)) is None
+
+
+def test_a_burst_of_load_for_one_window_is_no_change_but_a_lasting_one_is() -> None:
+    burst = series(1000)
+    for r in burst[400:500]:  # another job shares the machine for one window: every part 30% slower
+        r.wall_s *= 1.3
+        r.forward_s, r.backward_s = (r.forward_s or 0) * 1.3, (r.backward_s or 0) * 1.3
+    _, report = watch(burst, WindowSpec(steps=100)).finish()
+    assert report.changes == []
+    lasting = series(1000)
+    for r in lasting[400:]:
+        r.wall_s *= 1.3
+        r.backward_s = (r.backward_s or 0) + r.wall_s * 0.3 / 1.3
+    _, report = watch(lasting, WindowSpec(steps=100)).finish()
+    (change,) = report.changes
+    assert change.kind == "slower" and change.part == "backward_s" and 399 <= change.step <= 403
+
+
+def test_a_slowdown_in_the_last_window_is_reported_unconfirmed() -> None:
+    _, report = watch(series(500, slow_after=420), WindowSpec(steps=100)).finish()
+    slower = [c for c in report.changes if c.kind == "slower"]
+    assert len(slower) == 1 and "no later window to confirm it" in slower[0].text

@@ -10,6 +10,7 @@ and ``min_drop``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -48,6 +49,11 @@ class Change:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
+
+
+def _key(c: Change) -> tuple[str, str | None]:
+    """What makes two windows' changes the same change: the kind, and for findings the cause."""
+    return (c.kind, None if c.kind in ("slower", "faster") else c.cause)
 
 
 def rate(w: WindowSummary) -> float | None:
@@ -101,6 +107,8 @@ class ChangeDetector:
     min_drop: float = 0.10
     phase: list[WindowSummary] = field(default_factory=list)  # windows since the last rate change
     changes: list[Change] = field(default_factory=list)
+    _held: list[Change] = field(default_factory=list)  # the last window's changes, waiting for the next
+    _held_window: WindowSummary | None = None
 
     def threshold(self, current: WindowSummary) -> float:
         """The relative rate change that counts: beyond the run's own noise and ``min_drop``."""
@@ -110,19 +118,39 @@ class ChangeDetector:
 
     def add(self, current: WindowSummary, recent_steps: list[StepRecord] | None = None) -> list[Change]:
         """Compare the window that just closed with its phase; ``recent_steps`` (rank 0's steps of the previous
-        and this window) place a rate change at its step."""
-        found: list[Change] = []
+        and this window) place a change at its step. A change is reported once the next window shows it too (a
+        burst of load on a shared machine lasting one window is noise, and widens the noise for later)."""
         baseline = self.phase[-BASELINE_WINDOWS:]
+        found: list[Change] = []
         if baseline:
             found += self._rate(current, baseline, recent_steps or [])
             found += self._findings(current, baseline, recent_steps or [])
-        if any(c.kind in ("slower", "faster") for c in found):
-            self.phase = [current]
-        else:
+        seen = {_key(c) for c in found}
+        confirmed = [c for c in self._held if _key(c) in seen]
+        fresh = [c for c in found if _key(c) not in {_key(h) for h in self._held}]
+        if any(c.kind in ("slower", "faster") for c in confirmed):
+            assert self._held_window is not None
+            self.phase = [self._held_window]
+            fresh = []  # measured against the old phase: void now
+        elif self._held_window is not None:
+            self.phase.append(self._held_window)
+        self._held = fresh
+        self._held_window = current if fresh else None
+        if not fresh:
             self.phase.append(current)
-            del self.phase[: max(0, len(self.phase) - 4 * BASELINE_WINDOWS)]
-        self.changes += found
-        return found
+        del self.phase[: max(0, len(self.phase) - 4 * BASELINE_WINDOWS)]
+        self.changes += confirmed
+        return confirmed
+
+    def finish(self) -> list[Change]:
+        """The run ended: what its last window showed is reported, unconfirmed (no window came after it)."""
+        last = [
+            dataclasses.replace(c, text=c.text + " (the run's last window: no later window to confirm it)")
+            for c in self._held
+        ]
+        self._held, self._held_window = [], None
+        self.changes += last
+        return last
 
     def _rate(
         self, current: WindowSummary, baseline: list[WindowSummary], steps: list[StepRecord]

@@ -136,6 +136,12 @@ class WholeRun:
 
     def finish(self) -> tuple[list[Event], WholeRunReport]:
         events = self._events(self.windower.finish())
+        last = self.detector.finish()
+        if last:
+            if events:
+                events[-1].changes.extend(last)
+            elif self.windows:
+                events.append(Event(self.windows[-1], last))
         if self.store is not None:
             for rank, queue in self._unstored.items():
                 self.store.append(rank, queue)
