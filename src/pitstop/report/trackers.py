@@ -80,7 +80,7 @@ class TensorBoardTracker:
 
     name = "tensorboard"
 
-    def __init__(self, logdir: Path, run_name: str | None = None) -> None:
+    def __init__(self, logdir: Path, run_name: str | None = None, same_folder: bool = False) -> None:
         from pitstop.report.errors import ReportError
         from pitstop.report.tensorboard import _EventSink, _new_run_folder, _writer_api
 
@@ -89,7 +89,11 @@ class TensorBoardTracker:
         except ReportError as exc:
             raise TrackerError(str(exc)) from None
         self._event_pb2 = api[1]
-        self.folder = _new_run_folder(logdir, run_name or f"pitstop-watch-{_stamp()}")
+        if same_folder:  # beside the job's own event files: one run in TensorBoard
+            logdir.mkdir(parents=True, exist_ok=True)
+            self.folder = logdir
+        else:
+            self.folder = _new_run_folder(logdir, run_name or f"pitstop-watch-{_stamp()}")
         self._sink = _EventSink(api, self.folder)
         self._last_step = 0
 
@@ -205,11 +209,13 @@ def parse_report_to(value: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def open_trackers(names: list[str], logdir: Path, run_name: str | None = None) -> list[Tracker]:
+def open_trackers(
+    names: list[str], logdir: Path, run_name: str | None = None, same_folder: bool = False
+) -> list[Tracker]:
     out: list[Tracker] = []
     for n in names:
         if n == "tensorboard":
-            out.append(TensorBoardTracker(logdir, run_name))
+            out.append(TensorBoardTracker(logdir, run_name, same_folder))
         elif n == "wandb":
             out.append(WandbTracker(run_name))
         elif n == "mlflow":
