@@ -7,6 +7,9 @@ first step, a one-off that is not per-step overhead).
 
     python bench/probe_overhead.py                 # CPU, tiny Llama
     python bench/probe_overhead.py --device cuda   # on a GPU
+
+"pitstop watch" is the whole-run mode (the probe, every step's record read at its end, a window diagnosed and
+written to TensorBoard every --watch-window steps).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +43,31 @@ def no_observer() -> Iterator[None]:
 def pitstop_probe() -> Iterator[None]:
     with pitstop.watch(steps=None, warmup=0, report=False):
         yield
+
+
+@contextlib.contextmanager
+def pitstop_whole_run(step_hook: list[Callable[[], None]], window: int, logdir: Path) -> Iterator[None]:
+    """What ``PitstopCallback(mode="watch")`` does: the probe on every step, its new records read at each step
+    end, a window diagnosed every ``window`` steps and written to TensorBoard."""
+    from pitstop.integrations.session import Session
+    from pitstop.integrations.watching import InProcessWatch
+    from pitstop.report.trackers import TensorBoardTracker
+    from pitstop.wholerun.windows import WindowSpec
+
+    session = Session(steps=None, warmup=0, report=False, source="watch").start()
+    watch = InProcessWatch(WindowSpec(steps=window), [TensorBoardTracker(logdir)], print_changes=False)
+
+    def poll() -> None:
+        if session.probe is not None:
+            watch.poll(session.probe)
+
+    step_hook.append(poll)
+    try:
+        yield
+    finally:
+        step_hook.remove(poll)
+        session.stop()
+        watch.close(None, [])
 
 
 @contextlib.contextmanager
@@ -88,6 +117,12 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--watch-window",
+        type=int,
+        default=10,
+        help="whole-run mode: steps per window (10 diagnoses 20x as often as the default 200: an upper bound)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -103,9 +138,11 @@ def main() -> int:
         pin_memory=args.device == "cuda",
     )
     step_hook: list[Callable[[], None]] = []
+    logdir = Path(tempfile.mkdtemp(prefix="pitstop-bench-tb-"))
     modes: dict[str, Callable[[], Any]] = {
         "none": no_observer,
         "pitstop": pitstop_probe,
+        "pitstop watch": lambda: pitstop_whole_run(step_hook, args.watch_window, logdir),
         "torch.profiler": lambda: torch_profiler(step_hook),
     }
     run_block(model, opt, loader, args.device, 10, step_hook)  # warm the allocator and kernels
