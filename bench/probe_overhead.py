@@ -45,6 +45,9 @@ def pitstop_probe() -> Iterator[None]:
         yield
 
 
+WATCH_COST = {"steps": 0, "poll_s": 0.0, "window_s": 0.0, "windows": 0}  # time spent inside the step hook
+
+
 @contextlib.contextmanager
 def pitstop_whole_run(step_hook: list[Callable[[], None]], window: int, logdir: Path) -> Iterator[None]:
     """What ``PitstopCallback(mode="watch")`` does: the probe on every step, its new records read at each step
@@ -59,7 +62,12 @@ def pitstop_whole_run(step_hook: list[Callable[[], None]], window: int, logdir: 
 
     def poll() -> None:
         if session.probe is not None:
-            watch.poll(session.probe)
+            t0 = time.perf_counter()
+            events = watch.poll(session.probe)
+            spent = time.perf_counter() - t0
+            WATCH_COST["steps"] += 1
+            WATCH_COST["window_s" if events else "poll_s"] += spent
+            WATCH_COST["windows"] += len(events)
 
     step_hook.append(poll)
     try:
@@ -178,6 +186,19 @@ def main() -> int:
             "ratio_min": min(ratios),
             "ratio_max": max(ratios),
         }
+    c = WATCH_COST
+    plain_steps = max(c["steps"] - c["windows"], 1)
+    per_poll = c["poll_s"] / plain_steps
+    per_window = c["window_s"] / max(c["windows"], 1)
+    for window in (args.watch_window, 200):
+        share = (per_poll + per_window / window) / base
+        print(
+            f"whole-run bookkeeping, measured in the step hook: {per_poll * 1e6:.0f} us a step + "
+            f"{per_window * 1000:.1f} ms a window; windows of {window}: {share:.3%} of the median step"
+        )
+        result[f"watch_bookkeeping_share_window_{window}"] = share
+    result["watch_poll_us"] = per_poll * 1e6
+    result["watch_window_ms"] = per_window * 1000
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -72,3 +72,21 @@ def test_a_steady_run_has_no_change(tmp_path: Path) -> None:
     assert w["changes"] == [], w["changes"]
     assert w["periodic_stalls"] == []
     assert "no change" in text
+
+
+def test_a_rank_that_turns_slow_late_in_a_two_rank_run(tmp_path: Path) -> None:
+    out = tmp_path / "watch.json"
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2")
+    proc = run_pitstop(
+        "watch", "--window-steps", "30", "--warmup", "5", "--json", str(out), "--",
+        *torchrun, str(SCRIPTS / "ddp.py"), "--steps", "200", "--slow-rank", "1", "--slow-ms", "40",
+        "--slow-after", "110", timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    w = json.loads(out.read_text())["watch"]
+    slower = [c for c in w["changes"] if c["kind"] == "slower"]
+    assert len(slower) == 1 and 109 <= slower[0]["step"] <= 113, w["changes"]  # 4 × 40 ms reads from step 111
+    new = {c["cause"]: c for c in w["changes"] if c["kind"] == "new_finding"}
+    assert "straggler" in new and 109 <= new["straggler"]["step"] <= 113
+    assert "rank 1" in new["straggler"]["text"]
+    assert "straggler" not in w["phases"][0]["findings"]
