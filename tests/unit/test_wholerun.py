@@ -79,8 +79,20 @@ def test_windows_cut_every_n_steps_and_by_time() -> None:
     assert sizes and all(18 <= s <= 22 for s in sizes)
 
 
+def test_ranks_that_arrive_one_after_the_other_are_windowed_together() -> None:
+    """The current runner hands a rank's steps over when its process ends: rank 0's all first."""
+    env = Environment(device="cpu", world_size=2)
+    w = Windower(WindowSpec(steps=50))
+    assert w.add(0, series(200), env) == []  # rank 1 not yet seen: nothing closes
+    closed = w.add(1, series(200, seed=1, slow_after=120), env) + w.finish()
+    assert [(c.first_step, c.last_step) for c in closed] == [(1, 50), (51, 100), (101, 150), (151, 200)]
+    assert closed[0].tokens_per_s == pytest.approx(2 * TOKENS / 0.102, rel=0.1)
+    assert "straggler" in [f.cause for f in closed[3].findings]
+    assert "straggler" not in [f.cause for f in closed[0].findings]
+
+
 def test_a_window_closes_only_when_every_rank_has_passed_it() -> None:
-    w = Windower(WindowSpec(steps=20))
+    w = Windower(WindowSpec(steps=20), {0: Environment(world_size=2)})
     assert w.add(1, series(10, seed=1)) == []
     assert w.add(0, series(30)) == []  # rank 1 is still at step 10
     closed = w.add(1, series(30, seed=1)[10:])
@@ -167,7 +179,9 @@ def test_change_point_finds_the_shift() -> None:
 
 def test_memory_is_bounded_and_the_series_is_on_disk(tmp_path: Path) -> None:
     run = watch(series(3000, slow_after=2000), WindowSpec(steps=100), series_dir=tmp_path)
-    assert len(run._lead) < 100 and all(len(q) < 100 for q in run.windower._pending.values())
+    assert all(len(q) < 100 for q in run._queues.values()) and all(
+        len(q) < 100 for q in run.windower._pending.values()
+    )
     _, report = run.finish()
     store = SeriesStore(tmp_path)
     back = list(store.read(0))

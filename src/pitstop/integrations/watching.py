@@ -37,7 +37,7 @@ class InProcessWatch:
         min_drop: float = 0.10,
         print_changes: bool = True,
     ) -> None:
-        self.whole = WholeRun(spec, min_drop)
+        self.whole = WholeRun(spec, min_drop, ranks=1)  # this process's rank only
         self.trackers = trackers
         self.print_changes = print_changes
         self._next = 0  # position in probe.records not yet read

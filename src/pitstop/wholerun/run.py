@@ -84,16 +84,21 @@ class WholeRun:
     """Feed steps as they come (``add``); each call returns the windows it closed with their changes."""
 
     def __init__(
-        self, spec: WindowSpec | None = None, min_drop: float = 0.10, series_dir: Path | None = None
+        self,
+        spec: WindowSpec | None = None,
+        min_drop: float = 0.10,
+        series_dir: Path | None = None,
+        ranks: int | None = None,
     ) -> None:
+        """``ranks``: how many ranks feed it (1 inside one process of a multi-rank job); None: the job's."""
         self.spec = spec or WindowSpec()
-        self.windower = Windower(self.spec)
+        self.windower = Windower(self.spec, ranks=ranks)
         self.detector = ChangeDetector(min_drop=min_drop)
         self.stalls = StallLog()
         self.store = SeriesStore(series_dir) if series_dir is not None else None
         self.windows: list[WindowSummary] = []
         self.environment: Environment | None = None
-        self._lead: list[StepRecord] = []  # rank 0's steps not yet in a closed window
+        self._queues: dict[int, list[StepRecord]] = {}  # each rank's steps not yet in a closed window
         self._previous: list[StepRecord] = []  # rank 0's steps of the last closed window
         self._lead_rank: int | None = None
         self._unstored: dict[int, list[StepRecord]] = {}
@@ -105,8 +110,7 @@ class WholeRun:
             self.environment = environment
         if self._lead_rank is None or rank < self._lead_rank:
             self._lead_rank = rank
-        if rank == self._lead_rank:
-            self._lead += records
+        self._queues.setdefault(rank, []).extend(records)
         if self.store is not None:
             self._unstored.setdefault(rank, []).extend(records)
         return self._events(self.windower.add(rank, records, environment))
@@ -117,8 +121,10 @@ class WholeRun:
     def _events(self, closed: list[WindowSummary]) -> list[Event]:
         events = []
         for window in closed:
-            mine = [s for s in self._lead if s.index <= window.last_step]
-            self._lead = [s for s in self._lead if s.index > window.last_step]
+            lead = self._queues.get(min(self._queues), []) if self._queues else []
+            mine = [s for s in lead if s.index <= window.last_step]
+            for rank, queue in self._queues.items():
+                self._queues[rank] = [s for s in queue if s.index > window.last_step]
             self.stalls.add(mine)
             changes = self.detector.add(window, self._previous + mine)
             self._previous = mine

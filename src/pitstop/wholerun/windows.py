@@ -182,10 +182,12 @@ class Windower:
 
     spec: WindowSpec = field(default_factory=WindowSpec)
     environments: dict[int, Environment] = field(default_factory=dict)
+    ranks: int | None = None  # ranks fed to this windower; None: the job's world size (the environment says)
     _pending: dict[int, list[StepRecord]] = field(default_factory=dict)
     _gpu: dict[int, list[GpuSample]] = field(default_factory=dict)
     _bounds: list[tuple[int, int]] = field(default_factory=list)  # closed-by-rank-0 windows: (first, last)
     _open_first: int | None = None
+    _cut_upto: int = 0
     _open_s: float = 0.0
     _elapsed_s: float = 0.0
     _count: int = 0
@@ -196,18 +198,26 @@ class Windower:
         """Take new records of one rank; return the windows this closes."""
         if environment is not None:
             self.environments[rank] = environment
-        queue = self._pending.setdefault(rank, [])
-        queue.extend(records)
-        if rank == min(self._pending):
-            self._cut(records)
+        self._pending.setdefault(rank, []).extend(records)
         return self._close_ready()
 
     def add_gpu(self, rank: int, samples: list[GpuSample]) -> None:
         """GPU samples stay with the window being filled (bounded by the window, like its steps)."""
         self._gpu.setdefault(rank, []).extend(samples)
 
-    def _cut(self, records: list[StepRecord]) -> None:
-        for record in records:
+    def expected_ranks(self) -> int:
+        """How many ranks feed this windower (given, else the job's world size, else 1)."""
+        if self.ranks is not None:
+            return self.ranks
+        sizes = [e.world_size for e in self.environments.values() if e.world_size]
+        return max(sizes) if sizes else 1
+
+    def _cut(self, lead: list[StepRecord]) -> None:
+        """Window bounds from the lead rank's steps not yet cut."""
+        for record in lead:
+            if record.index <= self._cut_upto:
+                continue
+            self._cut_upto = record.index
             if self._open_first is None:
                 self._open_first = record.index
                 self._open_s = 0.0
@@ -219,6 +229,11 @@ class Windower:
                 self._open_first = None
 
     def _close_ready(self, final: bool = False) -> list[WindowSummary]:
+        """Windows close once every rank of the job has passed their end (ranks' steps may arrive at different
+        times, or one rank's all at once when it ends): each window is diagnosed over all its ranks."""
+        if not self._pending or (not final and len(self._pending) < self.expected_ranks()):
+            return []
+        self._cut(self._pending[min(self._pending)])
         closed = []
         while self._bounds:
             first, last = self._bounds[0]
@@ -241,7 +256,10 @@ class Windower:
 
     def finish(self) -> list[WindowSummary]:
         """Close what is left: a last partial window of at least 4 steps (shorter tails are too few to judge)."""
-        lead = self._pending.get(min(self._pending)) if self._pending else None
+        if not self._pending:
+            return []
+        lead = self._pending[min(self._pending)]
+        self._cut(lead)
         if self._open_first is not None and lead:
             last = lead[-1].index
             if last - self._open_first + 1 >= 4:
