@@ -113,7 +113,10 @@ class ChangeDetector:
     def threshold(self, current: WindowSummary) -> float:
         """The relative rate change that counts: beyond the run's own noise and ``min_drop``."""
         rates = [r for r in (rate(w) for w in self.phase[-BASELINE_WINDOWS:]) if r]
-        within = max([current.typical_noise, *(w.typical_noise for w in self.phase[-BASELINE_WINDOWS:])])
+        # a window that holds a shift has a wide spread of its own: the baseline's typical window speaks for it
+        within = max(
+            current.typical_noise, statistics.median(w.typical_noise for w in self.phase[-BASELINE_WINDOWS:])
+        )
         return max(self.min_drop, SIGMAS * _rel_spread(rates), SIGMAS * within)
 
     def add(self, current: WindowSummary, recent_steps: list[StepRecord] | None = None) -> list[Change]:
