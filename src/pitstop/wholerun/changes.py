@@ -135,8 +135,10 @@ class ChangeDetector:
             assert self._held_window is not None
             self.phase = [self._held_window]
             fresh = []  # measured against the old phase: void now
-        elif self._held_window is not None:
-            self.phase.append(self._held_window)
+        elif self._held_window is not None and not confirmed:
+            self.phase.append(self._held_window)  # what it showed was noise: part of the phase after all
+        # (a held window whose change was confirmed holds the change's onset: half before, half after; it
+        # stays out of the baseline, where it would only widen the noise)
         self._held = fresh
         self._held_window = current if fresh else None
         if not fresh:
