@@ -216,3 +216,13 @@ def test_a_slowdown_in_the_last_window_is_reported_unconfirmed() -> None:
     _, report = watch(series(500, slow_after=420), WindowSpec(steps=100)).finish()
     slower = [c for c in report.changes if c.kind == "slower"]
     assert len(slower) == 1 and "no later window to confirm it" in slower[0].text
+
+
+def test_a_finding_that_gets_worse_is_one_change() -> None:
+    records = series(1000)
+    for r in records:  # rows padded more from step 501 on (a new data source with shorter examples)
+        r.real_tokens = r.loss_tokens = int(TOKENS * (0.75 if r.index <= 500 else 0.4))
+    _, report = watch(records, WindowSpec(steps=100)).finish()
+    (worse,) = report.changes
+    assert worse.kind == "worse" and worse.cause == "padding_waste" and worse.step == 501
+    assert worse.before == pytest.approx(0.24, abs=0.03) and worse.after == pytest.approx(0.58, abs=0.03)

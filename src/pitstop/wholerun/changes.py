@@ -109,6 +109,9 @@ class ChangeDetector:
     changes: list[Change] = field(default_factory=list)
     _held: list[Change] = field(default_factory=list)  # the last window's changes, waiting for the next
     _held_window: WindowSummary | None = None
+    _since: dict[str, int] = field(
+        default_factory=dict
+    )  # cause -> window its last confirmed change showed in
 
     def threshold(self, current: WindowSummary) -> float:
         """The relative rate change that counts: beyond the run's own noise and ``min_drop``."""
@@ -144,6 +147,9 @@ class ChangeDetector:
         if not fresh:
             self.phase.append(current)
         del self.phase[: max(0, len(self.phase) - 4 * BASELINE_WINDOWS)]
+        for c in confirmed:
+            if c.cause is not None and c.kind in ("new_finding", "worse"):
+                self._since[c.cause] = current.index  # compared from now on with what it has become
         self.changes += confirmed
         return confirmed
 
@@ -200,7 +206,11 @@ class ChangeDetector:
         shift = change_point([s for s in steps if s.index >= current.first_step - 1])
         start = shift if shift is not None and shift > current.first_step else current.first_step
         for f in current.findings:
-            earlier = [b.finding(f.cause) for b in baseline]
+            since = self._since.get(f.cause, -1)
+            own = [b for b in baseline if b.index >= since]
+            if not own:
+                continue
+            earlier = [b.finding(f.cause) for b in own]
             seen = [e for e in earlier if e is not None]
             if not seen:
                 if Severity(f.severity) is Severity.LOW:
@@ -218,7 +228,7 @@ class ChangeDetector:
                 )
                 continue
             old = statistics.median(e.time_saved_frac for e in seen)
-            if len(seen) == len(baseline) and f.time_saved_frac - old >= WORSE_BY:
+            if len(seen) == len(own) and f.time_saved_frac - old >= WORSE_BY:
                 out.append(
                     Change(
                         "worse",
