@@ -25,7 +25,8 @@ PART_WORDS = {
 }
 STALL_RATIO = 1.5  # a stall takes at least this many times the window's median step
 STALL_SIGMAS = 6.0  # ... and exceeds it by this many robust standard deviations
-MIN_REPEATS = 3
+MIN_REPEATS = 4
+MAX_EXCESS_CV = 0.5  # a periodic stall costs about the same each time; a busy machine's hiccups do not
 MIN_HIT_SHARE = 0.8  # of the period's positions inside the observed range, the share that must be stalls
 
 
@@ -145,6 +146,9 @@ def periodic_stalls(
                 hits, positions = _hits(at, offset, period, log.first_step, log.last_step)
                 fresh = [h for h in hits if h not in explained]
                 if len(fresh) < MIN_REPEATS or positions == 0 or len(hits) / positions < MIN_HIT_SHARE:
+                    continue
+                costs = [by_step[h].excess_s for h in fresh]
+                if statistics.pstdev(costs) > MAX_EXCESS_CV * statistics.fmean(costs):
                     continue
                 if best is None or len(fresh) > len(best[2]):
                     best = (period, offset, fresh)

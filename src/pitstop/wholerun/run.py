@@ -178,7 +178,12 @@ class WholeRun:
 
 def phases(windows: list[WindowSummary], changes: list[Change]) -> list[Phase]:
     """Cut the run at its rate changes; each phase keeps its windows' findings."""
-    starts = {c.window for c in changes if c.kind in ("slower", "faster")}
+    # a phase starts with the window that holds the change's first step (a change is often seen a window later)
+    starts = {
+        next((w.index for w in windows if w.first_step <= c.step <= w.last_step), c.window)
+        for c in changes
+        if c.kind in ("slower", "faster")
+    }
     groups: list[list[WindowSummary]] = []
     for w in windows:
         if not groups or w.index in starts:
