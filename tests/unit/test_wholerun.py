@@ -226,3 +226,13 @@ def test_a_finding_that_gets_worse_is_one_change() -> None:
     (worse,) = report.changes
     assert worse.kind == "worse" and worse.cause == "padding_waste" and worse.step == 501
     assert worse.before == pytest.approx(0.24, abs=0.03) and worse.after == pytest.approx(0.58, abs=0.03)
+
+
+def test_hiccups_that_line_up_by_chance_but_cost_unlike_amounts_are_no_periodic_stall() -> None:
+    records = series(600)
+    for i, extra in ((100, 0.2), (200, 1.5), (300, 0.25), (400, 2.0), (500, 0.3)):
+        records[i - 1].wall_s += extra
+    log = StallLog()
+    for start in range(0, 600, 100):
+        log.add(records[start : start + 100])
+    assert len(log.stalls) == 5 and periodic_stalls(log) == []
