@@ -186,9 +186,9 @@ class ChangeDetector:
         )
         part = _grown_part(current, baseline) if slower else None
         if part is not None:
-            old = statistics.median(w.parts.get(part, 0.0) for w in baseline)
+            old = statistics.median(w.typical_parts.get(part, 0.0) for w in baseline)
             text += (
-                f": {PART_NAMES[part]} went from {old:.3f} s to {current.parts[part]:.3f} s per step "
+                f": {PART_NAMES[part]} went from {old:.3f} s to {current.typical_parts[part]:.3f} s in a typical step "
                 f"({PART_WORDS[part].split(' (')[0]})"
             )
         old_causes = {f.cause for w in baseline for f in w.findings}
@@ -246,8 +246,8 @@ class ChangeDetector:
 
 def _grown_part(current: WindowSummary, baseline: list[WindowSummary]) -> str | None:
     grown = {}
-    for part, now in current.parts.items():
-        olds = [w.parts[part] for w in baseline if part in w.parts]
+    for part, now in current.typical_parts.items():  # medians: a stall in one window does not explain a shift
+        olds = [w.typical_parts[part] for w in baseline if part in w.typical_parts]
         if olds:
             grown[part] = now - statistics.median(olds)
     if not grown:

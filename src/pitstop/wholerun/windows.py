@@ -72,6 +72,9 @@ class WindowSummary:
     sync_frac: float | None
     throughput_spread: float | None  # the doctor's within-window spread of real tokens/s
     parts: dict[str, float] = field(default_factory=dict)  # PARTS, mean seconds per step (rank 0)
+    typical_parts: dict[str, float] = field(
+        default_factory=dict
+    )  # PARTS, median seconds (what stalls leave alone)
     findings: list[FindingBrief] = field(default_factory=list)
 
     def finding(self, cause: str) -> FindingBrief | None:
@@ -142,10 +145,12 @@ def summarise(
     if typical and all(t is not None for t in tokens):
         typical_tps = statistics.median(t for t in tokens if t is not None) / typical * len(ranks)
     parts: dict[str, float] = {}
+    typical_parts: dict[str, float] = {}
     for name in PARTS:
         values = [getattr(s, name) for s in lead]
         if values and all(v is not None for v in values):
             parts[name] = statistics.fmean(v for v in values if v is not None)
+            typical_parts[name] = statistics.median(v for v in values if v is not None)
     return WindowSummary(
         index=index,
         first_step=lead[0].index,
@@ -166,6 +171,7 @@ def summarise(
         sync_frac=m.sync_frac,
         throughput_spread=m.throughput_spread,
         parts=parts,
+        typical_parts=typical_parts,
         findings=[
             FindingBrief(f.cause, str(f.severity), f.time_saved_frac, f.summary) for f in diagnosis.findings
         ],
