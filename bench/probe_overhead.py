@@ -8,6 +8,9 @@ first step, a one-off that is not per-step overhead).
     python bench/probe_overhead.py                 # CPU, tiny Llama
     python bench/probe_overhead.py --device cuda   # on a GPU
     python bench/probe_overhead.py --gloo-ranks 2  # a 2-rank gloo DDP loop, every collective timed
+
+"pitstop watch" is the whole-run mode (the probe, every step's record read at its end, a window diagnosed and
+written to TensorBoard every --watch-window steps).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import contextlib
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +44,39 @@ def no_observer() -> Iterator[None]:
 def pitstop_probe() -> Iterator[None]:
     with pitstop.watch(steps=None, warmup=0, report=False):
         yield
+
+
+WATCH_COST = {"steps": 0, "poll_s": 0.0, "window_s": 0.0, "windows": 0}  # time spent inside the step hook
+
+
+@contextlib.contextmanager
+def pitstop_whole_run(step_hook: list[Callable[[], None]], window: int, logdir: Path) -> Iterator[None]:
+    """What ``PitstopCallback(mode="watch")`` does: the probe on every step, its new records read at each step
+    end, a window diagnosed every ``window`` steps and written to TensorBoard."""
+    from pitstop.integrations.session import Session
+    from pitstop.integrations.watching import InProcessWatch
+    from pitstop.report.trackers import TensorBoardTracker
+    from pitstop.wholerun.windows import WindowSpec
+
+    session = Session(steps=None, warmup=0, report=False, source="watch").start()
+    watch = InProcessWatch(WindowSpec(steps=window), [TensorBoardTracker(logdir)], print_changes=False)
+
+    def poll() -> None:
+        if session.probe is not None:
+            t0 = time.perf_counter()
+            events = watch.poll(session.probe)
+            spent = time.perf_counter() - t0
+            WATCH_COST["steps"] += 1
+            WATCH_COST["window_s" if events else "poll_s"] += spent
+            WATCH_COST["windows"] += len(events)
+
+    step_hook.append(poll)
+    try:
+        yield
+    finally:
+        step_hook.remove(poll)
+        session.stop()
+        watch.close(None, [])
 
 
 @contextlib.contextmanager
@@ -230,6 +267,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--gloo-ranks", type=int, default=0, help="run the 2-rank (or N-rank) gloo DDP loop")
+    parser.add_argument(
+        "--watch-window",
+        type=int,
+        default=10,
+        help="whole-run mode: steps per window (10 diagnoses 20x as often as the default 200: an upper bound)",
+    )
     args = parser.parse_args()
     if args.gloo_ranks:
         return main_gloo(args)
@@ -247,9 +290,11 @@ def main() -> int:
         pin_memory=args.device == "cuda",
     )
     step_hook: list[Callable[[], None]] = []
+    logdir = Path(tempfile.mkdtemp(prefix="pitstop-bench-tb-"))
     modes: dict[str, Callable[[], Any]] = {
         "none": no_observer,
         "pitstop": pitstop_probe,
+        "pitstop watch": lambda: pitstop_whole_run(step_hook, args.watch_window, logdir),
         "torch.profiler": lambda: torch_profiler(step_hook),
     }
     run_block(model, opt, loader, args.device, 10, step_hook)  # warm the allocator and kernels
@@ -285,6 +330,19 @@ def main() -> int:
             "ratio_min": min(ratios),
             "ratio_max": max(ratios),
         }
+    c = WATCH_COST
+    plain_steps = max(c["steps"] - c["windows"], 1)
+    per_poll = c["poll_s"] / plain_steps
+    per_window = c["window_s"] / max(c["windows"], 1)
+    for window in (args.watch_window, 200):
+        share = (per_poll + per_window / window) / base
+        print(
+            f"whole-run bookkeeping, measured in the step hook: {per_poll * 1e6:.0f} us a step + "
+            f"{per_window * 1000:.1f} ms a window; windows of {window}: {share:.3%} of the median step"
+        )
+        result[f"watch_bookkeeping_share_window_{window}"] = share
+    result["watch_poll_us"] = per_poll * 1e6
+    result["watch_window_ms"] = per_window * 1000
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -18,3 +18,11 @@ def __getattr__(name: str) -> Any:
 
         return watch
     raise AttributeError(f"module 'pitstop' has no attribute {name!r}")
+
+
+def _html_of(result: Any) -> str:
+    """A result (Diagnosis, TuneResult, a saved document) as its HTML report, for notebooks' ``_repr_html_``:
+    the lower layers that define results reach the report layer only through this front door, lazily."""
+    from pitstop.report.notebook import notebook_html
+
+    return notebook_html(result)

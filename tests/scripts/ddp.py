@@ -20,6 +20,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument(
+        "--slow-after", type=int, default=None, help="the slow rank turns slow only after this step"
+    )
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -28,7 +31,7 @@ def main() -> int:
     torch.manual_seed(0)
     rows = packed_rows(examples(512, 0), 256)
     slow = args.slow_ms if rank == args.slow_rank else 0.0
-    dataset = TokenDataset(rows, slow)  # type: ignore[arg-type]
+    dataset = TokenDataset(rows, 0.0 if args.slow_after is not None else slow)  # type: ignore[arg-type]
     loader = DataLoader(
         dataset, batch_size=4, sampler=DistributedSampler(dataset, seed=0), collate_fn=packed_collate
     )
@@ -44,6 +47,8 @@ def main() -> int:
             opt.step()
             opt.zero_grad(set_to_none=True)
             step += 1
+            if step == args.slow_after:
+                dataset.slow_ms = slow  # late: a rank whose storage degrades overnight
             if step >= args.steps:
                 break
         epoch += 1

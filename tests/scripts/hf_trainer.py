@@ -33,6 +33,10 @@ def main() -> int:
     p.add_argument("--callback", type=Path, default=None, help="use PitstopCallback, writing its JSON here")
     p.add_argument("--trl", action="store_true", help="train with TRL's SFTTrainer instead")
     p.add_argument("--save-steps", type=int, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--watch-window", type=int, default=None, help="PitstopCallback(mode='watch') windows")
+    p.add_argument("--report-to", default="none", help="the Trainer's own report_to, comma-separated")
+    p.add_argument("--logging-steps", type=int, default=1000)
+    p.add_argument("--slow-after", type=int, default=None, help="from this step on, reads take 40 ms each")
     args = p.parse_args()
 
     from transformers import Trainer, TrainingArguments
@@ -49,7 +53,23 @@ def main() -> int:
     if args.callback:
         from pitstop.integrations.hf import PitstopCallback
 
-        callbacks.append(PitstopCallback(steps=args.steps - 3, warmup=3, json_path=args.callback))
+        if args.watch_window:
+            callbacks.append(
+                PitstopCallback(
+                    warmup=3, json_path=args.callback, mode="watch", window_steps=args.watch_window
+                )
+            )
+        else:
+            callbacks.append(PitstopCallback(steps=args.steps - 3, warmup=3, json_path=args.callback))
+    if args.slow_after is not None:
+        from transformers import TrainerCallback
+
+        class SlowAfter(TrainerCallback):  # type: ignore[misc]
+            def on_step_end(self, targs: object, state: object, control: object, **kw: object) -> None:
+                if getattr(state, "global_step", 0) == args.slow_after:
+                    dataset.slow_ms = 40.0
+
+        callbacks.append(SlowAfter())
     with tempfile.TemporaryDirectory() as out:
         common = dict(
             output_dir=out,
@@ -57,10 +77,10 @@ def main() -> int:
             gradient_accumulation_steps=args.accum,
             max_steps=args.steps,
             learning_rate=1e-3,
-            logging_steps=1000,
+            logging_steps=args.logging_steps,
             save_strategy="steps" if args.save_steps else "no",
             save_steps=args.save_steps or 500,
-            report_to="none",
+            report_to=args.report_to.split(","),
             use_cpu=True,
             dataloader_num_workers=0,
             remove_unused_columns=False,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -30,7 +33,20 @@ def main() -> int:
     p.add_argument("--no-optimizer", action="store_true")
     p.add_argument("--exit-code", type=int, default=0)
     p.add_argument("--spawn", action="store_true", help="start DataLoader workers with spawn, not fork")
+    # planted late events (pitstop watch's tests)
+    p.add_argument("--slow-after", type=int, default=None, help="from this step on, reads are slow")
+    p.add_argument("--slow-after-ms", type=float, default=4.0, help="per example, after --slow-after")
+    p.add_argument("--eval-every", type=int, default=None, help="an evaluation (a sleep) every M steps")
+    p.add_argument("--eval-s", type=float, default=0.5)
+    p.add_argument("--save-every", type=int, default=None, help="a checkpoint save every K steps")
+    p.add_argument("--save-s", type=float, default=0.3, help="extra seconds of a save (slow storage)")
+    p.add_argument("--save-dir", type=Path, default=None)
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (1: steadier on a busy machine)"
+    )
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.spawn:
         torch.multiprocessing.set_start_method("spawn", force=True)
 
@@ -57,6 +73,19 @@ def main() -> int:
 
     losses: list[float] = []
 
+    def late_events(step: int) -> None:
+        """What a long run does between steps, planted at known steps."""
+        if args.slow_after is not None and step == args.slow_after:
+            dataset.slow_ms = args.slow_after_ms  # the DataLoader turns slow (cold page cache, a new shard)
+        if args.eval_every and step % args.eval_every == 0:
+            with torch.no_grad():
+                model(**next(iter(loader)))
+            time.sleep(args.eval_s)
+        if args.save_every and step % args.save_every == 0:
+            folder = args.save_dir or Path(tempfile.gettempdir())
+            torch.save(model.state_dict(), folder / f"plain-loop-{os.getpid()}.pt")
+            time.sleep(args.save_s)
+
     def train() -> None:
         step = 0
         while step < args.steps:
@@ -71,6 +100,7 @@ def main() -> int:
                 opt.zero_grad(set_to_none=True)
                 losses.append(float(loss.detach()))
                 step += 1
+                late_events(step)
                 if step >= args.steps:
                     break
 

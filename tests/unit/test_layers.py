@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "runner": 4,
     "probe": 4,
     "ingest": 4,
+    "wholerun": 4,  # whole-run windows, changes and stalls over the diagnose layer
     "demo": 4,
     "diagnose": 3,
     "plan": 3,

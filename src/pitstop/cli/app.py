@@ -108,6 +108,62 @@ def doctor(
     raise typer.Exit(code)
 
 
+@app.command(context_settings={"allow_interspersed_args": False})
+def watch(
+    command: Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")] = None,
+    window_steps: Annotated[int, typer.Option(min=4, help="Close a window every this many steps.")] = 200,
+    window_seconds: Annotated[
+        float | None, typer.Option(min=1, help="... or every this many seconds of steps, if sooner.")
+    ] = None,
+    min_drop: Annotated[
+        float, typer.Option(min=0.01, max=0.9, help="Smallest tokens/s drop reported (and beyond the noise).")
+    ] = 0.10,
+    warmup: Annotated[int, typer.Option(min=0, help="Optimizer steps before watching.")] = 10,
+    report_to: Annotated[
+        str | None, typer.Option("--report-to", help="Trackers, comma-separated: tensorboard, wandb, mlflow.")
+    ] = None,
+    logdir: Annotated[Path, typer.Option(help="With --report-to tensorboard: the log folder.")] = Path(
+        "runs"
+    ),
+    series: Annotated[
+        Path | None, typer.Option(help="Keep the compressed per-step series of every rank in this folder.")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the result as JSON (pitstop.run/1 with `watch`).")
+    ] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop the command after this many seconds.")] = None,
+    html: HtmlOpt = None,
+    tensorboard: TensorboardOpt = None,
+    history: HistoryOpt = None,
+    no_history: NoHistoryOpt = False,
+) -> None:
+    """Watch a whole run (never stopped): windows, changes as they happen, periodic stalls, a final report.
+
+    pitstop watch --report-to tensorboard,wandb -- python train.py
+    """
+    from pitstop.cli.outputs import Outputs
+    from pitstop.cli.watch import WatchOptions, run_watch
+
+    outputs = Outputs(json_out, html, tensorboard, history, record=not no_history)
+    options = WatchOptions(
+        window_steps=window_steps,
+        window_seconds=window_seconds,
+        min_drop=min_drop,
+        warmup=warmup,
+        report_to=report_to,
+        logdir=logdir,
+        series=series,
+        timeout=timeout,
+    )
+    try:
+        if not command:
+            raise UserError("no command given: pitstop watch -- python train.py [args]")
+        code = run_watch(command, options, outputs)
+    except UserError as exc:
+        raise fail(str(exc), exc.code) from None
+    raise typer.Exit(code)
+
+
 GpuOpt = Annotated[str | None, typer.Option(help="The GPU of the run (e.g. H100-SXM, A100-80GB), for MFU.")]
 GpusOpt = Annotated[int | None, typer.Option(min=1, help="How many GPUs the run uses.")]
 ModelOpt = Annotated[str | None, typer.Option(help="The model's config.json (or its folder), for FLOPs.")]

@@ -32,6 +32,12 @@ class Diagnosis:
         if self.results is None:
             self.results = results_of(self.profile)
 
+    def _repr_html_(self) -> str:
+        """In a notebook, a Diagnosis shows itself as the HTML report."""
+        import pitstop
+
+        return pitstop._html_of(self)
+
     def environment_table(self) -> dict[str, Any]:
         """What was known about the setup, flat enough for a table (the document's ``environment``)."""
         env = self.profile.environment

@@ -67,7 +67,8 @@ class Session:
 
 
 class SessionCallback:
-    """What the framework callbacks share: a session made from the same arguments, and its diagnosis."""
+    """What the framework callbacks share: a session made from the same arguments, and its diagnosis.
+    ``mode="watch"``: the whole run is measured, windowed and sent to the job's own trackers (watching.py)."""
 
     def __init__(
         self,
@@ -75,9 +76,21 @@ class SessionCallback:
         warmup: int = 10,
         json_path: str | Path | None = None,
         report: bool = True,
+        mode: str = "window",
+        window_steps: int = 200,
+        window_seconds: float | None = None,
     ) -> None:
+        if mode not in ("window", "watch"):
+            raise ValueError("mode is 'window' (a short measured window) or 'watch' (the whole run)")
+        self.mode = mode
+        self.window = (window_steps, window_seconds)
+        self.watching: Any = None  # pitstop.integrations.watching.InProcessWatch in watch mode
         self.session = Session(
-            steps=steps, warmup=warmup, json_path=json_path, report=report, source="callback"
+            steps=None if mode == "watch" else steps,
+            warmup=warmup,
+            json_path=json_path,
+            report=report,
+            source="callback",
         )
 
     @property

@@ -99,6 +99,12 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     plan: str = ""  # what the budget was planned to cover, said after the first window
 
+    def _repr_html_(self) -> str:
+        """In a notebook, a tune result shows itself as the HTML report."""
+        import pitstop
+
+        return pitstop._html_of(self)
+
     def to_dict(self) -> dict[str, Any]:
         from pitstop import __version__
 

@@ -33,7 +33,12 @@ def _render(doc: Any) -> str:
         from pitstop.report.html.run import run_sections, run_subtitle
 
         d = doc if isinstance(doc, Diagnosis) else read_run(doc)
-        return page("pitstop: why this run is slow", run_subtitle(d), run_sections(d), footer)
+        sections = run_sections(d)
+        if isinstance(doc, dict) and isinstance(doc.get("watch"), dict):  # pitstop watch: the whole run
+            from pitstop.report.html.watch import watch_section
+
+            sections.insert(1, watch_section(doc["watch"]))
+        return page("pitstop: why this run is slow", run_subtitle(d), sections, footer)
     if isinstance(doc, dict) and doc.get("schema") == schemas.TUNE:
         from pitstop.report.html.tune import tune_sections
 

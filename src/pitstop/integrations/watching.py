@@ -1,0 +1,110 @@
+"""Whole-run watching inside the training process (the callbacks' ``mode="watch"``): the probe measures every
+step, this reads its new records at each step end, windows them, and sends each window to the trackers the
+job already uses (the run the Trainer's ``report_to`` opened, never a second one).
+
+Only finished records are read: a step whose device timings are still pending is read at a later step end,
+and token counts still on the device are left unknown (reading them would wait for the GPU), as the runner's
+per-step lines do; the final diagnosis at the end has them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from pitstop.probe.probe import Probe
+from pitstop.profile import StepRecord
+from pitstop.report.trackers import Tracker, open_trackers
+from pitstop.wholerun.run import Event, WholeRun, WholeRunReport
+from pitstop.wholerun.windows import WindowSpec
+
+COUNTS = ("samples", "tokens", "real_tokens", "loss_tokens", "examples")
+
+
+def host_copy(record: StepRecord) -> StepRecord:
+    """The record with every count that is not yet a plain int (a device tensor) as unknown."""
+    changes: dict[str, Any] = {n: None for n in COUNTS if not isinstance(getattr(record, n), int | None)}
+    return dataclasses.replace(record, **changes) if changes else record
+
+
+class InProcessWatch:
+    def __init__(
+        self,
+        spec: WindowSpec,
+        trackers: list[Tracker],
+        min_drop: float = 0.10,
+        print_changes: bool = True,
+    ) -> None:
+        self.whole = WholeRun(spec, min_drop, ranks=1)  # this process's rank only
+        self.trackers = trackers
+        self.print_changes = print_changes
+        self._next = 0  # position in probe.records not yet read
+        self.report: WholeRunReport | None = None
+
+    def poll(self, probe: Probe) -> list[Event]:
+        """Feed the probe's finished records since the last call."""
+        pending = {id(r) for r, _ in probe.builder._unresolved}
+        records = probe.records
+        fresh: list[StepRecord] = []
+        while self._next < len(records) and id(records[self._next]) not in pending:
+            record = records[self._next]
+            self._next += 1
+            if record.index > probe.config.warmup:
+                fresh.append(host_copy(record))
+        if not fresh:
+            return []
+        events = self.whole.add(probe.rank, fresh, probe.environment)
+        self._publish(events, probe.rank)
+        return events
+
+    def _publish(self, events: list[Event], rank: int) -> None:
+        for e in events:
+            for t in self.trackers:
+                t.log_window(e.window, e.changes)
+            if self.print_changes and rank == 0:
+                for c in e.changes:
+                    print(f"pitstop watch: CHANGE ({c.kind}) {c.text}", file=sys.stderr, flush=True)
+
+    def close(self, probe: Probe | None, findings: list[Any]) -> WholeRunReport:
+        if probe is not None:
+            self.poll(probe)
+        events, report = self.whole.finish()
+        self._publish(events, probe.rank if probe is not None else 0)
+        for t in self.trackers:
+            t.finish(report, findings)
+        self.report = report
+        return report
+
+
+def tensorboard_dir(args: Any) -> str | None:
+    """Where the Trainer's TensorBoard callback writes (its writer's folder; transformers 5 sets it from
+    TENSORBOARD_LOGGING_DIR or output_dir, older ones from ``args.logging_dir``)."""
+    from pitstop.probe.environment import trainer_on_stack
+
+    _, trainer = trainer_on_stack()
+    handler = getattr(trainer, "callback_handler", None)
+    for cb in getattr(handler, "callbacks", []):
+        if type(cb).__name__ == "TensorBoardCallback":
+            writer = getattr(cb, "tb_writer", None)
+            found = getattr(writer, "log_dir", None) or getattr(cb, "logging_dir", None)
+            if found:
+                return str(found)
+    return getattr(args, "logging_dir", None)
+
+
+def trainer_trackers(report_to: Any, logging_dir: str | None) -> list[Tracker]:
+    """Trackers for the names in a Trainer's ``report_to`` that pitstop supports; TensorBoard writes into the
+    Trainer's own log folder, so its scalars sit in the same run."""
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if "all" in names:
+        names = ["tensorboard", "wandb", "mlflow"]
+    wanted = [n for n in ("tensorboard", "wandb", "mlflow") if n in names]
+    trackers = []
+    for name in wanted:
+        try:
+            trackers += open_trackers([name], Path(logging_dir or "runs"), same_folder=True)
+        except Exception as exc:  # a tracker the job asked for but that cannot open: say so, train on
+            print(f"pitstop: not logging to {name}: {exc}", file=sys.stderr)
+    return trackers

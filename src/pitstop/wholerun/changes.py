@@ -1,0 +1,260 @@
+"""Changes between windows: throughput down by more than the run's own noise, a new finding, a finding that
+got worse. Each says the step it started at and what changed, in the doctor's terms.
+
+The rate compared is the window's *typical* rate (tokens per step over the median step time): a rare stall
+(an evaluation every 500 steps) moves a window's mean but not its median, so periodic stalls are reported as
+stalls (``periodic.py``), not as changes. The noise is the run's own: the spread of the rate between the windows
+since the last change and the standard error of each window's median; a change must exceed both, by a margin,
+and ``min_drop``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from pitstop.profile import StepRecord
+from pitstop.vocabulary import Severity
+from pitstop.wholerun.periodic import PART_WORDS
+from pitstop.wholerun.windows import WindowSummary
+
+SIGMAS = 4.0
+BASELINE_WINDOWS = 8  # the most recent windows of the current phase that make the baseline
+WORSE_BY = 0.10
+MIN_SHIFT = 0.08  # a split of the step times must shift them by this much...
+SPLIT_T = 5.0  # ...and by this many standard errors  # a finding is worse when fixing it would save this much more of the step
+PART_NAMES = {
+    "data_wait_s": "data wait",
+    "forward_s": "forward",
+    "backward_s": "backward",
+    "optimizer_s": "optimizer",
+    "other_s": "time between steps",
+    "sync_s": "synchronisation",
+}
+
+
+@dataclass
+class Change:
+    kind: str  # "slower", "faster", "new_finding", "worse"
+    step: int  # the first step the change is seen at
+    window: int
+    text: str
+    cause: str | None = None  # the finding's cause (new_finding / worse), or the one that explains a slowdown
+    before: float | None = None  # the rate (slower / faster) or the time-saved share (findings) before
+    after: float | None = None
+    part: str | None = None  # the step part that grew most (slower)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def _key(c: Change) -> tuple[str, str | None]:
+    """What makes two windows' changes the same change: the kind, and for findings the cause."""
+    return (c.kind, None if c.kind in ("slower", "faster") else c.cause)
+
+
+def rate(w: WindowSummary) -> float | None:
+    """Tokens/s when tokens are counted, else steps/s: both from the median step time."""
+    if w.typical_tokens_per_s:
+        return w.typical_tokens_per_s
+    return 1.0 / w.typical_step_s if w.typical_step_s else None
+
+
+def _rel_spread(values: list[float]) -> float:
+    if len(values) < 3:
+        return 0.0
+    med = statistics.median(values)
+    return statistics.median(abs(v - med) for v in values) * 1.4826 / med if med else 0.0
+
+
+def change_point(steps: list[StepRecord], slower: bool = True) -> int | None:
+    """The step a shift in step time starts at: the best split of the (capped, logged) step times into a
+    before and an after of different means. None when no split explains the series better than noise."""
+    if len(steps) < 8:
+        return None
+    walls = [s.wall_s for s in steps]
+    cap = 3 * statistics.median(walls)
+    x = [math.log(max(min(w, cap), 1e-9)) for w in walls]
+    n = len(x)
+    prefix = [0.0]
+    for v in x:
+        prefix.append(prefix[-1] + v)
+    total = prefix[-1]
+    best_i, best_gain = None, 0.0
+    for i in range(2, n - 1):
+        a, b = prefix[i] / i, (total - prefix[i]) / (n - i)
+        if (b > a) != slower:
+            continue
+        gain = i * (n - i) / n * (b - a) ** 2  # between-segment sum of squares
+        if gain > best_gain:
+            best_i, best_gain = i, gain
+    if best_i is None:
+        return None
+    a, b = prefix[best_i] / best_i, (total - prefix[best_i]) / (n - best_i)
+    within = sum((v - a) ** 2 for v in x[:best_i]) + sum((v - b) ** 2 for v in x[best_i:])
+    sd = math.sqrt(within / max(n - 2, 1))
+    t = abs(b - a) / (sd * math.sqrt(1 / best_i + 1 / (n - best_i))) if sd > 0 else math.inf
+    if abs(b - a) < math.log(1 + MIN_SHIFT) or t < SPLIT_T:
+        return None  # no split explains the series better than its noise
+    return steps[best_i].index
+
+
+@dataclass
+class ChangeDetector:
+    min_drop: float = 0.10
+    phase: list[WindowSummary] = field(default_factory=list)  # windows since the last rate change
+    changes: list[Change] = field(default_factory=list)
+    _held: list[Change] = field(default_factory=list)  # the last window's changes, waiting for the next
+    _held_window: WindowSummary | None = None
+    _since: dict[str, int] = field(
+        default_factory=dict
+    )  # cause -> window its last confirmed change showed in
+
+    def threshold(self, current: WindowSummary) -> float:
+        """The relative rate change that counts: beyond the run's own noise and ``min_drop``."""
+        rates = [r for r in (rate(w) for w in self.phase[-BASELINE_WINDOWS:]) if r]
+        # a window that holds a shift has a wide spread of its own: the baseline's typical window speaks for it
+        within = max(
+            current.typical_noise, statistics.median(w.typical_noise for w in self.phase[-BASELINE_WINDOWS:])
+        )
+        return max(self.min_drop, SIGMAS * _rel_spread(rates), SIGMAS * within)
+
+    def add(self, current: WindowSummary, recent_steps: list[StepRecord] | None = None) -> list[Change]:
+        """Compare the window that just closed with its phase; ``recent_steps`` (rank 0's steps of the previous
+        and this window) place a change at its step. A change is reported once the next window shows it too (a
+        burst of load on a shared machine lasting one window is noise, and widens the noise for later)."""
+        baseline = self.phase[-BASELINE_WINDOWS:]
+        found: list[Change] = []
+        if baseline:
+            found += self._rate(current, baseline, recent_steps or [])
+            found += self._findings(current, baseline, recent_steps or [])
+        seen = {_key(c) for c in found}
+        confirmed = [c for c in self._held if _key(c) in seen]
+        fresh = [c for c in found if _key(c) not in {_key(h) for h in self._held}]
+        if any(c.kind in ("slower", "faster") for c in confirmed):
+            assert self._held_window is not None
+            self.phase = [self._held_window]
+            fresh = []  # measured against the old phase: void now
+        elif self._held_window is not None and not confirmed:
+            self.phase.append(self._held_window)  # what it showed was noise: part of the phase after all
+        # (a held window whose change was confirmed holds the change's onset: half before, half after; it
+        # stays out of the baseline, where it would only widen the noise)
+        self._held = fresh
+        self._held_window = current if fresh else None
+        if not fresh:
+            self.phase.append(current)
+        del self.phase[: max(0, len(self.phase) - 4 * BASELINE_WINDOWS)]
+        for c in confirmed:
+            if c.cause is not None and c.kind in ("new_finding", "worse"):
+                self._since[c.cause] = current.index  # compared from now on with what it has become
+        self.changes += confirmed
+        return confirmed
+
+    def finish(self) -> list[Change]:
+        """The run ended: what its last window showed is reported, unconfirmed (no window came after it)."""
+        last = [
+            dataclasses.replace(c, text=c.text + " (the run's last window: no later window to confirm it)")
+            for c in self._held
+        ]
+        self._held, self._held_window = [], None
+        self.changes += last
+        return last
+
+    def _rate(
+        self, current: WindowSummary, baseline: list[WindowSummary], steps: list[StepRecord]
+    ) -> list[Change]:
+        before_rates = [r for r in (rate(w) for w in baseline) if r]
+        now = rate(current)
+        if not before_rates or not now:
+            return []
+        before = statistics.median(before_rates)
+        relative = now / before - 1.0
+        limit = self.threshold(current)
+        if abs(relative) <= limit:
+            return []
+        slower = relative < 0
+        step = change_point(steps, slower) or current.first_step
+        unit = "tokens/s" if current.typical_tokens_per_s else "steps/s"
+        kind = "slower" if slower else "faster"
+        verb = "fell" if slower else "rose"
+        text = (
+            f"from step {step:,} {unit} {verb} {abs(relative):.0%} ({_num(before)} → {_num(now)}; "
+            f"the run's noise allows ±{limit:.0%})"
+        )
+        part = _grown_part(current, baseline) if slower else None
+        if part is not None:
+            old = statistics.median(w.typical_parts.get(part, 0.0) for w in baseline)
+            text += (
+                f": {PART_NAMES[part]} went from {old:.3f} s to {current.typical_parts[part]:.3f} s in a typical step "
+                f"({PART_WORDS[part].split(' (')[0]})"
+            )
+        old_causes = {f.cause for w in baseline for f in w.findings}
+        new = [f for f in current.findings if f.cause not in old_causes]
+        cause = new[0].cause if new else None
+        if new:
+            text += f"; new finding: {new[0].cause} ({new[0].summary})"
+        return [Change(kind, step, current.index, text, cause, before, now, part)]
+
+    def _findings(
+        self, current: WindowSummary, baseline: list[WindowSummary], steps: list[StepRecord]
+    ) -> list[Change]:
+        out = []
+        # a finding that appears with a shift in step time starts where the shift does, when inside this window
+        shift = change_point([s for s in steps if s.index >= current.first_step - 1])
+        start = shift if shift is not None and shift > current.first_step else current.first_step
+        for f in current.findings:
+            since = self._since.get(f.cause, -1)
+            own = [b for b in baseline if b.index >= since]
+            if not own:
+                continue
+            earlier = [b.finding(f.cause) for b in own]
+            seen = [e for e in earlier if e is not None]
+            if not seen:
+                if Severity(f.severity) is Severity.LOW:
+                    continue  # a low finding that appears is no change worth a line
+                out.append(
+                    Change(
+                        "new_finding",
+                        start,
+                        current.index,
+                        f"from step {start:,} new finding {f.cause} ({f.severity}): {f.summary}",
+                        f.cause,
+                        None,
+                        f.time_saved_frac,
+                    )
+                )
+                continue
+            old = statistics.median(e.time_saved_frac for e in seen)
+            if len(seen) == len(own) and f.time_saved_frac - old >= WORSE_BY:
+                out.append(
+                    Change(
+                        "worse",
+                        current.first_step,
+                        current.index,
+                        f"from step {current.first_step:,} {f.cause} got worse: fixing it would now save "
+                        f"{f.time_saved_frac:.0%} of step time (was {old:.0%}): {f.summary}",
+                        f.cause,
+                        old,
+                        f.time_saved_frac,
+                    )
+                )
+        return out
+
+
+def _grown_part(current: WindowSummary, baseline: list[WindowSummary]) -> str | None:
+    grown = {}
+    for part, now in current.typical_parts.items():  # medians: a stall in one window does not explain a shift
+        olds = [w.typical_parts[part] for w in baseline if part in w.typical_parts]
+        if olds:
+            grown[part] = now - statistics.median(olds)
+    if not grown:
+        return None
+    part = max(grown, key=lambda k: grown[k])
+    return part if grown[part] > 0 else None
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:,.2f}"

@@ -1,0 +1,274 @@
+"""Windows of a long run: every N steps or T seconds, each summarised with the doctor's own metrics and rules.
+
+Why summaries: a 20-hour run has millions of step records; memory must not grow with it. A window's steps are
+held only until the window closes; then ``diagnose`` runs on a RunProfile of exactly those steps and only the
+summary (a few numbers and the findings' causes) is kept. The full series goes to disk (``store.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from pitstop.diagnose import diagnose
+from pitstop.profile import Environment, GpuSample, RankProfile, RunProfile, StepRecord
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """A window closes after ``steps`` steps or ``seconds`` of rank 0's step time, whichever comes first."""
+
+    steps: int = 200
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 4:
+            raise ValueError("a window needs at least 4 steps")
+        if self.seconds is not None and self.seconds <= 0:
+            raise ValueError("a window's seconds must be positive")
+
+
+@dataclass
+class FindingBrief:
+    """What a window's finding says, small enough to keep for every window of a long run."""
+
+    cause: str
+    severity: str
+    time_saved_frac: float  # share of step time fixing it would save (0 when not estimable)
+    summary: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause,
+            "severity": self.severity,
+            "time_saved_frac": round(self.time_saved_frac, 4),
+            "summary": self.summary,
+        }
+
+
+# per-step seconds of each part of a step, averaged over the window (what a change is explained by)
+PARTS = ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "other_s", "sync_s")
+
+
+@dataclass
+class WindowSummary:
+    index: int
+    first_step: int
+    last_step: int
+    start_s: float  # rank 0's summed step time before the window (seconds into the measured run)
+    seconds: float  # rank 0's summed step time in the window
+    steps: int
+    step_time_s: float | None  # median
+    typical_step_s: float | None  # median step time: what a rare stall does not move
+    tokens_per_s: float | None
+    real_tokens_per_s: float | None
+    typical_tokens_per_s: float | None  # tokens per step / median step time (rank 0), stalls left out
+    typical_noise: float  # relative standard error of the median step time (robust spread / sqrt(n))
+    mfu: float | None
+    data_wait_frac: float | None
+    padding_frac: float | None
+    gpu_util: float | None
+    sync_frac: float | None
+    throughput_spread: float | None  # the doctor's within-window spread of real tokens/s
+    parts: dict[str, float] = field(default_factory=dict)  # PARTS, mean seconds per step (rank 0)
+    typical_parts: dict[str, float] = field(
+        default_factory=dict
+    )  # PARTS, median seconds (what stalls leave alone)
+    findings: list[FindingBrief] = field(default_factory=list)
+
+    def finding(self, cause: str) -> FindingBrief | None:
+        return next((f for f in self.findings if f.cause == cause), None)
+
+    def scalars(self) -> dict[str, float]:
+        """The numbers a tracker charts per window (only those known)."""
+        values = {
+            "tokens_per_s": self.tokens_per_s,
+            "real_tokens_per_s": self.real_tokens_per_s,
+            "mfu": self.mfu,
+            "data_wait_frac": self.data_wait_frac,
+            "padding_frac": self.padding_frac,
+            "gpu_util": self.gpu_util,
+            "sync_frac": self.sync_frac,
+            "step_time_s": self.step_time_s,
+        }
+        return {k: float(v) for k, v in values.items() if v is not None}
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in vars(self).items() if k != "findings"}
+        out["findings"] = [f.to_dict() for f in self.findings]
+        return out
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarise(
+    index: int,
+    start_s: float,
+    per_rank: dict[int, list[StepRecord]],
+    environments: dict[int, Environment],
+    gpu: dict[int, list[GpuSample]] | None = None,
+) -> WindowSummary:
+    """Diagnose one window's steps (all ranks) with the doctor's rules and keep the summary."""
+    ranks = []
+    for rank in sorted(per_rank):
+        steps = per_rank[rank]
+        if not steps:
+            continue
+        samples = (gpu or {}).get(rank, [])
+        ranks.append(
+            RankProfile(
+                rank=rank,
+                steps=steps,
+                warmup_steps=steps[0].index - 1,
+                environment=environments.get(rank, Environment()),
+                gpu_samples=samples,
+                window_start_t=samples[0].t if samples else None,
+                window_end_t=samples[-1].t if samples else None,
+            )
+        )
+    if not ranks:
+        raise ValueError("a window without steps")
+    diagnosis = diagnose(RunProfile(source="watch", ranks=ranks))
+    m = diagnosis.metrics
+    lead = ranks[0].steps
+    walls = [s.wall_s for s in lead]
+    typical = _median(walls)
+    noise = 0.0
+    if typical:
+        mad = statistics.median(abs(w - typical) for w in walls) * 1.4826
+        noise = 1.2533 * mad / typical / len(walls) ** 0.5
+    tokens = [s.tokens for s in lead]
+    typical_tps = None
+    if typical and all(t is not None for t in tokens):
+        typical_tps = statistics.median(t for t in tokens if t is not None) / typical * len(ranks)
+    parts: dict[str, float] = {}
+    typical_parts: dict[str, float] = {}
+    for name in PARTS:
+        values = [getattr(s, name) for s in lead]
+        if values and all(v is not None for v in values):
+            parts[name] = statistics.fmean(v for v in values if v is not None)
+            typical_parts[name] = statistics.median(v for v in values if v is not None)
+    return WindowSummary(
+        index=index,
+        first_step=lead[0].index,
+        last_step=lead[-1].index,
+        start_s=start_s,
+        seconds=sum(walls),
+        steps=len(lead),
+        step_time_s=m.step_time_s,
+        typical_step_s=typical,
+        tokens_per_s=m.tokens_per_s,
+        real_tokens_per_s=m.real_tokens_per_s,
+        typical_tokens_per_s=typical_tps,
+        typical_noise=noise,
+        mfu=m.mfu,
+        data_wait_frac=m.data_wait_frac,
+        padding_frac=m.padding_frac,
+        gpu_util=m.gpu_util,
+        sync_frac=m.sync_frac,
+        throughput_spread=m.throughput_spread,
+        parts=parts,
+        typical_parts=typical_parts,
+        findings=[
+            FindingBrief(f.cause, str(f.severity), f.time_saved_frac, f.summary) for f in diagnosis.findings
+        ],
+    )
+
+
+@dataclass
+class Windower:
+    """Fed step records as they arrive (any rank, in step order per rank); hands back each window as it closes.
+
+    Rank 0 (the lowest rank seen) decides where a window ends; the window closes once every rank has passed
+    that step, so all ranks' steps of the same indices are diagnosed together. Only open windows' steps are
+    held."""
+
+    spec: WindowSpec = field(default_factory=WindowSpec)
+    environments: dict[int, Environment] = field(default_factory=dict)
+    ranks: int | None = None  # ranks fed to this windower; None: the job's world size (the environment says)
+    _pending: dict[int, list[StepRecord]] = field(default_factory=dict)
+    _gpu: dict[int, list[GpuSample]] = field(default_factory=dict)
+    _bounds: list[tuple[int, int]] = field(default_factory=list)  # closed-by-rank-0 windows: (first, last)
+    _open_first: int | None = None
+    _cut_upto: int = 0
+    _open_s: float = 0.0
+    _elapsed_s: float = 0.0
+    _count: int = 0
+
+    def add(
+        self, rank: int, records: list[StepRecord], environment: Environment | None = None
+    ) -> list[WindowSummary]:
+        """Take new records of one rank; return the windows this closes."""
+        if environment is not None:
+            self.environments[rank] = environment
+        self._pending.setdefault(rank, []).extend(records)
+        return self._close_ready()
+
+    def add_gpu(self, rank: int, samples: list[GpuSample]) -> None:
+        """GPU samples stay with the window being filled (bounded by the window, like its steps)."""
+        self._gpu.setdefault(rank, []).extend(samples)
+
+    def expected_ranks(self) -> int:
+        """How many ranks feed this windower (given, else the job's world size, else 1)."""
+        if self.ranks is not None:
+            return self.ranks
+        sizes = [e.world_size for e in self.environments.values() if e.world_size]
+        return max(sizes) if sizes else 1
+
+    def _cut(self, lead: list[StepRecord]) -> None:
+        """Window bounds from the lead rank's steps not yet cut."""
+        for record in lead:
+            if record.index <= self._cut_upto:
+                continue
+            self._cut_upto = record.index
+            if self._open_first is None:
+                self._open_first = record.index
+                self._open_s = 0.0
+            self._open_s += record.wall_s
+            n = record.index - self._open_first + 1
+            by_time = self.spec.seconds is not None and self._open_s >= self.spec.seconds and n >= 4
+            if n >= self.spec.steps or by_time:
+                self._bounds.append((self._open_first, record.index))
+                self._open_first = None
+
+    def _close_ready(self, final: bool = False) -> list[WindowSummary]:
+        """Windows close once every rank of the job has passed their end (ranks' steps may arrive at different
+        times, or one rank's all at once when it ends): each window is diagnosed over all its ranks."""
+        if not self._pending or (not final and len(self._pending) < self.expected_ranks()):
+            return []
+        self._cut(self._pending[min(self._pending)])
+        closed = []
+        while self._bounds:
+            first, last = self._bounds[0]
+            if not final and any(not q or q[-1].index < last for q in self._pending.values()):
+                break
+            self._bounds.pop(0)
+            closed.append(self._summarise(first, last))
+        return closed
+
+    def _summarise(self, first: int, last: int) -> WindowSummary:
+        window: dict[int, list[StepRecord]] = {}
+        for rank, queue in self._pending.items():
+            window[rank] = [r for r in queue if first <= r.index <= last]
+            self._pending[rank] = [r for r in queue if r.index > last]
+        gpu, self._gpu = self._gpu, {}
+        summary = summarise(self._count, self._elapsed_s, window, self.environments, gpu)
+        self._count += 1
+        self._elapsed_s += summary.seconds
+        return summary
+
+    def finish(self) -> list[WindowSummary]:
+        """Close what is left: a last partial window of at least 4 steps (shorter tails are too few to judge)."""
+        if not self._pending:
+            return []
+        lead = self._pending[min(self._pending)]
+        self._cut(lead)
+        if self._open_first is not None and lead:
+            last = lead[-1].index
+            if last - self._open_first + 1 >= 4:
+                self._bounds.append((self._open_first, last))
+            self._open_first = None
+        return self._close_ready(final=True)
