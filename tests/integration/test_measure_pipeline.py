@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pitstop.diagnose import diagnose
 from pitstop.runner.measure import StepWindow, measure
 from pitstop.trials.request import FixRequest
 from pitstop.tune.window import counted_in, run_window, throughput
@@ -61,9 +62,9 @@ def test_unknown_real_tokens_fall_back_to_what_is_known() -> None:
     p = profile("cpu", steps(n=10, wall=0.1, rows=4, row_len=100))
     for s in p.ranks[0].steps:
         s.real_tokens = None
-    assert throughput(p) == (None, None)
-    rate, _ = throughput(counted_in(p, "tokens"))
+    assert throughput(diagnose(p)) == (None, None)
+    rate, _ = throughput(diagnose(counted_in(p, "tokens")))
     assert rate == pytest.approx(4000.0)
-    rate, _ = throughput(counted_in(p, "samples"))
+    rate, _ = throughput(diagnose(counted_in(p, "samples")))
     assert rate == pytest.approx(40.0)
     assert p.ranks[0].steps[0].real_tokens is None  # the profile itself is left as it was
