@@ -6,10 +6,19 @@ from pathlib import Path
 
 import pytest
 
+from pitstop.clock_reasons import SW_POWER_CAP
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.ranks import analyse, bus_factor, clock_offsets
 from pitstop.interconnect import transport
-from pitstop.profile import CollectiveRecord, Environment, RankProfile, RunProfile, StepRecord
+from pitstop.profile import (
+    CollectiveRecord,
+    CpuThreads,
+    Environment,
+    GpuSample,
+    RankProfile,
+    RunProfile,
+    StepRecord,
+)
 
 STEP = 0.100
 MB100 = 100_000_000
@@ -94,6 +103,40 @@ def test_straggler_finding_names_rank_and_reason_compute() -> None:
     waiting = (0.03 + 0.03 + 0.0) / 3 / 0.13
     assert d.scaling.efficiency == pytest.approx(1 - waiting - 0.01 / 0.13, abs=1e-3)
     assert d.scaling.lost["waiting"] == pytest.approx(waiting, abs=1e-3)
+
+
+def test_the_straggler_reason_names_a_power_capped_gpu() -> None:
+    p = _profile(2, 0.03, 0.01)
+    for r in p.ranks:
+        slow = r.rank == 2
+        r.gpu_samples = [
+            GpuSample(
+                t=i,
+                util=95.0,
+                sm_clock=1110.0 if slow else 1980.0,
+                app_clock=1980.0,
+                clock_reasons=SW_POWER_CAP if slow else 0,
+            )
+            for i in range(20)
+        ]
+    f = next(f for f in diagnose(p).findings if f.cause == "straggler")
+    assert f.evidence["slow_rank"] == 2
+    assert "1,110 MHz vs 1,980 MHz on the others (SW power cap)" in str(f.evidence["reason_detail"])
+
+
+def test_the_straggler_reason_names_a_cpu_shared_with_other_work() -> None:
+    p = _profile(2, 0.03, 0.01)
+    for r in p.ranks:
+        queue = 24.0 if r.rank == 2 else 7.0  # runnable threads on 8 allowed cores
+        r.environment.cpu = CpuThreads(cores_allowed=8, torch_threads=4, machine_run_queue=queue)
+    f = next(f for f in diagnose(p).findings if f.cause == "straggler")
+    assert "its CPU is oversubscribed: 3.0 runnable threads per core vs 0.9" in str(
+        f.evidence["reason_detail"]
+    )
+    for r in p.ranks:  # the same load everywhere explains no rank
+        r.environment.cpu = CpuThreads(cores_allowed=8, torch_threads=4, machine_run_queue=24.0)
+    f = next(f for f in diagnose(p).findings if f.cause == "straggler")
+    assert "CPU" not in str(f.evidence["reason_detail"])
 
 
 def test_a_last_rank_that_changes_every_step_is_noise() -> None:

@@ -51,7 +51,8 @@ class GpuClocks:
         return {**asdict(self), "clock_ratio": self.clock_ratio}
 
 
-def _per_gpu(ctx: RuleContext) -> dict[int, GpuClocks]:
+def per_gpu_clocks(ctx: RuleContext) -> dict[int, GpuClocks]:
+    """Each rank's GPU, judged on its busy samples (ranks without clock readings are left out)."""
     gpus: dict[int, GpuClocks] = {}
     for rank in ctx.profile.ranks:
         busy = [s for s in rank.gpu_samples if (s.util or 0.0) >= BUSY_UTIL and s.clock_reasons is not None]
@@ -77,7 +78,7 @@ def _per_gpu(ctx: RuleContext) -> dict[int, GpuClocks]:
 def gpu_throttled(ctx: RuleContext) -> Finding | None:
     if not ctx.on_gpu:
         return None
-    gpus = _per_gpu(ctx)
+    gpus = per_gpu_clocks(ctx)
     slow = {r: g for r, g in gpus.items() if g.throttled}
     if not slow:
         return None

@@ -7,14 +7,18 @@ import statistics
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.metrics import rank_metrics
 from pitstop.diagnose.ranks import RankComm
+from pitstop.diagnose.rules.clocks import per_gpu_clocks
 from pitstop.findings import Finding
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import model_states
-from pitstop.profile import Environment, TraceStats
+from pitstop.profile import Environment, RankProfile, TraceStats
 from pitstop.remedies import RemedyId, advise, use
 from pitstop.vocabulary import Severity
 
 GPU_MEMORY_USABLE = 0.6  # leave the rest for activations, workspace and fragmentation
+CPU_OVERLOADED = 1.25  # runnable threads per allowed core: threads wait for a core
+CPU_PEER_MARGIN = 1.5  # the slow rank's CPU load over its peers' median
+CPU_STEAL = 0.1  # share of CPU time the hypervisor took
 
 
 def states_without_offload(env: Environment, gpus: int) -> float | None:
@@ -269,7 +273,8 @@ def _straggler_by_arrival(ctx: RuleContext) -> Finding | None:
 
 
 def _device_reasons(ctx: RuleContext, slow_rank: int) -> list[str]:
-    """What the slow rank's device says: lower SM clocks than its peers, allocator retries."""
+    """What the slow rank's machine says: lower SM clocks than its peers (with NVML's clock-event reasons),
+    allocator retries, a CPU shared with more runnable threads than its peers'."""
     out = []
     clocks: dict[int, float] = {}
     retries: dict[int, int] = {}
@@ -282,12 +287,41 @@ def _device_reasons(ctx: RuleContext, slow_rank: int) -> list[str]:
     if slow_rank in clocks and len(clocks) > 1:
         peers = statistics.median(v for k, v in clocks.items() if k != slow_rank)
         if clocks[slow_rank] < 0.9 * peers:
-            out.append(f"its GPU runs at {clocks[slow_rank]:,.0f} MHz vs {peers:,.0f} MHz on the others")
+            judged = per_gpu_clocks(ctx).get(slow_rank)
+            why = f" ({', '.join(judged.reasons)})" if judged is not None and judged.reasons else ""
+            out.append(f"its GPU runs at {clocks[slow_rank]:,.0f} MHz vs {peers:,.0f} MHz on the others{why}")
     if retries.get(slow_rank, 0) > 0 and retries[slow_rank] > max(
         (v for k, v in retries.items() if k != slow_rank), default=0
     ):
         out.append(f"its allocator retried {retries[slow_rank]} times (memory pressure)")
+    starved = _starved_cpu(ctx, slow_rank)
+    if starved:
+        out.append(starved)
     return out
+
+
+def _cpu_load(rank: RankProfile) -> tuple[float, float] | None:
+    """(runnable threads on the rank's machine per core it may use, hypervisor steal share)."""
+    cpu = rank.environment.cpu
+    if cpu is None or not cpu.cores_allowed or cpu.machine_run_queue is None:
+        return None
+    return cpu.machine_run_queue / cpu.cores_allowed, cpu.steal_frac or 0.0
+
+
+def _starved_cpu(ctx: RuleContext, slow_rank: int) -> str | None:
+    """The slow rank's CPU is shared with more runnable threads per core than its peers' (other processes,
+    or the hypervisor taking time), measured from /proc during the window."""
+    loads = {r.rank: load for r in ctx.profile.ranks if (load := _cpu_load(r)) is not None}
+    if slow_rank not in loads or len(loads) < 2:
+        return None
+    queue, steal = loads[slow_rank]
+    peer_queue = statistics.median(q for k, (q, _) in loads.items() if k != slow_rank)
+    peer_steal = statistics.median(s for k, (_, s) in loads.items() if k != slow_rank)
+    if queue > CPU_OVERLOADED and queue > CPU_PEER_MARGIN * peer_queue:
+        return f"its CPU is oversubscribed: {queue:.1f} runnable threads per core vs {peer_queue:.1f} on the others"
+    if steal >= CPU_STEAL and steal > CPU_PEER_MARGIN * peer_steal:
+        return f"the hypervisor takes {steal:.0%} of its CPU time (steal) vs {peer_steal:.0%} on the others"
+    return None
 
 
 def _straggler_from_traces_or_data_wait(ctx: RuleContext) -> Finding | None:
