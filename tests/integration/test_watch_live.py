@@ -1,0 +1,67 @@
+"""`pitstop watch` reports a change while the job still runs: the rank files are tailed as they grow, not read
+at the job's end. The job here would run for hours; the change line must arrive while it is alive, and Ctrl-C
+then ends both with the change kept in the JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT, SCRIPTS
+
+pytestmark = pytest.mark.slow
+
+LOOP = [sys.executable, str(SCRIPTS / "plain_loop.py"), "--threads", "1", "--batch", "4", "--packed"]
+
+
+def test_a_change_is_reported_while_the_job_runs(tmp_path: Path) -> None:
+    out = tmp_path / "watch.json"
+    env = {**os.environ, "PITSTOP_CACHE": str(tmp_path / "cache"), "COLUMNS": "120", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "pitstop", "watch", "--window-steps", "40", "--warmup", "5", "--no-history"]
+    cmd += [
+        "--json",
+        str(out),
+        "--",
+        *LOOP,
+        "--steps",
+        "1000000",
+        "--slow-after",
+        "170",
+        "--slow-after-ms",
+        "40",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
+    )
+    seen: list[str] = []
+    job_alive_at_change = False
+    deadline = time.monotonic() + 600
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if "CHANGE (slower)" in line:
+                children = psutil.Process(proc.pid).children(recursive=True)
+                job_alive_at_change = any("plain_loop.py" in " ".join(c.cmdline()) for c in children)
+                break
+            if time.monotonic() > deadline:
+                break
+        assert job_alive_at_change, "".join(seen)[-3000:]
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, rest[-2000:]
+    changes = json.loads(out.read_text())["watch"]["changes"]
+    slower = [c for c in changes if c["kind"] == "slower"]
+    assert slower and 165 <= slower[0]["step"] <= 175 and slower[0]["part"] == "data_wait_s"
