@@ -215,6 +215,10 @@ def test_tensorboard_gets_collectives_per_step_and_scaling(tmp_path: Path) -> No
     scalars = _read(export.path)
     assert [v for _, v in scalars["pitstop/collective_mb"]] == [pytest.approx(100.0)] * 10
     assert scalars["pitstop/summary/scaling_efficiency"][0][1] < 1.0
+    late = _read(export.path / "rank2")  # the straggler's own run: it waits for nobody and arrives 30 ms late
+    assert late["pitstop/summary/waiting_ms"][0][1] == pytest.approx(0.0, abs=0.01)
+    assert late["pitstop/summary/arrived_last_frac"][0][1] == pytest.approx(1.0)
+    assert scalars["pitstop/summary/waiting_ms"][0][1] == pytest.approx(30.0, abs=0.01)  # rank 0 waits for it
 
 
 def test_communication_remedies_follow_the_evidence() -> None:

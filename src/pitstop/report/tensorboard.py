@@ -167,7 +167,25 @@ def _run_series(d: Diagnosis) -> dict[int, _Series]:
     metrics = d.metrics.to_dict()
     summary = {f"pitstop/summary/{k}": _finite(metrics.get(k)) for k in SUMMARY_METRICS}
     runs.setdefault(0, _Series()).put(last, {k: v for k, v in summary.items() if v is not None})
+    _rank_comm_summary(d, runs, last)
     return runs
+
+
+def _rank_comm_summary(d: Diagnosis, runs: dict[int, _Series], last: int) -> None:
+    """Each rank's waiting, communicating and arrival, in its own run: TensorBoard overlays the ranks per tag,
+    which shows the one the others wait for."""
+    if d.ranks_analysis is None:
+        return
+    for r in d.ranks_analysis.ranks:
+        values = {
+            "pitstop/summary/waiting_ms": r.wait_s * 1000,
+            "pitstop/summary/communicating_ms": r.comm_s * 1000,
+            "pitstop/summary/arrival_late_ms": r.late_s * 1000,
+            "pitstop/summary/arrived_last_frac": r.last_frac,
+        }
+        runs.setdefault(r.rank, _Series()).put(
+            last, {k: f for k, v in values.items() if (f := _finite(v)) is not None}
+        )
 
 
 def _origin(d: Diagnosis, rank: int) -> float | None:
