@@ -12,7 +12,6 @@ from rich.console import Console
 from tests.conftest import run_pitstop
 from tests.unit.test_wholerun import series
 
-from pitstop.atomic import write_atomic
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.document import read_run
 from pitstop.profile import Environment, RankProfile, RunProfile, to_jsonable
@@ -45,15 +44,6 @@ def test_the_follower_tails_json_lines_as_they_are_written(tmp_path: Path) -> No
     (news,) = follower.poll()
     assert [s.index for s in news.steps] == [6] and news.gpu[0].util == 97.0
     assert follower.poll() == []  # nothing new: nothing handed over twice
-
-
-def test_the_follower_reads_the_current_runners_finished_file_once(tmp_path: Path) -> None:
-    rank = RankProfile(rank=0, steps=series(30)[5:], warmup_steps=5, environment=Environment(device="cpu"))
-    write_atomic(tmp_path / "rank-00000-99.json", json.dumps(to_jsonable(rank)))
-    follower = RankFollower(tmp_path)
-    (news,) = follower.poll()
-    assert [s.index for s in news.steps] == list(range(6, 31))
-    assert follower.poll() == []
 
 
 def _report() -> tuple[WholeRun, dict[str, object]]:
