@@ -340,6 +340,19 @@ def plan(
         ),
     ] = None,
     zero: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage (0 = plain DDP).")] = 0,
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes the GPUs are spread over (evenly).")] = 1,
+    sharding: Annotated[
+        str | None,
+        typer.Option(
+            help="FSDP instead of --zero: no_shard, shard_grad_op, full_shard, hybrid_shard or hybrid_shard_zero2."
+        ),
+    ] = None,
+    hpz: Annotated[
+        int, typer.Option(min=1, help="DeepSpeed ZeRO++ zero_hpz_partition_size (with --zero 3).")
+    ] = 1,
+    network: Annotated[
+        str, typer.Option(help="The link between nodes: ib_ndr, ib_hdr, eth100, eth400, … (see docs).")
+    ] = "ib_ndr",
     offload: Annotated[
         str, typer.Option(help="none, optimizer or param (DeepSpeed offload to CPU).")
     ] = "none",
@@ -389,6 +402,10 @@ def plan(
             micro_batch=micro_batch,
             global_batch=global_batch,
             zero=zero,
+            nodes=nodes,
+            sharding=sharding,
+            hpz=hpz,
+            network=network,
             offload=offload,
             method=method,
             rank=rank,
