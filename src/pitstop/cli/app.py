@@ -390,32 +390,13 @@ def plan(
         )
     if optimizer not in ("adamw", "adamw8bit", "sgd", "adafactor"):
         raise UserError("--optimizer is adamw, adamw8bit, sgd or adafactor")
-    from pitstop.cli.plan import run_plan
+    from dataclasses import fields
 
-    raise typer.Exit(
-        run_plan(
-            json_out,
-            model=model,
-            gpu=gpu,
-            gpus=gpus,
-            seq=seq,
-            micro_batch=micro_batch,
-            global_batch=global_batch,
-            zero=zero,
-            nodes=nodes,
-            sharding=sharding,
-            hpz=hpz,
-            network=network,
-            offload=offload,
-            method=method,
-            rank=rank,
-            optimizer=optimizer,
-            attn=attn,
-            checkpointing=checkpointing,
-            chunked_loss=chunked_loss,
-            simulate=simulate,
-        )
-    )
+    from pitstop.cli.plan import run_plan
+    from pitstop.plan.build import PlanRequest
+
+    here = locals()
+    raise typer.Exit(run_plan(json_out, **{f.name: here[f.name] for f in fields(PlanRequest)}))
 
 
 def _data_app() -> typer.Typer:

@@ -113,7 +113,7 @@ def render_comm(comm: dict[str, Any], console: Console) -> None:
         )
     )
     options = Table(title="Sharding options on these GPUs", title_justify="left")
-    for col in ("strategy", "GiB per GPU", "fits", "GB on the bus", "comm s"):
+    for col in ("strategy", "GiB per GPU", "fits", "GB on the bus", "GB across nodes", "comm s"):
         options.add_column(col, justify="left" if col == "strategy" else "right")
     for o in comm["options"]:
         mark = " ←" if o["strategy"] == comm["strategy"] else ""
@@ -122,6 +122,7 @@ def render_comm(comm: dict[str, Any], console: Console) -> None:
             f"{o['memory_gib']:.1f}",
             "yes" if o["fits"] else "no",
             f"{o['gb_on_the_bus']:.2f}",
+            f"{o['gb_across_nodes']:.2f}",
             f"{o['comm_s']:.3f}",
         )
     console.print(options)

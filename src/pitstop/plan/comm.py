@@ -93,6 +93,13 @@ class CommPlan:
         return sum(c.seconds for c in self.collectives)
 
     @property
+    def network_bytes(self) -> float:
+        """Bus bytes of the collectives that cross nodes (on the network's link)."""
+        if self.nodes <= 1 or self.inter is None:
+            return 0.0
+        return sum(c.bus_bytes for c in self.collectives if c.link is self.inter)
+
+    @property
     def gradient_seconds(self) -> float:
         """The gradient reductions' share: what DDP-style buckets can overlap with the backward."""
         return sum(c.seconds for c in self.collectives if c.op != ALL_GATHER)
@@ -246,6 +253,7 @@ def communication(
                 "memory_gib": round(total / GIB, 2),
                 "fits": total <= gpu_bytes,
                 "gb_on_the_bus": round(other.bus_bytes / 1e9, 3),
+                "gb_across_nodes": round(other.network_bytes / 1e9, 3),
                 "comm_s": round(other.seconds, 4),
             }
         )
@@ -257,6 +265,7 @@ def communication(
         "accumulation": a,
         "collectives": [c.to_dict() for c in cp.collectives],
         "gb_on_the_bus_per_step": round(cp.bus_bytes / 1e9, 3),
+        "gb_across_nodes_per_step": round(cp.network_bytes / 1e9, 3),
         "comm_s_per_step": round(cp.seconds, 4),
         "compute_s_per_step": round(compute_s, 4),
         "backward_s_per_step": round(backward_s, 4),
