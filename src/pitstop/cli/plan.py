@@ -87,7 +87,7 @@ def render_comm(comm: dict[str, Any], console: Console) -> None:
     """The step's collectives, their time against the compute the FLOPs model expects, and the options."""
     links = ", ".join(f"{k} {v:g} GB/s" for k, v in comm["links_busbw_gbps"].items())
     table = Table(
-        title=f"Communication per optimizer step ({comm['strategy']}; bus bandwidth {links})",
+        title=f"Communication per optimizer step ({comm['strategy']})",
         title_justify="left",
     )
     for col in ("collective", "ranks", "link", "× per step", "GB on the bus", "s"):
@@ -103,7 +103,7 @@ def render_comm(comm: dict[str, Any], console: Console) -> None:
         )
     console.print(table)
     console.print(
-        f"communication {comm['comm_s_per_step']:.3f} s vs compute {comm['compute_s_per_step']:.3f} s per "
+        f"bus bandwidth {links}: communication {comm['comm_s_per_step']:.3f} s vs compute {comm['compute_s_per_step']:.3f} s per "
         f"optimizer step (backward {comm['backward_s_per_step']:.3f} s): {comm['comm_share_if_not_hidden']:.0%} "
         f"of the step if nothing overlaps; at best {comm['exposed_s_at_best']:.3f} s stays exposed ("
         + (
