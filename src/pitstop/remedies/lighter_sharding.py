@@ -68,7 +68,7 @@ class LighterSharding(Remedy):
         deepspeed = bool(params.get("deepspeed")) or target in ("zero2", "zero3_hpz")
         saved = params.get("saved_s")
         text = (
-            f"Shard less: switch from {params.get('current') or 'ZeRO-3 / FULL_SHARD'} to {target}. "
+            f"Shard no wider than memory needs: switch from {params.get('current') or 'ZeRO-3 / FULL_SHARD'} to {target}. "
             f"{_WHY.get(target, _WHY['zero2'])}"
             + (f"; about {saved} s less communication per step (planned)." if saved else ".")
         )
