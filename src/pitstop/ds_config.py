@@ -59,6 +59,6 @@ def hpz_from_deepspeed(config: Any) -> int | None:
     value = zero.get("zero_hpz_partition_size") if isinstance(zero, dict) else None
     if isinstance(value, bool):
         return None
-    if isinstance(value, int | str) and str(value).isdigit() and int(value) >= 1:
+    if isinstance(value, int | str) and str(value).isdecimal() and int(value) >= 1:
         return int(value)
     return None

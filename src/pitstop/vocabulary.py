@@ -116,7 +116,7 @@ class Sharding(StrEnum):
         if not isinstance(value, str):
             return None
         text = value.strip()
-        if text.isdigit():
+        if text.isdecimal():  # not isdigit: '²' is a digit int() refuses
             return cls.parse(int(text))
         words = text.lower().replace("shardingstrategy.", "").replace(",", " ").split()
         for word in words:

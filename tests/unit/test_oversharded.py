@@ -4,6 +4,7 @@ nodes without a hybrid; the extra traffic is plan/comm's; the fix says how per f
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from tests.factories import profile, steps
@@ -120,25 +121,30 @@ def test_the_remedys_advice_per_framework() -> None:
 
 
 def test_sharding_is_read_from_configs() -> None:
-    hf = read_config({"fsdp": "full_shard auto_wrap"}, "hf_args", __import__("pathlib").Path("args.json")).env
+    hf = read_config({"fsdp": "full_shard auto_wrap"}, "hf_args", Path("args.json")).env
     assert hf.fsdp_sharding == "full_shard"
     acc = read_config(
         {"num_processes": 16, "fsdp_config": {"fsdp_sharding_strategy": "HYBRID_SHARD"}},
         "accelerate",
-        __import__("pathlib").Path("acc.yaml"),
+        Path("acc.yaml"),
     ).env
     assert acc.fsdp_sharding == "hybrid_shard"
     fsdp2 = read_config(
         {"fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False}},
         "accelerate",
-        __import__("pathlib").Path("acc.yaml"),
+        Path("acc.yaml"),
     ).env
     assert fsdp2.fsdp_sharding == "shard_grad_op"
     ds = read_config(
         {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}},
         "deepspeed",
-        __import__("pathlib").Path("ds.json"),
+        Path("ds.json"),
     ).env
     assert ds.zero_stage == 3 and ds.zero_hpz == 8
     assert Sharding.parse(2) is Sharding.SHARD_GRAD_OP and Sharding.parse("ShardingStrategy.FULL_SHARD")
     assert Sharding.parse(True) is None and Sharding.parse("auto_wrap") is None
+    assert Sharding.parse("²") is None  # a digit int() refuses is no strategy, not an error
+    odd = read_config(
+        {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": "²"}}, "deepspeed", Path("ds.json")
+    )
+    assert odd.env.zero_stage == 3 and odd.env.zero_hpz is None
