@@ -83,6 +83,13 @@ def _sharding_words(s: Setup) -> str:
     return f"ZeRO-{s.zero}" + (f" + hpZ {s.hpz}" if s.hpz > 1 else "")
 
 
+def _secs(s: float) -> str:
+    """Seconds, or milliseconds below a hundredth of a second (a small job's collectives)."""
+    if s == 0:
+        return "0 s"
+    return f"{s:.3f} s" if s >= 0.01 else f"{s * 1000:.2f} ms"
+
+
 def render_comm(comm: dict[str, Any], console: Console) -> None:
     """The step's collectives, their time against the compute the FLOPs model expects, and the options."""
     links = ", ".join(f"{k} {v:g} GB/s" for k, v in comm["links_busbw_gbps"].items())
@@ -90,7 +97,7 @@ def render_comm(comm: dict[str, Any], console: Console) -> None:
         title=f"Communication per optimizer step ({comm['strategy']})",
         title_justify="left",
     )
-    for col in ("collective", "ranks", "link", "× per step", "GB on the bus", "s"):
+    for col in ("collective", "ranks", "link", "× per step", "GB on the bus", "time"):
         table.add_column(col, justify="left" if col == "collective" else "right")
     for c in comm["collectives"]:
         table.add_row(
@@ -99,13 +106,13 @@ def render_comm(comm: dict[str, Any], console: Console) -> None:
             c["link"],
             str(c["per_step"]),
             f"{c['gb_on_the_bus']:.2f}",
-            f"{c['s']:.3f}",
+            _secs(c["s"]),
         )
     console.print(table)
     console.print(
-        f"bus bandwidth {links}: communication {comm['comm_s_per_step']:.3f} s vs compute {comm['compute_s_per_step']:.3f} s per "
-        f"optimizer step (backward {comm['backward_s_per_step']:.3f} s): {comm['comm_share_if_not_hidden']:.0%} "
-        f"of the step if nothing overlaps; at best {comm['exposed_s_at_best']:.3f} s stays exposed ("
+        f"bus bandwidth {links}: communication {_secs(comm['comm_s_per_step'])} vs compute {_secs(comm['compute_s_per_step'])} per "
+        f"optimizer step (backward {_secs(comm['backward_s_per_step'])}): {comm['comm_share_if_not_hidden']:.0%} "
+        f"of the step if nothing overlaps; at best {_secs(comm['exposed_s_at_best'])} stays exposed ("
         + (
             "DDP / ZeRO-1/2 buckets hide gradient reductions behind the backward, up to its time)"
             if comm["strategy"] in ("no_shard", "zero1", "zero2")
@@ -113,7 +120,7 @@ def render_comm(comm: dict[str, Any], console: Console) -> None:
         )
     )
     options = Table(title="Sharding options on these GPUs", title_justify="left")
-    for col in ("strategy", "GiB per GPU", "fits", "GB on the bus", "GB across nodes", "comm s"):
+    for col in ("strategy", "GiB per GPU", "fits", "GB on the bus", "GB across nodes", "comm time"):
         options.add_column(col, justify="left" if col == "strategy" else "right")
     for o in comm["options"]:
         mark = " ←" if o["strategy"] == comm["strategy"] else ""
@@ -123,7 +130,7 @@ def render_comm(comm: dict[str, Any], console: Console) -> None:
             "yes" if o["fits"] else "no",
             f"{o['gb_on_the_bus']:.2f}",
             f"{o['gb_across_nodes']:.2f}",
-            f"{o['comm_s']:.3f}",
+            _secs(o["comm_s"]),
         )
     console.print(options)
 
