@@ -131,6 +131,14 @@ CAUSES: dict[str, Cause] = {
             needs_gpu=True,
         ),
         Cause(
+            "oversharded",
+            "Sharded more than memory needs",
+            "multi-GPU: ZeRO-3 / FSDP FULL_SHARD gathers the weights twice per step although a lighter strategy "
+            "(ZeRO-2, SHARD_GRAD_OP) fits, or spans nodes without HYBRID_SHARD / ZeRO++ hpZ, so every gather "
+            "crosses the slower network",
+            needs_gpu=True,
+        ),
+        Cause(
             "low_mfu_unexplained",
             "Busy GPU, low FLOPs utilization",
             "utilization is high but model-FLOPs utilization stays far below what the GPU can do",

@@ -50,3 +50,15 @@ def offload_from_deepspeed(config: Any) -> tuple[int | None, dict[str, str]]:
     if zero.get("cpu_offload_params") is True or zero.get("cpu_offload_param") is True:
         offload.setdefault("param", "cpu")
     return stage, offload
+
+
+def hpz_from_deepspeed(config: Any) -> int | None:
+    """ZeRO++'s ``zero_hpz_partition_size`` (the ranks ZeRO-3's secondary weight partition spans); None when
+    the config does not set it."""
+    zero = _load(config).get("zero_optimization") or {}
+    value = zero.get("zero_hpz_partition_size") if isinstance(zero, dict) else None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | str) and str(value).isdecimal() and int(value) >= 1:
+        return int(value)
+    return None

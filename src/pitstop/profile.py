@@ -184,6 +184,10 @@ class Environment:
     micro_batch_size: int | None = None
     grad_accum_steps: int | None = None
     zero_stage: int | None = None
+    zero_hpz: int | None = None  # DeepSpeed ZeRO++ zero_hpz_partition_size (1: no secondary partition)
+    fsdp_sharding: str | None = (
+        None  # FSDP's ShardingStrategy (vocabulary.Sharding) when FSDP shards the model
+    )
     offload: dict[str, str] | None = None  # {"optimizer": "cpu", "param": "nvme"}; {} when known to be off
     world_size: int | None = None
     versions: dict[str, str] = field(default_factory=dict)

@@ -74,3 +74,52 @@ class Source(StrEnum):
     ANALYZE = "analyze"
     TUNE = "tune"
     CHECK = "check"
+
+
+class Sharding(StrEnum):
+    """How FSDP shards a model (PyTorch's ``ShardingStrategy`` names, lower case). DeepSpeed's ZeRO stages map
+    onto them: 0 ≈ NO_SHARD (DDP), 1/2 ≈ SHARD_GRAD_OP, 3 ≈ FULL_SHARD, 3 with ZeRO++ hpZ ≈ HYBRID_SHARD."""
+
+    NO_SHARD = "no_shard"
+    SHARD_GRAD_OP = "shard_grad_op"
+    FULL_SHARD = "full_shard"
+    HYBRID_SHARD = "hybrid_shard"
+    HYBRID_SHARD_ZERO2 = "hybrid_shard_zero2"
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage whose memory this strategy has (within its shard group)."""
+        return {"no_shard": 0, "shard_grad_op": 2, "hybrid_shard_zero2": 2}.get(self.value, 3)
+
+    @property
+    def hybrid(self) -> bool:
+        """Shards inside a node and replicates across nodes."""
+        return self in (Sharding.HYBRID_SHARD, Sharding.HYBRID_SHARD_ZERO2)
+
+    @classmethod
+    def parse(cls, value: object) -> Sharding | None:
+        """A strategy from a config's words: ``FULL_SHARD``, ``full_shard auto_wrap``, ``ShardingStrategy.
+        FULL_SHARD`` or Accelerate's numbers 1-5; None when nothing names one."""
+        numbers = {
+            1: "full_shard",
+            2: "shard_grad_op",
+            3: "no_shard",
+            4: "hybrid_shard",
+            5: "hybrid_shard_zero2",
+        }
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, int):
+            value = numbers.get(value)
+        if isinstance(value, list | tuple):
+            value = " ".join(str(v) for v in value)
+        if not isinstance(value, str):
+            return None
+        text = value.strip()
+        if text.isdecimal():  # not isdigit: '²' is a digit int() refuses
+            return cls.parse(int(text))
+        words = text.lower().replace("shardingstrategy.", "").replace(",", " ").split()
+        for word in words:
+            if word in cls._value2member_map_:
+                return cls(word)
+        return None

@@ -52,6 +52,27 @@ def test_auto_micro_batch_splits_the_global_batch(tmp_path: Path) -> None:
     assert micro * accum * 8 == 128  # 8 GPUs x micro-batch x accumulation steps = the global batch
 
 
+def test_16_gpus_on_2_nodes_under_zero3_shows_communication(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    args = ("--model", "llama-3.1-8b", "--gpus", "16", "--nodes", "2", "--zero", "3", "--no-simulate")
+    proc = run_pitstop("plan", *args, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    comm = doc["communication"]
+    assert doc["setup"]["zero"] == 3 and doc["setup"]["nodes"] == 2 and doc["gpus"] == 16
+    assert comm["strategy"] == "full_shard" and comm["links_busbw_gbps"] == {"nvlink4": 360.0, "ib_ndr": 40.0}
+    # 3 × 15/16 × 16.06 GB of bf16 weights / gradients, all across nodes at 40 GB/s
+    assert comm["gb_on_the_bus_per_step"] == pytest.approx(45.17, abs=0.01)
+    assert comm["gb_across_nodes_per_step"] == comm["gb_on_the_bus_per_step"]
+    assert comm["comm_s_per_step"] == pytest.approx(1.129, abs=0.001)
+    assert comm["compute_s_per_step"] > 0 and 0 < comm["comm_share_if_not_hidden"] < 1
+    options = {o["strategy"]: o for o in comm["options"]}
+    assert options["hybrid_shard"]["fits"] and options["hybrid_shard"]["comm_s"] < comm["comm_s_per_step"]
+    text = " ".join(proc.stdout.split())
+    assert "Communication per optimizer step (full_shard" in text and "over 2 nodes" in text
+    assert "hybrid_shard" in text and "stays exposed" in text
+
+
 def test_model_folder_and_fake_tensor_cross_check(tmp_path: Path) -> None:
     folder = tmp_path / "tiny"
     folder.mkdir()
@@ -83,6 +104,15 @@ def test_model_folder_and_fake_tensor_cross_check(tmp_path: Path) -> None:
         (["--model", "llama-3.1-8b", "--zero", "2", "--offload", "param"], "offload_param needs ZeRO-3"),
         (["--model", "llama-3.1-8b", "--micro-batch", "many"], "--micro-batch is a number or auto"),
         (["--model", "llama-3.1-8b", "--gpus", "3", "--global-batch", "128"], "does not split evenly over 3"),
+        (
+            ["--model", "llama-3.1-8b", "--gpus", "12", "--nodes", "5"],
+            "12 GPUs do not split evenly over 5 nodes",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpus", "8", "--sharding", "sideways"],
+            "--sharding is one of no_shard",
+        ),
+        (["--model", "llama-3.1-8b", "--gpus", "8", "--network", "pigeon"], "unknown --network 'pigeon'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:

@@ -156,6 +156,29 @@ def test_communication_bound_live_with_bandwidth_against_the_link() -> None:
     assert not any(x.cause == "straggler" for x in d.findings)
 
 
+def test_communication_bound_carries_the_plans_prediction_when_the_model_is_known() -> None:
+    from pitstop.plan.build import PlanRequest, build_plan
+    from pitstop.profile import ModelInfo
+
+    assert (
+        "planned_comm_s_per_step"
+        not in next(
+            f for f in diagnose(_profile(None, 0.0, 0.04)).findings if f.cause == "communication_bound"
+        ).evidence
+    )  # no model size: nothing to predict
+    run = _profile(None, 0.0, 0.04)
+    for r in run.ranks:
+        r.environment.model = ModelInfo(params_total=1_235_814_400, params_trainable=1_235_814_400)
+    f = next(f for f in diagnose(run).findings if f.cause == "communication_bound")
+    # DDP over 3 H100s on NVLink4: 2·2/3 × 2.47 GB of bf16 gradients at 360 GB/s
+    assert f.evidence["planned_strategy"] == "no_shard"
+    assert f.evidence["planned_comm_s_per_step"] == pytest.approx(4 / 3 * 2 * 1_235_814_400 / 360e9, abs=1e-4)
+    plan = build_plan(PlanRequest("llama-3.2-1b", gpus=3))  # the same model size: the plan agrees
+    assert plan.comm is not None and plan.params.total == 1_235_814_400
+    assert plan.comm["comm_s_per_step"] == f.evidence["planned_comm_s_per_step"]
+    assert f.evidence["exposed_frac_of_step"] == pytest.approx(0.4, abs=1e-3)  # existing keys stay
+
+
 def test_bus_bandwidth_factors() -> None:
     assert bus_factor("all_reduce", 8) == pytest.approx(1.75)
     assert bus_factor("all_gather", 4) == pytest.approx(0.75)

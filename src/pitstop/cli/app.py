@@ -340,6 +340,19 @@ def plan(
         ),
     ] = None,
     zero: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage (0 = plain DDP).")] = 0,
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes the GPUs are spread over (evenly).")] = 1,
+    sharding: Annotated[
+        str | None,
+        typer.Option(
+            help="FSDP instead of --zero: no_shard, shard_grad_op, full_shard, hybrid_shard or hybrid_shard_zero2."
+        ),
+    ] = None,
+    hpz: Annotated[
+        int, typer.Option(min=1, help="DeepSpeed ZeRO++ zero_hpz_partition_size (with --zero 3).")
+    ] = 1,
+    network: Annotated[
+        str, typer.Option(help="The link between nodes: ib_ndr, ib_hdr, eth100, eth400, … (see docs).")
+    ] = "ib_ndr",
     offload: Annotated[
         str, typer.Option(help="none, optimizer or param (DeepSpeed offload to CPU).")
     ] = "none",
@@ -377,28 +390,13 @@ def plan(
         )
     if optimizer not in ("adamw", "adamw8bit", "sgd", "adafactor"):
         raise UserError("--optimizer is adamw, adamw8bit, sgd or adafactor")
-    from pitstop.cli.plan import run_plan
+    from dataclasses import fields
 
-    raise typer.Exit(
-        run_plan(
-            json_out,
-            model=model,
-            gpu=gpu,
-            gpus=gpus,
-            seq=seq,
-            micro_batch=micro_batch,
-            global_batch=global_batch,
-            zero=zero,
-            offload=offload,
-            method=method,
-            rank=rank,
-            optimizer=optimizer,
-            attn=attn,
-            checkpointing=checkpointing,
-            chunked_loss=chunked_loss,
-            simulate=simulate,
-        )
-    )
+    from pitstop.cli.plan import run_plan
+    from pitstop.plan.build import PlanRequest
+
+    here = locals()
+    raise typer.Exit(run_plan(json_out, **{f.name: here[f.name] for f in fields(PlanRequest)}))
 
 
 def _data_app() -> typer.Typer:

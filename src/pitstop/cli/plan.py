@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
 from pitstop.plan.build import PlanRequest, build_plan
-from pitstop.plan.memory import GIB, held_after_forward
+from pitstop.plan.memory import GIB, Setup, held_after_forward
 from pitstop.plan.planner import Plan
 
 
@@ -19,9 +20,11 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
     s = plan.setup
     gib = plan.mem.gib()
     head = (
-        f"[bold]{plan.name}[/bold] on {s.gpus}× {plan.gpu.key} ({plan.gpu.memory_gib:.1f} GiB): {s.method} "
+        f"[bold]{plan.name}[/bold] on {s.gpus}× {plan.gpu.key} ({plan.gpu.memory_gib:.1f} GiB)"
+        + (f" over {s.nodes} nodes" if s.nodes > 1 else "")
+        + f": {s.method} "
         f"fine-tune, {plan.params.total / 1e9:.2f}B params ({plan.params.trainable / 1e6:,.1f}M trained), "
-        f"seq {s.seq}, micro-batch {s.micro_batch}, ZeRO-{s.zero}, offload {s.offload}, {s.optimizer}, "
+        f"seq {s.seq}, micro-batch {s.micro_batch}, {_sharding_words(s)}, offload {s.offload}, {s.optimizer}, "
         f"{s.attn} attention" + (", checkpointing" if s.checkpointing else "")
     )
     console.print(head)
@@ -60,6 +63,8 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
             f"{o['cpu_optimizer_s_per_step']} s of CPU optimizer vs {o['compute_s_per_step']} s of "
             f"compute: about ×{o['est_slowdown']} slower"
         )
+    if plan.comm is not None:
+        render_comm(plan.comm, console)
     alt = Table(title="Changes that save memory, cheapest first", title_justify="left")
     for col in ("change", "GiB", "fits", "step time ×", "why"):
         alt.add_column(col)
@@ -70,6 +75,64 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
     console.print(alt)
     for note in plan.notes:
         console.print(f"[dim]note: {note}[/dim]")
+
+
+def _sharding_words(s: Setup) -> str:
+    if s.sharding:
+        return f"FSDP {s.sharding.upper()}"
+    return f"ZeRO-{s.zero}" + (f" + hpZ {s.hpz}" if s.hpz > 1 else "")
+
+
+def _secs(s: float) -> str:
+    """Seconds, or milliseconds below a hundredth of a second (a small job's collectives)."""
+    if s == 0:
+        return "0 s"
+    return f"{s:.3f} s" if s >= 0.01 else f"{s * 1000:.2f} ms"
+
+
+def render_comm(comm: dict[str, Any], console: Console) -> None:
+    """The step's collectives, their time against the compute the FLOPs model expects, and the options."""
+    links = ", ".join(f"{k} {v:g} GB/s" for k, v in comm["links_busbw_gbps"].items())
+    table = Table(
+        title=f"Communication per optimizer step ({comm['strategy']})",
+        title_justify="left",
+    )
+    for col in ("collective", "ranks", "link", "× per step", "GB on the bus", "time"):
+        table.add_column(col, justify="left" if col == "collective" else "right")
+    for c in comm["collectives"]:
+        table.add_row(
+            c["what"],
+            str(c["ranks"]),
+            c["link"],
+            str(c["per_step"]),
+            f"{c['gb_on_the_bus']:.2f}",
+            _secs(c["s"]),
+        )
+    console.print(table)
+    console.print(
+        f"bus bandwidth {links}: communication {_secs(comm['comm_s_per_step'])} vs compute {_secs(comm['compute_s_per_step'])} per "
+        f"optimizer step (backward {_secs(comm['backward_s_per_step'])}): {comm['comm_share_if_not_hidden']:.0%} "
+        f"of the step if nothing overlaps; at best {_secs(comm['exposed_s_at_best'])} stays exposed ("
+        + (
+            "DDP / ZeRO-1/2 buckets hide gradient reductions behind the backward, up to its time)"
+            if comm["strategy"] in ("no_shard", "zero1", "zero2")
+            else "prefetching hides the next gather behind compute, up to the compute's time)"
+        )
+    )
+    options = Table(title="Sharding options on these GPUs", title_justify="left")
+    for col in ("strategy", "GiB per GPU", "fits", "GB on the bus", "GB across nodes", "comm time"):
+        options.add_column(col, justify="left" if col == "strategy" else "right")
+    for o in comm["options"]:
+        mark = " ←" if o["strategy"] == comm["strategy"] else ""
+        options.add_row(
+            o["strategy"] + mark,
+            f"{o['memory_gib']:.1f}",
+            "yes" if o["fits"] else "no",
+            f"{o['gb_on_the_bus']:.2f}",
+            f"{o['gb_across_nodes']:.2f}",
+            _secs(o["comm_s"]),
+        )
+    console.print(options)
 
 
 def run_plan(json_out: Path | None, **kwargs: object) -> int:

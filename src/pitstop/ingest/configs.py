@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop.ds_config import offload_from_deepspeed
+from pitstop.ds_config import hpz_from_deepspeed, offload_from_deepspeed
 from pitstop.ingest.documents import load_document
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.readers import read_text
 from pitstop.profile import Environment
+from pitstop.vocabulary import Sharding
 
 AXOLOTL_KEYS = {"base_model", "sample_packing", "micro_batch_size", "sequence_len", "adapter", "datasets"}
 LLAMA_FACTORY_KEYS = {"stage", "finetuning_type", "template", "cutoff_len", "dataset_dir", "flash_attn"}
@@ -199,6 +200,15 @@ def _offload(data: Any) -> tuple[int | None, dict[str, str]]:
         return None, {}
 
 
+def _zero(env: Environment, data: Any) -> None:
+    """A DeepSpeed config's ZeRO facts: stage, offload, ZeRO++ hpZ."""
+    env.zero_stage, env.offload = _offload(data)
+    try:
+        env.zero_hpz = hpz_from_deepspeed(data)
+    except ValueError:
+        env.zero_hpz = None
+
+
 def _inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
@@ -207,7 +217,7 @@ def _deepspeed_ref(env: Environment, ref: Any, base: Path, others: Iterable[Path
     """The DeepSpeed config a training config names: read only when it is one of the files given, or lies in
     the config's folder or below the working directory (where the trainer itself would open it)."""
     if isinstance(ref, dict):
-        env.zero_stage, env.offload = _offload(ref)
+        _zero(env, ref)
         return
     if not isinstance(ref, str) or not ref or "\x00" in ref or len(ref) > 4096:
         return
@@ -239,7 +249,7 @@ def _deepspeed_ref(env: Environment, ref: Any, base: Path, others: Iterable[Path
         if not isinstance(doc.data, dict):
             notes.append(f"DeepSpeed config {path}: not a JSON object")
             return
-        env.zero_stage, env.offload = _offload(doc.data)
+        _zero(env, doc.data)
         env.config_sources.append(str(path))
         notes.extend(doc.notes)
         return
@@ -256,11 +266,24 @@ def _fsdp(env: Environment, data: dict[str, Any]) -> None:
     )
     if offload:
         env.offload = {**(env.offload or {}), "param": "cpu", "optimizer": "cpu"}
+    strategy = Sharding.parse(fsdp)
+    if isinstance(cfg, dict):
+        for key in ("sharding_strategy", "fsdp_sharding_strategy"):
+            strategy = Sharding.parse(cfg.get(key)) or strategy
+        reshard = cfg.get("fsdp_reshard_after_forward", cfg.get("reshard_after_forward"))
+        if isinstance(
+            reshard, bool
+        ):  # FSDP2: resharding after forward is FULL_SHARD, keeping is SHARD_GRAD_OP
+            strategy = Sharding.FULL_SHARD if reshard else Sharding.SHARD_GRAD_OP
+        else:
+            strategy = Sharding.parse(reshard) or strategy
+    if strategy is not None:
+        env.fsdp_sharding = str(strategy)
 
 
 def _deepspeed_keys(env: Environment, data: dict[str, Any]) -> None:
     """A DeepSpeed config's own keys: ZeRO stage, offload, batch sizes, precision."""
-    env.zero_stage, env.offload = _offload(data)
+    _zero(env, data)
     env.micro_batch_size = _int(data.get("train_micro_batch_size_per_gpu"))
     env.grad_accum_steps = _int(data.get("gradient_accumulation_steps"))
     for key, dtype in (("bf16", "bf16"), ("fp16", "fp16")):
@@ -380,6 +403,8 @@ FIELDS = (
     "micro_batch_size",
     "grad_accum_steps",
     "zero_stage",
+    "zero_hpz",
+    "fsdp_sharding",
     "offload",
     "world_size",
     "packing",

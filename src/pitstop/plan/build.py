@@ -10,10 +10,13 @@ from dataclasses import dataclass
 
 from pitstop.errors import PitstopError
 from pitstop.hardware import GPUS, lookup_gpu
+from pitstop.interconnect import LINKS
+from pitstop.plan.comm import DEFAULT_NETWORK
 from pitstop.plan.memory import Setup
 from pitstop.plan.model_shape import ModelConfigError, ModelShape
 from pitstop.plan.params import count_params, resolve_model
 from pitstop.plan.planner import Plan, PlanError, make_plan
+from pitstop.vocabulary import Sharding
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,10 @@ class PlanRequest:
     checkpointing: bool = False
     chunked_loss: bool = False
     simulate: bool = False
+    nodes: int = 1
+    sharding: str | None = None  # an FSDP strategy (vocabulary.Sharding); None: --zero says
+    hpz: int = 1  # DeepSpeed ZeRO++ zero_hpz_partition_size
+    network: str = DEFAULT_NETWORK  # the link between nodes (interconnect.LINKS)
 
 
 def build_plan(request: PlanRequest) -> Plan:
@@ -51,6 +58,7 @@ def build_plan(request: PlanRequest) -> Plan:
     auto = r.micro_batch == "auto"
     if not auto and not r.micro_batch.isdigit():
         raise PlanError("--micro-batch is a number or auto")
+    zero, sharding = _sharding(r)
     params = count_params(config, r.method, r.rank)
     lora = params.trainable if r.method != "full" else count_params(config, "lora", r.rank).trainable
     setup = Setup.for_shape(
@@ -62,7 +70,10 @@ def build_plan(request: PlanRequest) -> Plan:
         seq=r.seq,
         micro_batch=1 if auto else int(r.micro_batch),
         gpus=r.gpus,
-        zero=r.zero,
+        zero=zero,
+        sharding=sharding,
+        nodes=r.nodes,
+        hpz=r.hpz,
         offload=r.offload,
         method=r.method,
         optimizer=r.optimizer,
@@ -71,10 +82,25 @@ def build_plan(request: PlanRequest) -> Plan:
         chunked_loss=r.chunked_loss,
         lora_rank=r.rank,
     )
-    plan = make_plan(name, spec, setup, params, shape, r.global_batch, auto)
+    network = LINKS.get(r.network)
+    if network is None:
+        raise PlanError(f"unknown --network '{r.network}'; pitstop knows: {', '.join(LINKS)}")
+    plan = make_plan(name, spec, setup, params, shape, r.global_batch, auto, network)
     if r.simulate:
         _cross_check(plan, config, r)
     return plan
+
+
+def _sharding(r: PlanRequest) -> tuple[int, str | None]:
+    """(ZeRO stage whose memory applies, FSDP strategy): --sharding is FSDP's word, --zero DeepSpeed's."""
+    if r.sharding is None:
+        return r.zero, None
+    strategy = Sharding.parse(r.sharding)
+    if strategy is None:
+        raise PlanError(f"--sharding is one of {', '.join(str(v) for v in Sharding)}")
+    if r.zero not in (0, strategy.zero_stage):
+        raise PlanError("--zero is DeepSpeed's and --sharding FSDP's: give one of them")
+    return strategy.zero_stage, str(strategy)
 
 
 def _cross_check(plan: Plan, config: dict[str, object], r: PlanRequest) -> None:

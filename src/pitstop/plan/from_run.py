@@ -5,6 +5,7 @@ from __future__ import annotations
 from pitstop.plan.memory import Setup
 from pitstop.plan.model_shape import ModelShape
 from pitstop.profile import Environment
+from pitstop.vocabulary import Sharding
 
 _ATTENTION = {"flash_attention_2": "flash", "flash_attention_3": "flash", "sdpa": "sdpa", "eager": "eager"}
 
@@ -31,6 +32,13 @@ def setup_for_run(env: Environment, seq: int = 0, gpus: int | None = None) -> Se
         kv_heads=model.n_kv_heads or heads,
         vocab=model.vocab_size or 0,
     )
+    world = max(gpus or env.world_size or 1, 1)
+    strategy = Sharding.parse(env.fsdp_sharding)
+    zero = strategy.zero_stage if strategy is not None else min(max(env.zero_stage or 0, 0), 3)
+    nodes = env.nodes if env.nodes and world % env.nodes == 0 else 1
+    hpz = env.zero_hpz or 1
+    if strategy is not None or zero != 3 or world % hpz:
+        hpz = 1
     return Setup.for_shape(
         shape,
         total_params=total,
@@ -38,8 +46,11 @@ def setup_for_run(env: Environment, seq: int = 0, gpus: int | None = None) -> Se
         embedding_params=embedding,
         largest_module=embedding,  # the embedding is the largest module ZeRO-3 gathers in a decoder
         seq=seq,
-        gpus=max(gpus or env.world_size or 1, 1),
-        zero=min(max(env.zero_stage or 0, 0), 3),
+        gpus=world,
+        zero=zero,
+        sharding=None if strategy is None else str(strategy),
+        nodes=nodes,
+        hpz=hpz,
         method="full" if trainable >= total else "lora",
         attn=_ATTENTION.get(env.attn_implementation or "", "sdpa"),
         checkpointing=bool(env.gradient_checkpointing),

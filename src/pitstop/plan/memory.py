@@ -5,7 +5,9 @@ Model states follow DeepSpeed's own accounting (``estimate_zero2_model_states_me
 and per parameter 16 bytes of fp32 master weight, fp32 gradient and two Adam moments in the partition the
 optimizer owns. Without ZeRO, the usual 16 bytes per parameter (2 + 2 + 12). ZeRO-3 also holds the largest
 single module gathered (4 bytes per parameter, DeepSpeed's figure). Frozen weights (LoRA) need no gradient
-or optimizer state; QLoRA stores them in 4 bits (0.5 byte + ~3% quantization constants).
+or optimizer state; QLoRA stores them in 4 bits (0.5 byte + ~3% quantization constants). An FSDP strategy
+has its ZeRO stage's memory (SHARD_GRAD_OP as ZeRO-2, FULL_SHARD as ZeRO-3); HYBRID_SHARD shards over one
+node's GPUs only, and ZeRO++ hpZ adds its node-local secondary copy of the weights (2 bytes / hpz).
 
 Activations are bytes per token per layer, derived from what a Hugging Face decoder layer saves for
 backward in bf16 (and checked against a fake-tensor simulation of a real step, ``plan.simulate``):
@@ -81,10 +83,20 @@ class Setup:
     chunked_loss: bool = False
     lora_rank: int = 16
     cuda_graphs: bool = False  # torch.compile(mode="reduce-overhead") / captured steps
+    sharding: str | None = None  # an FSDP strategy (vocabulary.Sharding); ``zero`` then holds its ZeRO stage
+    nodes: int = 1
+    hpz: int = 1  # DeepSpeed ZeRO++ zero_hpz_partition_size: ZeRO-3's secondary copy of the shard
 
     @property
     def trainable_params(self) -> int:
         return self.total_params if self.method == "full" else self.lora_params
+
+    @property
+    def shard_ranks(self) -> int:
+        """The GPUs model states are sharded over: a node's for HYBRID_SHARD, else every GPU."""
+        if self.sharding in ("hybrid_shard", "hybrid_shard_zero2"):
+            return max(self.gpus // max(self.nodes, 1), 1)
+        return max(self.gpus, 1)
 
     @classmethod
     def for_shape(
@@ -136,7 +148,7 @@ class Memory:
 
 def model_states(s: Setup) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, host) bytes per GPU."""
-    p, n = float(s.total_params), max(s.gpus, 1)
+    p, n = float(s.total_params), s.shard_ranks
     t = float(s.trainable_params)
     frozen = p - t
     if s.method in ("lora", "qlora"):
@@ -157,6 +169,8 @@ def model_states(s: Setup) -> tuple[float, float, float, float]:
             return 2 * p, 0.0, 0.0, host
         return 2 * p, 2 * p, optim * p / n, 0.0
     largest = 4.0 * s.largest_module  # the module gathered for compute
+    if s.hpz > 1:  # ZeRO++ hpZ keeps a second, node-local partition of the bf16 weights
+        largest += 2 * p / s.hpz
     if s.offload == "param":
         return largest, 0.0, 0.0, p * 18 * 1.5
     if s.offload == "optimizer":

@@ -15,11 +15,14 @@ from typing import Any
 from pitstop import schemas
 from pitstop.errors import PitstopError
 from pitstop.hardware import EXPECTED_MFU, GpuSpec
+from pitstop.interconnect import Link
+from pitstop.plan.comm import communication
 from pitstop.plan.flops import FlopsPerToken, flops_per_token
 from pitstop.plan.memory import GIB, Memory, Setup, held_after_forward, memory
 from pitstop.plan.model_shape import ModelShape
 from pitstop.plan.params import ParamCounts
 from pitstop.profile import ModelInfo
+from pitstop.vocabulary import Sharding
 
 MID_MFU = sum(EXPECTED_MFU) / 2
 PCIE_EFFICIENCY = 0.8
@@ -67,6 +70,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     offload: dict[str, float] | None = None
     simulated_activations: float | None = None
+    comm: dict[str, Any] | None = None  # plan.comm.communication: collectives per step, time, options
 
     @property
     def gpu_bytes(self) -> float:
@@ -101,6 +105,9 @@ class Plan:
                     "checkpointing",
                     "chunked_loss",
                     "lora_rank",
+                    "sharding",
+                    "nodes",
+                    "hpz",
                 )
             },
             "params": {
@@ -126,6 +133,8 @@ class Plan:
         }
         if self.offload is not None:
             doc["offload_cost"] = self.offload
+        if self.comm is not None:
+            doc["communication"] = self.comm
         if self.simulated_activations is not None:
             doc["held_after_forward_gib"] = {
                 "formula": round(held_after_forward(self.setup) / GIB, 3),
@@ -153,6 +162,21 @@ def validate(s: Setup) -> None:
         raise PlanError("--attn is sdpa, flash or eager")
     if s.seq < 1 or s.micro_batch < 1 or s.gpus < 1:
         raise PlanError("sequence length, micro-batch and GPUs must be at least 1")
+    _validate_layout(s)
+
+
+def _validate_layout(s: Setup) -> None:
+    """GPUs over nodes, the FSDP strategy and ZeRO++ hpZ must describe a job that can exist."""
+    if s.nodes < 1 or s.gpus % s.nodes:
+        raise PlanError(f"{s.gpus} GPUs do not split evenly over {s.nodes} nodes")
+    if s.sharding is not None and s.sharding not in {str(v) for v in Sharding}:
+        raise PlanError(f"--sharding is one of {', '.join(str(v) for v in Sharding)}")
+    if s.sharding is not None and s.offload == "optimizer":
+        raise PlanError("FSDP offloads parameters and optimizer together: --offload param with --sharding")
+    if s.hpz > 1 and (s.zero != 3 or s.sharding is not None):
+        raise PlanError("--hpz (ZeRO++ zero_hpz_partition_size) needs DeepSpeed ZeRO-3 (--zero 3)")
+    if s.hpz > 1 and s.gpus % s.hpz:
+        raise PlanError(f"--hpz {s.hpz} does not divide {s.gpus} GPUs")
 
 
 def model_info(params: ParamCounts, shape: ModelShape) -> ModelInfo:
@@ -269,6 +293,7 @@ def make_plan(
     shape: ModelShape,
     global_batch: int | None = None,
     auto_micro_batch: bool = False,
+    network: Link | None = None,
 ) -> Plan:
     validate(s)
     gpu_bytes = float(gpu.memory_bytes)
@@ -310,6 +335,7 @@ def make_plan(
         alternatives=alternatives(s, params, gpu, fpt),
         fpt=fpt,
     )
+    plan.comm = communication(s, gpu, fpt.total, network, accumulation or 1)
     if s.offload != "none":
         plan.offload = offload_cost(s, params, gpu, fpt)
         if memory(no_offload, gpu_bytes).total <= gpu_bytes:

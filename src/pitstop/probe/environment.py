@@ -15,8 +15,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from pitstop.ds_config import offload_from_deepspeed
+from pitstop.ds_config import hpz_from_deepspeed, offload_from_deepspeed
 from pitstop.profile import DataLoaderInfo, Environment, ModelInfo
+from pitstop.vocabulary import Sharding
 
 _DTYPE_NAMES = {
     "torch.bfloat16": "bf16",
@@ -444,7 +445,10 @@ def offload_and_zero(trainer: Any, optimizer: Any, env: Environment) -> None:
     if ds_config is not None:
         with contextlib.suppress(OSError, ValueError):
             env.zero_stage, env.offload = offload_from_deepspeed(ds_config)
+            env.zero_hpz = hpz_from_deepspeed(ds_config)
     fsdp = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
+    if fsdp is not None:
+        env.fsdp_sharding = fsdp_strategy(fsdp)
     cpu_offload = getattr(fsdp, "cpu_offload", None)
     if cpu_offload is not None and getattr(cpu_offload, "offload_params", False):
         env.offload = {**(env.offload or {}), "param": "cpu", "optimizer": "cpu"}
@@ -453,6 +457,17 @@ def offload_and_zero(trainer: Any, optimizer: Any, env: Environment) -> None:
         env.offload = {**(env.offload or {}), "optimizer": (env.offload or {}).get("optimizer", "cpu")}
     if env.offload is None and ds_config is None and fsdp is None:
         env.offload = {}
+
+
+def fsdp_strategy(plugin: Any) -> str | None:
+    """Accelerate's FSDP plugin's sharding: FSDP1's ``sharding_strategy`` enum, or FSDP2's
+    ``reshard_after_forward`` (True: FULL_SHARD, False: SHARD_GRAD_OP)."""
+    reshard = getattr(plugin, "reshard_after_forward", None)
+    if getattr(plugin, "fsdp_version", 1) == 2 and isinstance(reshard, bool):
+        return str(Sharding.FULL_SHARD if reshard else Sharding.SHARD_GRAD_OP)
+    strategy = getattr(plugin, "sharding_strategy", None)
+    found = Sharding.parse(getattr(strategy, "name", strategy))
+    return None if found is None else str(found)
 
 
 def trainer_settings(trainer: Any, env: Environment) -> None:

@@ -26,6 +26,7 @@ from pitstop.remedies import (  # noqa: F401  (each module registers its remedy)
     fused_optimizer,
     group_by_length,
     liger_kernels,
+    lighter_sharding,
     micro_batch,
     nccl_backend,
     no_checkpointing,

@@ -56,6 +56,7 @@ class RemedyId(StrEnum):
     NO_SYNC_ACCUMULATION = "no_sync_accumulation"
     FIX_TRANSPORT = "fix_transport"
     NCCL_BACKEND = "nccl_backend"
+    LIGHTER_SHARDING = "lighter_sharding"
 
 
 def code(text: str) -> str:

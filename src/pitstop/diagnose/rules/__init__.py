@@ -22,6 +22,7 @@ from pitstop.diagnose.rules.kernels import unfused_kernels
 from pitstop.diagnose.rules.recompute import needless_recompute
 from pitstop.diagnose.rules.run import eval_overhead, idle_gpu
 from pitstop.diagnose.rules.scale import offload_bound, straggler
+from pitstop.diagnose.rules.sharding import oversharded
 from pitstop.diagnose.rules.threads import cpu_oversubscribed
 from pitstop.findings import Finding
 
@@ -41,6 +42,7 @@ RULES: tuple[Rule, ...] = (
     allocator_thrash,
     gpu_throttled,
     communication_bound,
+    oversharded,
     straggler,
     eval_overhead,
     checkpoint_stall,

@@ -8,6 +8,7 @@ from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import working
 from pitstop.findings import Finding
 from pitstop.hardware import EXPECTED_MFU
+from pitstop.interconnect import Link
 from pitstop.plan.flops import flops_per_token
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import GIB
@@ -368,6 +369,7 @@ def _communication_live(ctx: RuleContext) -> Finding | None:
         "link_basis": link.basis,
         "backend": env.dist_backend,
     }
+    evidence.update(_planned_comm(ctx, link.link))
     likely: list[str] = []
     bw = ""
     if main is not None and main.busbw_gbps is not None:
@@ -405,6 +407,27 @@ def _communication_live(ctx: RuleContext) -> Finding | None:
         speedup_basis="timed collectives: blocked time after the last rank arrived; hiding it gives at most 1/(1−f)",
         fix=advise(ctx.framework, *_comm_uses(ctx, evidence, link.warnings, per_step, per_call, micro)),
     )
+
+
+def _planned_comm(ctx: RuleContext, network: Link | None) -> dict[str, object]:
+    """What ``pitstop plan`` predicts for this world size, sharding and link (plan/comm), when the model's
+    size and the GPU are known: the same figures the plan shows, beside the measured ones."""
+    from pitstop.hardware import lookup_gpu
+    from pitstop.plan.comm import setup_comm, strategy_of
+
+    env = ctx.env
+    gpu = lookup_gpu(env.gpu_name)
+    s = setup_for_run(env, gpus=ctx.profile.world_size)
+    if gpu is None or s is None or s.gpus < 2:
+        return {}
+    cp = setup_comm(s, gpu, s.nodes, network if s.nodes > 1 else None, max(env.grad_accum_steps or 1, 1))
+    return {
+        "planned_strategy": strategy_of(s.zero, s.sharding, s.hpz),
+        "planned_gb_on_the_bus_per_step": round(cp.bus_bytes / 1e9, 3),
+        "planned_comm_s_per_step": round(cp.seconds, 4),
+        "planned_basis": "pitstop plan's communication model (plan/comm): ring volumes at 80% of "
+        + " / ".join(sorted({c.link.key for c in cp.collectives})),
+    }
 
 
 def _comm_uses(

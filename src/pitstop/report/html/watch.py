@@ -61,21 +61,7 @@ def watch_section(w: dict[str, Any]) -> str:
         if rows
         else "<p>No change: steady throughout.</p>"
     )
-    stalls = [
-        [
-            str(s["period"]),
-            f"{s['first_step']:,}",
-            str(s["count"]),
-            num(s["mean_excess_s"], ".2f"),
-            escape(s["text"]),
-        ]
-        for s in w.get("periodic_stalls", [])
-    ]
-    stall_html = (
-        table(["every (steps)", "first", "times", "extra s each", "what"], stalls, numeric={0, 1, 2, 3})
-        if stalls
-        else "<p>No periodic stall.</p>"
-    )
+    stall_html = _stalls(w)
     phases = [
         [
             f"{p['first_step']:,}–{p['last_step']:,}",
@@ -102,3 +88,23 @@ def watch_section(w: dict[str, Any]) -> str:
         + table(["steps", "tokens/s", "findings (share of step time a fix would save)"], phases)
     )
     return section("watch", "The whole run", body)
+
+
+def _stalls(w: dict[str, Any]) -> str:
+    """The periodic stalls' table (split from ``watch_section`` to keep functions short)."""
+    stalls = [
+        [
+            str(s["period"]),
+            f"{s['first_step']:,}",
+            str(s["count"]),
+            num(s["mean_excess_s"], ".2f"),
+            escape(s["text"]),
+        ]
+        for s in w.get("periodic_stalls", [])
+    ]
+    stall_html = (
+        table(["every (steps)", "first", "times", "extra s each", "what"], stalls, numeric={0, 1, 2, 3})
+        if stalls
+        else "<p>No periodic stall.</p>"
+    )
+    return stall_html
