@@ -220,3 +220,37 @@ def test_accelerate_launch_on_two_machines_gives_one_report_on_the_machine_of_ra
     assert node1.returncode == 0, node1.stderr
     assert "the job's report is on" in node1.stderr and "#0" in node1.stderr
     assert not out1.exists()
+
+
+@pytest.mark.parametrize("style", ["env", "slurm"])
+def test_srun_one_pitstop_per_rank_gives_one_report_on_rank_0(tmp_path: Path, style: str) -> None:
+    """`srun pitstop doctor -- python train.py`, simulated: one pitstop per rank, both tasks on one node (the
+    case a gather keyed by node got wrong). "env": a batch script exported RANK / WORLD_SIZE / LOCAL_RANK /
+    LOCAL_WORLD_SIZE from Slurm's variables; "slurm": the script reads SLURM_PROCID / SLURM_NTASKS itself."""
+    import json
+
+    port = str(_free_port())
+    envs = []
+    for rank in (0, 1):
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "PITSTOP_GATHER_TIMEOUT_S": "60"}
+        env |= {
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NODEID": "0",
+        }
+        if style == "env":
+            env |= {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}
+        envs.append(env)
+    command = [sys.executable, SCRIPT, *(["--from-slurm"] if style == "slurm" else [])]
+    (rank0, out0), (rank1, out1) = _together(tmp_path, [command, command], envs)
+    assert rank0.returncode == 0, rank0.stderr
+    doc = json.loads(out0.read_text())
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert all(r["steps"] == 8 for r in doc["ranks"])
+    assert doc["environment"]["world_size"] == 2
+    assert doc["communication"]["matched_collectives"] == 16  # buffer broadcast + gradient bucket per step
+    assert not doc["missing_ranks"]
+    assert rank1.returncode == 0, rank1.stderr
+    assert "the job's report is on" in rank1.stderr and "#0" in rank1.stderr
+    assert not out1.exists()
