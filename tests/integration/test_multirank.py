@@ -96,7 +96,10 @@ def _free_port() -> int:
 
 
 def _together(
-    tmp_path: Path, commands: list[list[str]], envs: list[dict[str, str]] | None = None
+    tmp_path: Path,
+    commands: list[list[str]],
+    envs: list[dict[str, str]] | None = None,
+    window: tuple[str, ...] = ("--warmup", "3", "--steps", "8"),
 ) -> list[tuple[subprocess.CompletedProcess[str], Path]]:
     """One `pitstop doctor --json nodeI.json -- COMMAND_i` per command, all started at once (one per "node")."""
     import os
@@ -106,7 +109,7 @@ def _together(
     procs = []
     for node, command in enumerate(commands):
         out = tmp_path / f"node{node}.json"
-        cmd = [sys.executable, "-m", "pitstop", "doctor", "--quiet", "--warmup", "3", "--steps", "8"]
+        cmd = [sys.executable, "-m", "pitstop", "doctor", "--quiet", *window]
         env = {**os.environ, "PITSTOP_GATHER_TIMEOUT_S": "15", "COLUMNS": "120"}
         env.update(envs[node] if envs else {})
         popen = subprocess.Popen(
@@ -222,13 +225,8 @@ def test_accelerate_launch_on_two_machines_gives_one_report_on_the_machine_of_ra
     assert not out1.exists()
 
 
-@pytest.mark.parametrize("style", ["env", "slurm"])
-def test_srun_one_pitstop_per_rank_gives_one_report_on_rank_0(tmp_path: Path, style: str) -> None:
-    """`srun pitstop doctor -- python train.py`, simulated: one pitstop per rank, both tasks on one node (the
-    case a gather keyed by node got wrong). "env": a batch script exported RANK / WORLD_SIZE / LOCAL_RANK /
-    LOCAL_WORLD_SIZE from Slurm's variables; "slurm": the script reads SLURM_PROCID / SLURM_NTASKS itself."""
-    import json
-
+def _srun_envs(style: str) -> list[dict[str, str]]:
+    """What Slurm sets for two tasks on one node (and, for "env", what a batch script exports from it)."""
     port = str(_free_port())
     envs = []
     for rank in (0, 1):
@@ -242,8 +240,18 @@ def test_srun_one_pitstop_per_rank_gives_one_report_on_rank_0(tmp_path: Path, st
         if style == "env":
             env |= {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}
         envs.append(env)
+    return envs
+
+
+@pytest.mark.parametrize("style", ["env", "slurm"])
+def test_srun_one_pitstop_per_rank_gives_one_report_on_rank_0(tmp_path: Path, style: str) -> None:
+    """`srun pitstop doctor -- python train.py`, simulated: one pitstop per rank, both tasks on one node (the
+    case a gather keyed by node got wrong). "env": a batch script exported RANK / WORLD_SIZE / LOCAL_RANK /
+    LOCAL_WORLD_SIZE from Slurm's variables; "slurm": the script reads SLURM_PROCID / SLURM_NTASKS itself."""
+    import json
+
     command = [sys.executable, SCRIPT, *(["--from-slurm"] if style == "slurm" else [])]
-    (rank0, out0), (rank1, out1) = _together(tmp_path, [command, command], envs)
+    (rank0, out0), (rank1, out1) = _together(tmp_path, [command, command], _srun_envs(style))
     assert rank0.returncode == 0, rank0.stderr
     doc = json.loads(out0.read_text())
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
@@ -254,3 +262,18 @@ def test_srun_one_pitstop_per_rank_gives_one_report_on_rank_0(tmp_path: Path, st
     assert rank1.returncode == 0, rank1.stderr
     assert "the job's report is on" in rank1.stderr and "#0" in rank1.stderr
     assert not out1.exists()
+
+
+def test_srun_with_steps_auto_keeps_one_fixed_window_on_every_rank(tmp_path: Path) -> None:
+    """Ranks cannot agree on an adaptive window; with no WORLD_SIZE (the script sizes its group from Slurm's
+    variables) each probe learns it has peers only from the group, and must still keep the fixed 50 steps."""
+    import json
+
+    command = [sys.executable, SCRIPT, "--from-slurm", "--steps", "200"]
+    window = ("--warmup", "3", "--steps", "auto")
+    (rank0, out0), (rank1, _) = _together(tmp_path, [command, command], _srun_envs("slurm"), window)
+    assert rank0.returncode == 0, rank0.stderr
+    doc = json.loads(out0.read_text())
+    assert [(r["rank"], r["steps"]) for r in doc["ranks"]] == [(0, 50), (1, 50)]
+    assert not doc["missing_ranks"]
+    assert rank1.returncode == 0, rank1.stderr
