@@ -95,22 +95,25 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _two_nodes(tmp_path: Path, *script_args: str) -> list[tuple[subprocess.CompletedProcess[str], Path]]:
-    """Two `pitstop doctor -- torchrun --nnodes 2 --node-rank i` started together, one rank per "node"."""
+def _together(
+    tmp_path: Path,
+    commands: list[list[str]],
+    envs: list[dict[str, str]] | None = None,
+    window: tuple[str, ...] = ("--warmup", "3", "--steps", "8"),
+) -> list[tuple[subprocess.CompletedProcess[str], Path]]:
+    """One `pitstop doctor --json nodeI.json -- COMMAND_i` per command, all started at once (one per "node")."""
     import os
 
     from tests.conftest import ROOT
 
-    port = _free_port()
     procs = []
-    for node in (0, 1):
+    for node, command in enumerate(commands):
         out = tmp_path / f"node{node}.json"
-        cmd = [sys.executable, "-m", "pitstop", "doctor", "--quiet", "--warmup", "3", "--steps", "8"]
-        cmd += ["--json", str(out), "--", sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
-        cmd += ["--node-rank", str(node), "--nproc_per_node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        cmd = [sys.executable, "-m", "pitstop", "doctor", "--quiet", *window]
         env = {**os.environ, "PITSTOP_GATHER_TIMEOUT_S": "15", "COLUMNS": "120"}
+        env.update(envs[node] if envs else {})
         popen = subprocess.Popen(
-            [*cmd, SCRIPT, *script_args],
+            [*cmd, "--json", str(out), "--", *command],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -123,6 +126,17 @@ def _two_nodes(tmp_path: Path, *script_args: str) -> list[tuple[subprocess.Compl
         stdout, stderr = popen.communicate(timeout=300)
         done.append((subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr), out))
     return done
+
+
+def _two_nodes(tmp_path: Path, *script_args: str) -> list[tuple[subprocess.CompletedProcess[str], Path]]:
+    """Two `pitstop doctor -- torchrun --nnodes 2 --node-rank i` started together, one rank per "node"."""
+    port = _free_port()
+    commands = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
+        cmd += ["--nproc_per_node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", SCRIPT, *script_args]
+        commands.append(cmd)
+    return _together(tmp_path, commands)
 
 
 def test_two_nodes_give_one_report_on_the_node_of_rank_0(tmp_path: Path) -> None:
@@ -171,3 +185,95 @@ def test_scaling_efficiency_against_a_one_rank_run_from_the_history(tmp_path: Pa
     expected = two["metrics"]["real_tokens_per_s"] / (2 * one["metrics"]["real_tokens_per_s"])
     assert scaling["efficiency"] == pytest.approx(expected)
     assert two["metrics"]["scaling_efficiency"] == pytest.approx(expected)
+
+
+def test_accelerate_launch_on_two_machines_gives_one_report_on_the_machine_of_rank_0(tmp_path: Path) -> None:
+    """`accelerate launch --num_machines 2 --machine_rank i`, one process per "machine". On a machine without
+    GPUs `--multi_gpu` is still the flag that makes accelerate start torchrun's agent (`--cpu` takes its simple
+    launcher, which expects mpirun); the script's Accelerator(cpu=True) then joins with gloo."""
+    import json
+
+    pytest.importorskip("accelerate")
+    port = _free_port()
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    commands = []
+    for machine in (0, 1):
+        cmd = [
+            accelerate,
+            "launch",
+            "--num_machines",
+            "2",
+            "--machine_rank",
+            str(machine),
+            "--num_processes",
+            "2",
+        ]
+        cmd += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--multi_gpu"]
+        cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPTS / "accelerate_ranks.py")]
+        commands.append(cmd)
+    slow = {"PITSTOP_GATHER_TIMEOUT_S": "60"}
+    (node0, out0), (node1, out1) = _together(tmp_path, commands, [slow, slow])
+    assert node0.returncode == 0, node0.stderr
+    doc = json.loads(out0.read_text())
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert all(r["steps"] == 8 for r in doc["ranks"])
+    assert doc["environment"]["framework"] == "accelerate" and doc["environment"]["world_size"] == 2
+    assert doc["communication"]["matched_collectives"] == 16  # as under torchrun: DDP is DDP
+    assert not doc["missing_ranks"]
+    assert node1.returncode == 0, node1.stderr
+    assert "the job's report is on" in node1.stderr and "#0" in node1.stderr
+    assert not out1.exists()
+
+
+def _srun_envs(style: str) -> list[dict[str, str]]:
+    """What Slurm sets for two tasks on one node (and, for "env", what a batch script exports from it)."""
+    port = str(_free_port())
+    envs = []
+    for rank in (0, 1):
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "PITSTOP_GATHER_TIMEOUT_S": "60"}
+        env |= {
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NODEID": "0",
+        }
+        if style == "env":
+            env |= {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}
+        envs.append(env)
+    return envs
+
+
+@pytest.mark.parametrize("style", ["env", "slurm"])
+def test_srun_one_pitstop_per_rank_gives_one_report_on_rank_0(tmp_path: Path, style: str) -> None:
+    """`srun pitstop doctor -- python train.py`, simulated: one pitstop per rank, both tasks on one node (the
+    case a gather keyed by node got wrong). "env": a batch script exported RANK / WORLD_SIZE / LOCAL_RANK /
+    LOCAL_WORLD_SIZE from Slurm's variables; "slurm": the script reads SLURM_PROCID / SLURM_NTASKS itself."""
+    import json
+
+    command = [sys.executable, SCRIPT, *(["--from-slurm"] if style == "slurm" else [])]
+    (rank0, out0), (rank1, out1) = _together(tmp_path, [command, command], _srun_envs(style))
+    assert rank0.returncode == 0, rank0.stderr
+    doc = json.loads(out0.read_text())
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert all(r["steps"] == 8 for r in doc["ranks"])
+    assert doc["environment"]["world_size"] == 2
+    assert doc["communication"]["matched_collectives"] == 16  # buffer broadcast + gradient bucket per step
+    assert not doc["missing_ranks"]
+    assert rank1.returncode == 0, rank1.stderr
+    assert "the job's report is on" in rank1.stderr and "#0" in rank1.stderr
+    assert not out1.exists()
+
+
+def test_srun_with_steps_auto_keeps_one_fixed_window_on_every_rank(tmp_path: Path) -> None:
+    """Ranks cannot agree on an adaptive window; with no WORLD_SIZE (the script sizes its group from Slurm's
+    variables) each probe learns it has peers only from the group, and must still keep the fixed 50 steps."""
+    import json
+
+    command = [sys.executable, SCRIPT, "--from-slurm", "--steps", "200"]
+    window = ("--warmup", "3", "--steps", "auto")
+    (rank0, out0), (rank1, _) = _together(tmp_path, [command, command], _srun_envs("slurm"), window)
+    assert rank0.returncode == 0, rank0.stderr
+    doc = json.loads(out0.read_text())
+    assert [(r["rank"], r["steps"]) for r in doc["ranks"]] == [(0, 50), (1, 50)]
+    assert not doc["missing_ranks"]
+    assert rank1.returncode == 0, rank1.stderr

@@ -6,6 +6,8 @@
                                             (communication dominates)
 --die-rank R --die-step S                   rank R's process vanishes at step S (a lost node)
 --losses PATH                               each rank appends "step loss" lines to PATH.rank<R>
+--from-slurm                                rank and world size from SLURM_PROCID / SLURM_NTASKS, as a script
+                                            started once per rank by `srun` may take them
 """
 
 from __future__ import annotations
@@ -50,9 +52,14 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--die-rank", type=int, default=None, help="this rank's process dies at --die-step")
     p.add_argument("--die-step", type=int, default=0)
+    p.add_argument("--from-slurm", action="store_true", help="rank and size from Slurm's variables")
     args = p.parse_args()
 
-    dist.init_process_group("gloo")
+    if args.from_slurm:  # the address still comes from MASTER_ADDR / MASTER_PORT
+        rank, size = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+        dist.init_process_group("gloo", rank=rank, world_size=size)
+    else:
+        dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -88,8 +95,9 @@ def main() -> int:
             if step >= args.steps:
                 break
         epoch += 1
+    world = dist.get_world_size()
     dist.destroy_process_group()
-    print(f"rank {rank} of {os.environ.get('WORLD_SIZE')} done")
+    print(f"rank {rank} of {world} done")
     return 0
 
 

@@ -167,6 +167,68 @@ def test_a_single_node_job_gathers_nothing(tmp_path: Path, monkeypatch: pytest.M
     assert gather.read_summary(tmp_path) is None
 
 
+RUNNER = gather.ENV_RUNNER_PID
+
+
+@pytest.mark.parametrize(
+    ("env", "parent", "spans"),
+    [
+        ({"WORLD_SIZE": "4", RUNNER: "77"}, 77, True),  # srun: pitstop started this one rank itself
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", RUNNER: "77"}, 77, True),  # exported by a batch script
+        (
+            {"SLURM_NTASKS": "2", RUNNER: "77"},
+            77,
+            True,
+        ),  # the script reads SLURM_PROCID / SLURM_NTASKS itself
+        ({"SLURM_NTASKS": "1", RUNNER: "77"}, 77, False),
+        ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", RUNNER: "77"}, 78, True),  # torchrun --nnodes 2
+        ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", RUNNER: "77"}, 78, False),  # torchrun on one node
+        ({"WORLD_SIZE": "2", RUNNER: "77"}, 78, False),  # a launcher pitstop cannot see into
+        ({RUNNER: "77"}, 77, False),  # a plain script
+    ],
+)
+def test_spans_nodes_when_another_pitstop_runs_some_of_the_ranks(
+    env: dict[str, str], parent: int, spans: bool
+) -> None:
+    assert gather.spans_nodes(env, parent) is spans
+
+
+def _gather_as_rank0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payloads: dict[int, dict[str, Any]]
+) -> None:
+    store = FakeStore()
+    for rank, payload in payloads.items():
+        store.set(f"pitstop/rank/{rank}", json.dumps(payload))
+    monkeypatch.setattr(gather, "_store", store)
+    monkeypatch.setattr(gather, "POLL_S", 0.01)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", str(len(payloads) + 1))
+    monkeypatch.setenv(gather.ENV_TIMEOUT, "0.2")
+    monkeypatch.setattr(gather, "spans_nodes", lambda: True)
+    gather.exchange(RankProfile(rank=0), tmp_path)
+
+
+def test_srun_ranks_on_rank_0s_node_are_gathered_by_their_pitstop_not_their_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = gather.node_of()
+    profile = {"rank": 1, "steps": [{"index": 1, "wall_s": 0.1}]}
+    other = {"node": node, "runner": gather.runner_of(tmp_path / "elsewhere"), "profile": profile}
+    own = {"node": node, "runner": gather.runner_of(tmp_path), "profile": {**profile, "rank": 2}}
+    _gather_as_rank0(tmp_path, monkeypatch, {1: other, 2: own})
+    assert (tmp_path / "rank-remote-00001.jsonl").exists()  # another pitstop on this node: written for it
+    assert not (tmp_path / "rank-remote-00002.jsonl").exists()  # rank 0's own pitstop: it wrote its own file
+    summary = gather.read_summary(tmp_path)
+    assert summary is not None and summary["role"] == "gathered" and summary["missing_ranks"] == []
+
+
+def test_rank_0s_summary_wins_over_its_node_mates_sent_one(tmp_path: Path) -> None:
+    (tmp_path / gather.SENT).write_text(json.dumps({"role": "sent", "rank0_node": "a#0"}))
+    assert gather.read_summary(tmp_path) == {"role": "sent", "rank0_node": "a#0"}
+    (tmp_path / gather.SUMMARY).write_text(json.dumps({"role": "gathered", "missing_ranks": [3]}))
+    assert gather.read_summary(tmp_path) == {"role": "gathered", "missing_ranks": [3]}
+
+
 def test_ddp_with_gradient_as_bucket_view_is_left_untimed(world1: Any) -> None:
     rec = CollectiveRecorder(0.0, lambda: 1, lambda exc: None)
     rec.install()

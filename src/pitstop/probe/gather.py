@@ -1,12 +1,17 @@
 """Many nodes: every rank's measurements reach the node that holds global rank 0, through the job's own store.
 
 When a job spans nodes (torchrun ``--nnodes``, Slurm ``srun``, ``accelerate launch --num_machines``), each node
-runs its own ``pitstop doctor``, which sees only its node's ranks. At the end of the window every rank puts its
+runs its own ``pitstop doctor``, which sees only its node's ranks; under ``srun pitstop doctor -- python
+train.py`` each pitstop even sees only one rank. At the end of the window every rank puts its
 RankProfile into the key-value store the job's ``torch.distributed`` already uses (its default group's
 TCPStore, hosted by the launcher), and global rank 0 takes them out into its node's results folder. No extra
 server, no shared filesystem, no collective (a collective would hang on a dead node): rank 0 polls the store
 until every rank reported or a deadline passed, and names the ranks that did not. The other ranks wait (also
-bounded) until rank 0 has read everything, so the launcher that hosts the store outlives the reading.
+bounded) until rank 0 has read everything, so the launcher that hosts the store outlives the reading; rank 0
+in turn waits (briefly) until they saw that, since under ``srun`` with ``env://`` rank 0's own process hosts it.
+
+What is gathered is keyed by the pitstop that ran a rank (its host and results folder), not by the node: the
+ranks of rank 0's own pitstop write their files themselves, every other rank's profile is written for them.
 """
 
 from __future__ import annotations
@@ -20,22 +25,53 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_atomic
+from pitstop.probe.config import ENV_RUNNER_PID
 from pitstop.profile import RankProfile, to_jsonable
 
 ENV_TIMEOUT = "PITSTOP_GATHER_TIMEOUT_S"
-SUMMARY = "gather.json"
+SUMMARY = "gather.json"  # rank 0's: what it gathered
+SENT = "gather-sent.json"  # the other ranks': where rank 0 is (apart, so they never overwrite rank 0's)
 PREFIX = "pitstop/"
 POLL_S = 0.2
+LEAVE_S = 10.0  # the most rank 0 waits for the others to see that it has read them
 MAX_SENT_COLLECTIVES = 20_000  # per rank: 512 ranks × 20k records stay within what rank 0 can hold
 
 _store: Any = None
+_world: int | None = None  # the default group's size, read with the store
 
 
-def spans_nodes(environ: dict[str, str] | None = None) -> bool:
-    """Whether the job has ranks on other nodes than this one (the launcher's variables say so)."""
+def job_world(environ: dict[str, str] | None = None) -> int | None:
+    """The job's number of ranks as its launcher tells it: WORLD_SIZE, else Slurm's task count (a script
+    started by ``srun`` may read SLURM_PROCID / SLURM_NTASKS itself)."""
     env = os.environ if environ is None else environ
-    world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
-    return world.isdigit() and local.isdigit() and int(local) < int(world)
+    for name in ("WORLD_SIZE", "SLURM_NTASKS"):
+        text = env.get(name, "")
+        if text.isdigit():
+            return int(text)
+    return None
+
+
+def ranks_here(environ: dict[str, str] | None = None, parent: int | None = None) -> int | None:
+    """How many of the job's ranks this process's pitstop ran: a rank pitstop started itself is its only one
+    (``srun`` starts one pitstop per rank, whatever LOCAL_WORLD_SIZE a batch script exported); under torchrun
+    and accelerate, whose ranks are pitstop's grandchildren, LOCAL_WORLD_SIZE says; else unknown."""
+    env = os.environ if environ is None else environ
+    runner = env.get(ENV_RUNNER_PID, "")
+    if runner.isdigit() and int(runner) == (os.getppid() if parent is None else parent):
+        return 1
+    local = env.get("LOCAL_WORLD_SIZE", "")
+    return int(local) if local.isdigit() else None
+
+
+def spans_nodes(environ: dict[str, str] | None = None, parent: int | None = None) -> bool:
+    """Whether the job has ranks that another pitstop (on another node, or another ``srun`` task) runs."""
+    world, here = job_world(environ), ranks_here(environ, parent)
+    return world is not None and here is not None and here < world
+
+
+def runner_of(out_dir: Path) -> str:
+    """The pitstop that runs this rank, as the other ranks can tell it apart: its host and results folder."""
+    return f"{socket.gethostname()}:{out_dir}"
 
 
 def node_of(environ: dict[str, str] | None = None) -> str:
@@ -48,8 +84,8 @@ def node_of(environ: dict[str, str] | None = None) -> str:
 
 def prepare() -> None:
     """Keep a handle on the job's store while the process group exists (the job may destroy it before the
-    window ends)."""
-    global _store
+    window ends), with the group's size (a script may have set it from Slurm's variables, not WORLD_SIZE)."""
+    global _store, _world
     if _store is not None or not spans_nodes():
         return
     with contextlib.suppress(Exception):
@@ -57,6 +93,7 @@ def prepare() -> None:
 
         if dist.is_available() and dist.is_initialized():
             _store = dist.distributed_c10d._get_default_store()
+            _world = int(dist.get_world_size())
 
 
 def exchange(profile: RankProfile, out_dir: Path | None) -> None:
@@ -65,25 +102,31 @@ def exchange(profile: RankProfile, out_dir: Path | None) -> None:
         return
     prepare()
     store = _store
-    world = int(os.environ["WORLD_SIZE"])
+    world = _world or job_world() or 1
     timeout = float(os.environ.get(ENV_TIMEOUT, "60"))
     node = node_of()
-    if store is None:
-        _summary(out_dir, {"role": "unreachable", "node": node, "world_size": world})
+    if (
+        store is None or world <= 1
+    ):  # no process group to gather through (a 1-process script in an allocation)
         return
     sent = to_jsonable(profile)
     if len(sent["collectives"]) > MAX_SENT_COLLECTIVES:  # the latest steps are kept whole
         sent["collectives"] = sent["collectives"][-MAX_SENT_COLLECTIVES:]
-    payload = json.dumps({"node": node, "profile": sent})
+    payload = json.dumps({"node": node, "runner": runner_of(out_dir), "profile": sent})
     store.set(f"{PREFIX}rank/{profile.rank}", payload)
     if profile.rank == 0:
         store.set(f"{PREFIX}rank0_node", node)
-        _collect(store, out_dir, world, node, timeout)
+        reported = _collect(store, out_dir, world, node, timeout)
         store.set(f"{PREFIX}gathered", "1")
+        _wait_all(store, [f"{PREFIX}left/{r}" for r in reported], min(timeout, LEAVE_S))
         return
     rank0 = _get(store, f"{PREFIX}rank0_node", timeout)
-    _summary(out_dir, {"role": "sent", "node": node, "rank0_node": rank0, "world_size": world})
-    _get(store, f"{PREFIX}gathered", timeout)  # keep the store's host alive until rank 0 has read
+    write_atomic(
+        out_dir / SENT, json.dumps({"role": "sent", "node": node, "rank0_node": rank0, "world_size": world})
+    )
+    if _get(store, f"{PREFIX}gathered", timeout) is not None:  # the store's host lives until rank 0 has read
+        with contextlib.suppress(Exception):
+            store.set(f"{PREFIX}left/{profile.rank}", "1")  # and rank 0 (maybe that host) until we saw it
 
 
 def _get(store: Any, key: str, timeout: float) -> str | None:
@@ -96,9 +139,21 @@ def _get(store: Any, key: str, timeout: float) -> str | None:
     return None
 
 
-def _collect(store: Any, out_dir: Path, world: int, node: str, timeout: float) -> None:
+def _wait_all(store: Any, keys: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while keys and time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if store.check(keys):
+                return
+        time.sleep(POLL_S)
+
+
+def _collect(store: Any, out_dir: Path, world: int, node: str, timeout: float) -> list[int]:
+    """Rank 0: every other rank's profile into ``out_dir``, until all reported or ``timeout``; the ranks that
+    reported."""
     waiting = set(range(1, world))
     nodes: dict[int, str] = {0: node}
+    runner = runner_of(out_dir)
     deadline = time.monotonic() + timeout
     while waiting and time.monotonic() < deadline:
         for rank in sorted(waiting):
@@ -111,7 +166,8 @@ def _collect(store: Any, out_dir: Path, world: int, node: str, timeout: float) -
                 continue
             waiting.discard(rank)
             nodes[rank] = data["node"]
-            if data["node"] != node:  # this node's own ranks write their files themselves
+            here = data["runner"] == runner if "runner" in data else data["node"] == node
+            if not here:  # the ranks of rank 0's own pitstop write their files themselves
                 # a rank file of the runner's form (stream.py): one finished ``profile`` line
                 line = json.dumps({"kind": "profile", "profile": data["profile"]})
                 write_atomic(out_dir / f"rank-remote-{rank:05d}.jsonl", line + "\n")
@@ -129,6 +185,7 @@ def _collect(store: Any, out_dir: Path, world: int, node: str, timeout: float) -
             "missing_nodes": _guess_nodes(missing),
         },
     )
+    return sorted(set(range(1, world)) - waiting)
 
 
 def _guess_nodes(missing: list[int]) -> list[str]:
@@ -145,9 +202,8 @@ def _summary(out_dir: Path, doc: dict[str, Any]) -> None:
 
 
 def read_summary(out_dir: Path) -> dict[str, Any] | None:
-    """What the gathering left in a results folder (None for single-node jobs)."""
-    path = out_dir / SUMMARY
-    try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return None
+    """What the gathering left in a results folder: rank 0's, else the other ranks' (None: nothing gathered)."""
+    for name in (SUMMARY, SENT):
+        with contextlib.suppress(OSError, ValueError):
+            return dict(json.loads((out_dir / name).read_text()))
+    return None

@@ -387,6 +387,8 @@ class Probe:
             env.micro_batch_size = env.dataloader.batch_size
         envmod.offload_and_zero(trainer, optimizer, env)
         self.rank, self.local_rank = envmod.world(env)
+        if (env.world_size or 1) > 1:  # a group sized from Slurm's variables, not WORLD_SIZE, shows only now
+            self.tracker = None  # its ranks cannot agree on an adaptive window either: the fixed one
         config = getattr(envmod.unwrap(model), "config", None)
         pad = getattr(config, "pad_token_id", None)
         eos = getattr(config, "eos_token_id", None)

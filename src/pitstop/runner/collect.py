@@ -132,7 +132,7 @@ def collect(
     if gathered is not None and gathered.get("role") == "sent" and not any(r.rank == 0 for r in ranks):
         where = gathered.get("rank0_node") or "the node of global rank 0 (it did not answer)"
         return Outcome(
-            None, f"this node's ranks sent their measurements to rank 0: the job's report is on {where}", 0
+            None, f"the ranks run here sent their measurements to rank 0: the job's report is on {where}", 0
         )
     if not any(r.steps for r in ranks):
         return _nothing(launch, ranks, cmd, how, code)
