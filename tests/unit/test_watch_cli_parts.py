@@ -132,8 +132,8 @@ def test_bad_input_is_one_line() -> None:
 
 
 def test_the_doctor_views_say_doctor_and_over_the_window() -> None:
-    from pitstop.cli.doctor import live_window_steps
     from pitstop.cli.live import LiveView, PlainView
+    from pitstop.report.live import small_window_steps as live_window_steps
 
     events = WholeRun(WindowSpec(steps=10)).add(0, series(50), Environment(device="cpu"))
     stream = io.StringIO()

@@ -16,12 +16,11 @@ from pitstop.cli.live import Feed, LiveView, make_view
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.stopping import WindowRule
+from pitstop.report.live import small_window_steps
 from pitstop.report.terminal import render
 from pitstop.runner.measure import Measurement, StepWindow, measure
 from pitstop.wholerun.run import WholeRun
 from pitstop.wholerun.windows import WindowSpec
-
-LIVE_WINDOWS = 5  # the measured window is shown as this many small windows (tokens/s "now")
 
 
 def parse_window_steps(text: str) -> tuple[int, bool]:
@@ -59,11 +58,6 @@ def measure_and_diagnose(
     return diagnosis
 
 
-def live_window_steps(steps: int | None) -> int:
-    """Small windows for the live view: a fifth of the measured window (10 steps for 'auto' or --full)."""
-    return max(4, (steps or 10 * LIVE_WINDOWS) // LIVE_WINDOWS)
-
-
 def measure_live(
     command: list[str], window: StepWindow, quiet: bool, timeout: float | None, tty: bool | None = None
 ) -> Measurement:
@@ -72,7 +66,7 @@ def measure_live(
     view = make_view(tty, command="doctor", overall="over the window")
     live = isinstance(view, LiveView)
     out = Path(tempfile.mkdtemp(prefix="pitstop-"))
-    whole = WholeRun(WindowSpec(steps=live_window_steps(window.steps)))
+    whole = WholeRun(WindowSpec(steps=small_window_steps(window.steps)))
     feed = Feed(whole, view, [], out)
     if live and not quiet:
         feed.log = out / "command.log"  # the runner keeps the job's output there; the view prints it

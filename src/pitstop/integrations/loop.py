@@ -18,11 +18,18 @@ from pitstop.integrations.session import Session
 
 @contextmanager
 def watch(
-    steps: int | None = 50, warmup: int = 10, json_path: str | Path | None = None, report: bool = True
+    steps: int | None = 50,
+    warmup: int = 10,
+    json_path: str | Path | None = None,
+    report: bool = True,
+    live: bool | None = None,
 ) -> Iterator[Session]:
     """Measure ``steps`` optimizer steps after ``warmup``; the diagnosis is printed when they are done
-    (or when the block ends) and is kept on the returned session as ``.diagnosis``."""
-    session = Session(steps=steps, warmup=warmup, json_path=json_path, report=report, source="watch").start()
+    (or when the block ends) and is kept on the returned session as ``.diagnosis``. ``live``: show the
+    watch's panel meanwhile (None: in a Jupyter kernel only, as a display updated in place)."""
+    session = Session(
+        steps=steps, warmup=warmup, json_path=json_path, report=report, source="watch", live=live
+    ).start()
     try:
         yield session
     finally:
