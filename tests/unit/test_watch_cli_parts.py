@@ -127,8 +127,6 @@ def test_bad_input_is_one_line() -> None:
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = run_pitstop("watch")
     assert proc.returncode == 2 and "no command given" in proc.stderr
-    proc = run_pitstop("watch", "--report-to", "trackio", "--", "python", "-c", "pass")
-    assert proc.returncode == 2 and "gradio_client" in proc.stderr
 
 
 def test_the_doctor_views_say_doctor_and_over_the_window() -> None:

@@ -98,9 +98,10 @@ def trainer_trackers(report_to: Any, logging_dir: str | None) -> list[Tracker]:
     """Trackers for the names in a Trainer's ``report_to`` that pitstop supports; TensorBoard writes into the
     Trainer's own log folder, so its scalars sit in the same run."""
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    known = ("tensorboard", "wandb", "mlflow", "trackio")
     if "all" in names:
-        names = ["tensorboard", "wandb", "mlflow"]
-    wanted = [n for n in ("tensorboard", "wandb", "mlflow") if n in names]
+        names = list(known)
+    wanted = [n for n in known if n in names]
     trackers = []
     for name in wanted:
         try:
