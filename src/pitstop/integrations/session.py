@@ -41,6 +41,8 @@ class Session:
         self.live = live
         self.view: Any = None  # pitstop.report.live.View while the panel shows
         self._windows: Any = None  # pitstop.integrations.watching.InProcessWatch feeding it
+        self.watching: Any = None  # InProcessWatch of pitstop.watch(mode="watch"): the whole block
+        self.watch_report: Any = None  # its WholeRunReport once the block ended
 
     def start(self, trainer: Any = None) -> Session:
         if self.probe is None:

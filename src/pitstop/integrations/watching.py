@@ -109,3 +109,30 @@ def trainer_trackers(report_to: Any, logging_dir: str | None) -> list[Tracker]:
         except Exception as exc:  # a tracker the job asked for but that cannot open: say so, train on
             print(f"pitstop: not logging to {name}: {exc}", file=sys.stderr)
     return trackers
+
+
+def find_accelerator(depth: int = 8) -> Any:
+    """An ``accelerate.Accelerator`` with trackers (``init_trackers`` was called) among the callers' locals and
+    globals, nearest first; ``None`` if there is none. Nothing is imported: Accelerate is only recognised."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        for scope in (frame.f_locals, frame.f_globals):
+            for value in list(scope.values()):
+                kind = type(value)
+                named = kind.__name__ == "Accelerator" and kind.__module__.startswith("accelerate")
+                if named and getattr(value, "trackers", None):
+                    return value
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def loop_trackers(report_to: str | None, logdir: str | Path, accelerator: Any) -> list[Tracker]:
+    """The trackers of ``pitstop.watch(mode="watch")``: the Accelerate job's own (one run per tracker, the
+    job's) when it has some, else the ``report_to`` names opened by pitstop."""
+    from pitstop.report.trackers import AccelerateTracker, parse_report_to
+
+    if accelerator is not None and getattr(accelerator, "trackers", None):
+        return [AccelerateTracker(accelerator)]
+    return open_trackers(parse_report_to(report_to), Path(logdir))

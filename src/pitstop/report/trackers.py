@@ -243,6 +243,29 @@ class TrackioTracker:
                 context_vars.current_run.set(None)
 
 
+class AccelerateTracker:
+    """The trackers an Accelerate job opened with ``accelerator.init_trackers``: pitstop logs through
+    ``accelerator.log`` (main process only, every tracker of the job), so its numbers sit in the job's own runs.
+    Accelerate logs scalars and strings, so the findings go as one markdown text (TensorBoard's text panel)."""
+
+    name = "accelerate"
+
+    def __init__(self, accelerator: Any) -> None:
+        self.accelerator = accelerator
+        self._last_step = 0
+
+    def log_window(self, window: WindowSummary, changes: list[Change]) -> None:
+        self._last_step = window.last_step
+        self.accelerator.log(_scalars(window), step=window.last_step)
+        for c in changes:
+            text = f"step {c.step:,} ({c.kind}): {c.text}"
+            self.accelerator.log({PREFIX + "changes": text}, step=window.last_step)
+
+    def finish(self, report: WholeRunReport, findings: list[Finding]) -> None:
+        text = findings_markdown(report, findings)
+        self.accelerator.log({PREFIX + "findings": text}, step=self._last_step)  # the job ends its runs
+
+
 def parse_report_to(value: str | None) -> list[str]:
     """``tensorboard,wandb`` -> names; an unknown name is a one-line error."""
     if not value:
