@@ -61,6 +61,26 @@ def watch_section(w: dict[str, Any]) -> str:
         if rows
         else "<p>No change: steady throughout.</p>"
     )
+    stall_html, phases = _stalls_and_phases(w)
+    head = (
+        f"<p>{w.get('steps', 0):,} steps in {w.get('seconds', 0):,.0f} s, {len(windows)} windows of "
+        f"{(w.get('window') or {}).get('steps')} steps.</p>"
+    )
+    body = (
+        head
+        + "".join(p for p in plots if p)
+        + "<h3>Changes</h3>"
+        + changes
+        + "<h3>Periodic stalls</h3>"
+        + stall_html
+        + "<h3>Findings per phase</h3>"
+        + table(["steps", "tokens/s", "findings (share of step time a fix would save)"], phases)
+    )
+    return section("watch", "The whole run", body)
+
+
+def _stalls_and_phases(w: dict[str, Any]) -> tuple[str, list[list[str]]]:
+    """The periodic stalls' table and the rows of the findings per phase."""
     stalls = [
         [
             str(s["period"]),
@@ -87,18 +107,4 @@ def watch_section(w: dict[str, Any]) -> str:
         ]
         for p in w.get("phases", [])
     ]
-    head = (
-        f"<p>{w.get('steps', 0):,} steps in {w.get('seconds', 0):,.0f} s, {len(windows)} windows of "
-        f"{(w.get('window') or {}).get('steps')} steps.</p>"
-    )
-    body = (
-        head
-        + "".join(p for p in plots if p)
-        + "<h3>Changes</h3>"
-        + changes
-        + "<h3>Periodic stalls</h3>"
-        + stall_html
-        + "<h3>Findings per phase</h3>"
-        + table(["steps", "tokens/s", "findings (share of step time a fix would save)"], phases)
-    )
-    return section("watch", "The whole run", body)
+    return stall_html, phases
