@@ -119,6 +119,9 @@ def _tensorboard(page: object, port: int) -> None:
     smoothing.fill("0")  # the windows as logged, not a moving average
     smoothing.press("Enter")
     page.get_by_text("Ignore outliers in chart scaling").click()  # type: ignore[attr-defined]  # whole curves
+    time.sleep(2)
+    page.reload()  # type: ignore[attr-defined]  # the settings stay (local storage); the axes are fitted anew
+    page.wait_for_selector("canvas, svg.line-chart, tf-scalar-card, .chart", timeout=60_000)  # type: ignore[attr-defined]
     time.sleep(6)  # the charts draw after their data arrives
     page.screenshot(path=str(IMAGES / "watch-tensorboard.png"))  # type: ignore[attr-defined]
 
