@@ -44,3 +44,18 @@ def test_a_tune_result_shows_its_report(monkeypatch: Any) -> None:
     monkeypatch.setattr(result, "to_dict", lambda: doc, raising=False)
     page = _srcdoc(result._repr_html_())
     assert "pitstop tune: measured on your job" in page and 'data-plot="tune-bars"' in page
+
+
+def test_a_history_comparison_and_run_list_show_as_tables(tmp_path: Any) -> None:
+    from pitstop.history import compare_runs, open_store, record
+
+    fast = diagnose(profile("cpu")).to_dict()
+    slow = diagnose(profile("cpu", steps(real_frac=0.5))).to_dict()
+    path = tmp_path / "h.sqlite3"
+    a, b = record(fast, "doctor", path, label="main"), record(slow, "doctor", path, label="<b>x</b>")
+    with open_store(path) as store:
+        table = compare_runs(store.get(a), store.get(b))._repr_html_()  # type: ignore[arg-type]
+        runs = store.list()._repr_html_()
+    assert table.startswith("<table") and "run #1 (main)" in table and "real tokens/s" in table
+    assert "&lt;b&gt;x&lt;/b&gt;" in table and "<b>x</b>" not in table  # labels are text, never markup
+    assert "pitstop history: 2 runs" in runs and runs.count("<tr>") == 3

@@ -46,8 +46,7 @@ def test_report_to_names() -> None:
     assert parse_report_to("tensorboard, wandb,mlflow,wandb") == ["tensorboard", "wandb", "mlflow"]
     with pytest.raises(TrackerError, match="unknown tracker 'comet'"):
         parse_report_to("comet")
-    with pytest.raises(TrackerError, match="gradio_client"):
-        parse_report_to("trackio")
+    assert parse_report_to("trackio,tensorboard") == ["trackio", "tensorboard"]
 
 
 def test_tensorboard_scalars_and_findings_text(tmp_path: Path) -> None:
@@ -153,3 +152,56 @@ def test_mlflow_refusing_its_store_is_one_line(tmp_path: Path, monkeypatch: pyte
     mlflow.set_tracking_uri(f"file:{tmp_path / 'mlruns'}")
     with pytest.raises(TrackerError, match="mlflow cannot open a run"):
         MlflowTracker("refused")
+
+
+TRACKIO_SCRIPT = """
+import json, sys, trackio
+from trackio.sqlite_storage import SQLiteStorage
+from tests.unit.test_trackers import feed, watched
+from pitstop.report.trackers import TrackioTracker
+
+windows, report, findings = watched()
+tracker = TrackioTracker(run_name="own")
+feed(tracker, windows, report, findings)
+outer = trackio.init(project="job", name="trainer", embed=False, auto_log_cpu=False, auto_log_gpu=False)
+inside = TrackioTracker()  # the run the job opened (the Trainer's report_to): logged into, left open
+feed(inside, windows, report, findings)
+still_open = trackio.context_vars.current_run.get() is outer
+trackio.finish()
+out = {"runs": SQLiteStorage.get_runs("pitstop"), "own": SQLiteStorage.get_logs("pitstop", "own"),
+       "job_runs": SQLiteStorage.get_runs("job"), "trainer": SQLiteStorage.get_logs("job", "trainer"),
+       "own_closed": inside.own is False and tracker.own, "still_open": still_open,
+       "last_steps": [w.last_step for w in windows], "causes": [f.cause for f in findings]}
+print("RESULT" + json.dumps(out, default=str))
+"""
+
+
+def test_trackio_local_store_holds_the_windows_and_findings(tmp_path: Path) -> None:
+    pytest.importorskip("trackio")
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}  # read once, when trackio is imported
+    proc = subprocess.run(
+        [sys.executable, "-c", TRACKIO_SCRIPT], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert (tmp_path / "trackio" / "pitstop.db").exists()
+    assert out["runs"] == ["own"] and out["job_runs"] == ["trainer"]  # no second run inside the job's
+    assert out["own_closed"] and out["still_open"]
+    for logs in (out["own"], out["trainer"]):
+        rates = [row for row in logs if "pitstop/tokens_per_s" in row]
+        assert [row["step"] for row in rates] == out["last_steps"]
+        assert all(row["pitstop/tokens_per_s"] > 0 for row in rates)
+        (last,) = [row for row in logs if "pitstop/findings" in row]
+        table = last["pitstop/findings"]
+        assert table["_type"] == "trackio.table"
+        assert [r["cause"] for r in table["_value"]] == out["causes"]
+        assert last["pitstop/changes"]["_value"][0]["kind"] == "slower"
+        assert last["pitstop/findings_text"]["_type"] == "trackio.markdown"
+        assert "**Changes**" in last["pitstop/findings_text"]["_value"]

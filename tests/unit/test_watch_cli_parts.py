@@ -117,5 +117,20 @@ def test_bad_input_is_one_line() -> None:
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = run_pitstop("watch")
     assert proc.returncode == 2 and "no command given" in proc.stderr
-    proc = run_pitstop("watch", "--report-to", "trackio", "--", "python", "-c", "pass")
-    assert proc.returncode == 2 and "gradio_client" in proc.stderr
+
+
+def test_the_doctor_views_say_doctor_and_over_the_window() -> None:
+    from pitstop.cli.live import LiveView, PlainView
+    from pitstop.report.live import small_window_steps as live_window_steps
+
+    events = WholeRun(WindowSpec(steps=10)).add(0, series(50), Environment(device="cpu"))
+    stream = io.StringIO()
+    PlainView(stream, command="doctor").events(events)
+    assert stream.getvalue().startswith("pitstop doctor: steps 1–10, ")
+    console = Console(file=io.StringIO(), force_terminal=True, width=120, record=True)
+    view = LiveView(console, command="doctor", overall="over the window")
+    view.events(events)
+    view.close()
+    text = console.export_text()
+    assert "pitstop doctor" in text and "over the window" in text and "over the run" not in text
+    assert live_window_steps(50) == 10 and live_window_steps(None) == 10 and live_window_steps(8) == 4

@@ -120,7 +120,8 @@ def watch(
     ] = 0.10,
     warmup: Annotated[int, typer.Option(min=0, help="Optimizer steps before watching.")] = 10,
     report_to: Annotated[
-        str | None, typer.Option("--report-to", help="Trackers, comma-separated: tensorboard, wandb, mlflow.")
+        str | None,
+        typer.Option("--report-to", help="Trackers, comma-separated: tensorboard, wandb, mlflow, trackio."),
     ] = None,
     logdir: Annotated[Path, typer.Option(help="With --report-to tensorboard: the log folder.")] = Path(
         "runs"

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
+from pitstop.cli.live import Feed, LiveView, make_view
 from pitstop.cli.outputs import Outputs
-from pitstop.cli.progress import steps_bar
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.stopping import WindowRule
+from pitstop.report.live import small_window_steps
 from pitstop.report.terminal import render
-from pitstop.runner.measure import StepWindow, measure
+from pitstop.runner.measure import Measurement, StepWindow, measure
+from pitstop.wholerun.run import WholeRun
+from pitstop.wholerun.windows import WindowSpec
 
 
 def parse_window_steps(text: str) -> tuple[int, bool]:
@@ -35,21 +41,12 @@ def measure_and_diagnose(
     label: str,
     timeout: float | None = None,
     rule: WindowRule | None = None,
+    tty: bool | None = None,
 ) -> Diagnosis:
     """Run one command under the probe and diagnose it; a run with nothing to diagnose is a UserError."""
     console = Console(stderr=True)
     window = StepWindow(steps=steps, warmup=warmup, rule=rule)
-    total = 0 if rule is not None else warmup + (steps or 0)
-    if quiet:
-        with steps_bar(console) as progress:
-            task = progress.add_task(label, total=total or None)
-
-            def tick(step: int) -> None:
-                progress.update(task, completed=min(step, total) if total else step)
-
-            result = measure(command, window, quiet=True, on_step=tick, timeout_s=timeout)
-    else:
-        result = measure(command, window, quiet=False, timeout_s=timeout)
+    result = measure_live(command, window, quiet, timeout, tty)
     if result.profile is None:
         tail = [line for line in result.log_tail if line.strip()][-15:]
         hint = "\n" + "\n".join("  | " + line for line in tail) if tail else ""
@@ -59,6 +56,36 @@ def measure_and_diagnose(
     diagnosis = diagnose(result.profile)
     diagnosis.profile.exit_code = result.exit_code
     return diagnosis
+
+
+def measure_live(
+    command: list[str], window: StepWindow, quiet: bool, timeout: float | None, tty: bool | None = None
+) -> Measurement:
+    """``measure`` with the watch's view: a panel on a terminal (the job's lines above it unless quiet),
+    plain lines per small window elsewhere (the job's output then passes straight through)."""
+    view = make_view(tty, command="doctor", overall="over the window")
+    live = isinstance(view, LiveView)
+    out = Path(tempfile.mkdtemp(prefix="pitstop-"))
+    whole = WholeRun(WindowSpec(steps=small_window_steps(window.steps)))
+    feed = Feed(whole, view, [], out)
+    if live and not quiet:
+        feed.log = out / "command.log"  # the runner keeps the job's output there; the view prints it
+    try:
+        result = measure(
+            command,
+            window,
+            quiet=quiet or live,
+            on_tick=feed.tick,
+            timeout_s=timeout,
+            out_dir=out,
+            extra_env={"PYTHONUNBUFFERED": "1"} if live and not quiet else None,
+        )
+        feed.tick(out)
+        feed.publish(whole.finish()[0])
+        return result
+    finally:
+        view.close()
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def run_doctor(

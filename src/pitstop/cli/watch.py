@@ -3,8 +3,6 @@ whole-run report at the end (terminal, --json with a ``watch`` section, --html, 
 
 from __future__ import annotations
 
-import contextlib
-import json
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -13,16 +11,15 @@ from pathlib import Path
 from rich.console import Console
 
 from pitstop.cli.errors import UserError
-from pitstop.cli.live import LiveView, View, make_view
+from pitstop.cli.live import Feed, LiveView, make_view
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
 from pitstop.report.terminal import render
-from pitstop.report.trackers import Tracker, TrackerError, open_trackers, parse_report_to
+from pitstop.report.trackers import TrackerError, open_trackers, parse_report_to
 from pitstop.runner.collect import collect
-from pitstop.runner.follow import RankFollower
 from pitstop.runner.launch import run_observed
-from pitstop.wholerun.run import Event, WholeRun, WholeRunReport
+from pitstop.wholerun.run import WholeRun, WholeRunReport
 from pitstop.wholerun.windows import WindowSpec
 
 
@@ -37,43 +34,6 @@ class WatchOptions:
     series: Path | None = None  # keep the compressed per-step series here
     timeout: float | None = None
     tty: bool | None = None  # None: ask stderr
-
-
-class _Feed:
-    """Moves what the rank files say into the whole-run analysis, the view and the trackers."""
-
-    def __init__(self, whole: WholeRun, view: View, trackers: list[Tracker], out: Path) -> None:
-        self.whole, self.view, self.trackers = whole, view, trackers
-        self.follower = RankFollower(out)
-        self.log: Path | None = None
-        self._log_offset = 0
-
-    def tick(self, out: Path) -> None:
-        self._job_output()
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            self.view.step(int(json.loads((out / "progress.json").read_text())["step"]))
-        for news in self.follower.poll():
-            if news.gpu:
-                self.whole.add_gpu(news.rank, news.gpu)
-            if news.steps or news.environment is not None:
-                self.publish(self.whole.add(news.rank, news.steps, news.environment))
-
-    def publish(self, events: list[Event]) -> None:
-        self.view.events(events)
-        for e in events:
-            for t in self.trackers:
-                t.log_window(e.window, e.changes)
-
-    def _job_output(self) -> None:
-        if self.log is None or not self.log.exists():
-            return
-        with self.log.open("rb") as f:
-            f.seek(self._log_offset)
-            chunk = f.read()
-        cut = chunk.rfind(b"\n") + 1  # whole lines only
-        if cut:
-            self._log_offset += cut
-            self.view.job_output(chunk[:cut].decode("utf-8", errors="replace"))
 
 
 def run_watch(command: list[str], options: WatchOptions, outputs: Outputs) -> int:
@@ -92,7 +52,7 @@ def run_watch(command: list[str], options: WatchOptions, outputs: Outputs) -> in
         raise UserError(str(exc)) from None
     view = make_view(options.tty)
     live = isinstance(view, LiveView)
-    feed = _Feed(whole, view, trackers, out)
+    feed = Feed(whole, view, trackers, out)
     config = ProbeConfig(warmup=options.warmup, steps=None, stop_when_done=False, announce=not live)
     try:
         launch = run_observed(

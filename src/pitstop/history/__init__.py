@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.history.compare import (
+    Comparison,
     MetricRow,
     Verdict,
     check,
+    compare_runs,
     find_baseline,
     fingerprint_diff,
     metric_rows,
@@ -25,16 +27,19 @@ from pitstop.history.errors import HistoryError
 from pitstop.history.fingerprint import fingerprint, fingerprint_fields
 from pitstop.history.gitinfo import git_head, resolve_label
 from pitstop.history.paths import default_path, resolve_path
-from pitstop.history.store import APPLICATION_ID, HistoryStore, RunRecord, open_store
+from pitstop.history.store import APPLICATION_ID, HistoryStore, RunList, RunRecord, open_store
 
 __all__ = [
     "APPLICATION_ID",
+    "Comparison",
     "HistoryError",
     "HistoryStore",
     "MetricRow",
+    "RunList",
     "RunRecord",
     "Verdict",
     "check",
+    "compare_runs",
     "default_path",
     "find_baseline",
     "fingerprint",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop.history.documents import METRIC_COLUMNS
@@ -75,6 +75,51 @@ class MetricRow:
 
 def metric_rows(a: RunRecord, b: RunRecord) -> list[MetricRow]:
     return [MetricRow(name, a.metric(name), b.metric(name)) for name in METRIC_COLUMNS]
+
+
+@dataclass
+class Comparison:
+    """Two stored runs side by side: their metrics (B / A) and the setup fields that differ. Displays itself
+    as a table in a notebook."""
+
+    a: RunRecord
+    b: RunRecord
+    rows: list[MetricRow] = field(default_factory=list)
+    differ: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+    def _repr_html_(self) -> str:
+        from pitstop.history.display import html_table
+
+        def ratio(r: MetricRow) -> str:
+            return "–" if r.ratio is None else f"×{r.ratio:.2f}"
+
+        rows = [
+            [
+                METRIC_NAMES.get(r.name, r.name),
+                format_metric(r.name, r.a),
+                format_metric(r.name, r.b),
+                ratio(r),
+            ]
+            for r in self.rows
+        ]
+        head = [
+            "metric",
+            f"run #{self.a.id} ({self.a.label or self.a.kind})",
+            f"run #{self.b.id} ({self.b.label or self.b.kind})",
+            "B / A",
+        ]
+        out = html_table(head, rows, caption=f"pitstop history: run #{self.a.id} vs run #{self.b.id}")
+        if self.differ:
+            setup = [[k, a, b] for k, (a, b) in self.differ.items()]
+            out += html_table(["setup field that differs", "A", "B"], setup, right_from=3)
+        else:
+            out += "<p>Same setup (fingerprint): the runs are comparable.</p>"
+        return out
+
+
+def compare_runs(a: RunRecord, b: RunRecord) -> Comparison:
+    """What ``pitstop history compare A B`` shows, as an object (a table in notebooks)."""
+    return Comparison(a, b, metric_rows(a, b), fingerprint_diff(a.fingerprint_fields, b.fingerprint_fields))
 
 
 def slowdown(baseline: float, value: float, metric: str) -> float:

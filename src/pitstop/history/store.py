@@ -115,6 +115,24 @@ class RunRecord:
         )
 
 
+class RunList(builtins.list[RunRecord]):
+    """The runs ``HistoryStore.list`` returns: a plain list that displays itself as a table in notebooks."""
+
+    def _repr_html_(self) -> str:
+        from pitstop.history.display import html_table
+
+        def num(v: float | None, fmt: str) -> str | None:
+            return None if v is None else format(v, fmt)
+
+        rows = [
+            [f"#{r.id}", r.created_at[:19], r.kind, r.label, num(r.real_tokens_per_s, ",.0f"),
+             num(r.tokens_per_s, ",.0f"), num(r.step_time_s, ".3g"), num(r.mfu, ".1%")]
+            for r in self
+        ]  # fmt: skip
+        head = ["run", "when", "kind", "label", "real tokens/s", "tokens/s", "s/step", "MFU"]
+        return html_table(head, rows, caption=f"pitstop history: {len(self)} runs", right_from=4)
+
+
 def _json_object(row: sqlite3.Row, column: str) -> dict[str, Any]:
     try:
         value = json.loads(row[column])
@@ -420,16 +438,14 @@ class HistoryStore:
             return []
         return self._guard(lambda: _retry(lambda: conn.execute(sql, params).fetchall()))
 
-    def list(
-        self, limit: int | None = 20, kind: str | None = None, label: str | None = None
-    ) -> builtins.list[RunRecord]:
+    def list(self, limit: int | None = 20, kind: str | None = None, label: str | None = None) -> RunList:
         """The newest runs first, optionally only one kind or label."""
         where, params = self._filters(kind=kind, label=label)
         sql = f"SELECT {_SUMMARY_COLUMNS} FROM runs{where} ORDER BY id DESC"
         if limit is not None:
             sql += " LIMIT ?"
             params += (limit,)
-        return [self._record(r) for r in self._query(sql, params)]
+        return RunList(self._record(r) for r in self._query(sql, params))
 
     def get(self, run_id: int) -> RunRecord | None:
         """One run with its whole document, or ``None``."""

@@ -25,7 +25,9 @@ class Session:
         json_path: str | Path | None = None,
         report: bool = True,
         source: str = "watch",
+        live: bool | None = False,
     ) -> None:
+        """``live``: show the watch's panel while steps run (None: only inside a Jupyter kernel)."""
         if steps is not None and steps < 1:
             raise ValueError("steps must be at least 1 (or None for every step)")
         if warmup < 0:
@@ -36,11 +38,50 @@ class Session:
         self.source = source
         self.probe: Probe | None = None
         self.diagnosis: Any = None  # pitstop.diagnose.Diagnosis once the window closed
+        self.live = live
+        self.view: Any = None  # pitstop.report.live.View while the panel shows
+        self._windows: Any = None  # pitstop.integrations.watching.InProcessWatch feeding it
+        self.watching: Any = None  # InProcessWatch of pitstop.watch(mode="watch"): the whole block
+        self.watch_report: Any = None  # its WholeRunReport once the block ended
 
     def start(self, trainer: Any = None) -> Session:
         if self.probe is None:
             self.probe = Probe(self.config, on_done=self._done, trainer=trainer).install()
+            self._start_view(self.probe)
         return self
+
+    def _start_view(self, probe: Probe) -> None:
+        """The live panel (rank 0 only), fed after each step with the windows closed so far."""
+        from pitstop.report.live import in_kernel
+
+        wanted = in_kernel() if self.live is None else self.live
+        if not wanted or probe.rank != 0:
+            return
+        from pitstop.integrations.watching import InProcessWatch
+        from pitstop.report.live import make_view, small_window_steps
+        from pitstop.wholerun.windows import WindowSpec
+
+        self.view = make_view(command="watch", overall="over the window")
+        self._windows = InProcessWatch(
+            WindowSpec(small_window_steps(self.config.steps)), [], print_changes=False
+        )
+        windows, view = self._windows, self.view
+
+        def feed() -> None:
+            view.step(probe.builder.index)
+            view.events(windows.poll(probe))
+
+        probe.step_listeners.append(feed)
+
+    def _close_view(self) -> None:
+        if self.view is None or self.probe is None:
+            return
+        view, self.view = self.view, None
+        try:
+            events = self._windows.poll(self.probe) + self._windows.whole.finish()[0]
+            view.events(events)
+        finally:
+            view.close()
 
     def stop(self) -> None:
         """Close the window now if it is still open (training ended first)."""
@@ -49,10 +90,12 @@ class Session:
                 self.probe.finish(reason="end")
             else:
                 self.probe.hooks.remove()
+        self._close_view()
 
     def _done(self, rank: RankProfile) -> None:
         from pitstop.diagnose import diagnose
 
+        self._close_view()  # the panel's last state stays above the report
         if not rank.steps:
             return
         profile = merge([rank], self.source, self.config.steps)

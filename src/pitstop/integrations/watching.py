@@ -98,9 +98,10 @@ def trainer_trackers(report_to: Any, logging_dir: str | None) -> list[Tracker]:
     """Trackers for the names in a Trainer's ``report_to`` that pitstop supports; TensorBoard writes into the
     Trainer's own log folder, so its scalars sit in the same run."""
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    known = ("tensorboard", "wandb", "mlflow", "trackio")
     if "all" in names:
-        names = ["tensorboard", "wandb", "mlflow"]
-    wanted = [n for n in ("tensorboard", "wandb", "mlflow") if n in names]
+        names = list(known)
+    wanted = [n for n in known if n in names]
     trackers = []
     for name in wanted:
         try:
@@ -108,3 +109,30 @@ def trainer_trackers(report_to: Any, logging_dir: str | None) -> list[Tracker]:
         except Exception as exc:  # a tracker the job asked for but that cannot open: say so, train on
             print(f"pitstop: not logging to {name}: {exc}", file=sys.stderr)
     return trackers
+
+
+def find_accelerator(depth: int = 8) -> Any:
+    """An ``accelerate.Accelerator`` with trackers (``init_trackers`` was called) among the callers' locals and
+    globals, nearest first; ``None`` if there is none. Nothing is imported: Accelerate is only recognised."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        for scope in (frame.f_locals, frame.f_globals):
+            for value in list(scope.values()):
+                kind = type(value)
+                named = kind.__name__ == "Accelerator" and kind.__module__.startswith("accelerate")
+                if named and getattr(value, "trackers", None):
+                    return value
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def loop_trackers(report_to: str | None, logdir: str | Path, accelerator: Any) -> list[Tracker]:
+    """The trackers of ``pitstop.watch(mode="watch")``: the Accelerate job's own (one run per tracker, the
+    job's) when it has some, else the ``report_to`` names opened by pitstop."""
+    from pitstop.report.trackers import AccelerateTracker, parse_report_to
+
+    if accelerator is not None and getattr(accelerator, "trackers", None):
+        return [AccelerateTracker(accelerator)]
+    return open_trackers(parse_report_to(report_to), Path(logdir))

@@ -98,6 +98,7 @@ class Probe:
             self.origin, lambda: self.builder.index + 1, self.disable
         )
         self.records: list[StepRecord] = []
+        self.step_listeners: list[Callable[[], None]] = []  # told after each optimizer step (live views)
         self._measured = 0  # records past the warm-up, counted as they come (not recounted every step)
         self._stream = RankStream(config.out_dir) if config.out_dir is not None else None
         self._streamed_gpu = 0
@@ -240,7 +241,16 @@ class Probe:
         self.records.append(record)
         if record.index > self.config.warmup:
             self._measured += 1
+        self._tell_listeners()
         self._after_step(record, optimizer)
+
+    def _tell_listeners(self) -> None:
+        """A listener that fails is dropped, never the measurement."""
+        for listen in list(self.step_listeners):
+            try:
+                listen()
+            except Exception:
+                self.step_listeners.remove(listen)
 
     def on_sdpa(self, has_mask: bool) -> None:
         self._sdpa[0] += 1

@@ -1,13 +1,14 @@
-"""A watched run's numbers where users already look: TensorBoard, Weights & Biases and MLflow.
+"""A watched run's numbers where users already look: TensorBoard, Weights & Biases, MLflow and trackio.
 
 Per window: the window's scalars (tokens/s, real tokens/s, MFU, data-wait share, padding share, GPU
 utilization, synchronisation share, step time) under ``pitstop/``, at the window's last optimizer step (the
 Trainer's ``global_step``). At the end: the findings and changes as a table / text, and headline figures in
 the run's summary.
 
-Which run: when a run is already open in this process (``wandb.run``, ``mlflow.active_run()``: the Trainer's own
-``report_to`` opened it), pitstop logs into it and never closes it; otherwise it opens one of its own, honours
-the library's own settings (WANDB_MODE, WANDB_DIR, MLFLOW_TRACKING_URI) and closes it at the end.
+Which run: when a run is already open in this process (``wandb.run``, ``mlflow.active_run()``, trackio's current
+run: the Trainer's own ``report_to`` opened it), pitstop logs into it and never closes it; otherwise it opens one
+of its own, honours the library's own settings (WANDB_MODE, WANDB_DIR, MLFLOW_TRACKING_URI, TRACKIO_DIR) and
+closes it at the end.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from pitstop.wholerun.run import WholeRunReport
 from pitstop.wholerun.windows import WindowSummary
 
 PREFIX = "pitstop/"
-KNOWN = ("tensorboard", "wandb", "mlflow")
-TRACKIO_LEFT_OUT = "trackio is not supported: it installs gradio_client and a web-server stack (starlette, uvicorn, websockets)"
+KNOWN = ("tensorboard", "wandb", "mlflow", "trackio")
 
 
 class TrackerError(PitstopError):
@@ -196,14 +196,82 @@ class MlflowTracker:
                 self._mlflow.end_run()
 
 
+class TrackioTracker:
+    """trackio's local store (SQLite under TRACKIO_DIR, ~/.cache/huggingface/trackio by default; no server
+    needed to log): per window the scalars, at the end the findings and changes as tables and as markdown."""
+
+    name = "trackio"
+
+    def __init__(self, run_name: str | None = None) -> None:
+        try:
+            import trackio
+            from trackio import context_vars
+        except ImportError:
+            raise TrackerError("--report-to trackio needs trackio: pip install 'pitstop[track]'") from None
+        self._trackio = trackio
+        active = context_vars.current_run.get()
+        self.own = active is None
+        self.run = active or trackio.init(
+            project="pitstop",
+            name=run_name or f"pitstop-watch-{_stamp()}",
+            embed=False,
+            auto_log_cpu=False,  # pitstop's own run holds pitstop's numbers only
+            auto_log_gpu=False,
+        )
+        self._last_step = 0
+
+    def log_window(self, window: WindowSummary, changes: list[Change]) -> None:
+        self._last_step = window.last_step
+        self.run.log(_scalars(window), step=window.last_step)
+
+    def finish(self, report: WholeRunReport, findings: list[Finding]) -> None:
+        trackio = self._trackio
+        changes = [[c.step, c.kind, c.cause, c.text] for c in report.changes]
+        self.run.log(
+            {
+                PREFIX + "findings": trackio.Table(columns=FINDING_COLUMNS, data=findings_rows(findings)),
+                PREFIX + "changes": trackio.Table(columns=CHANGE_COLUMNS, data=changes),
+                PREFIX + "findings_text": trackio.Markdown(findings_markdown(report, findings)),
+            },
+            step=self._last_step,
+        )
+        if self.own:
+            self.run.finish()
+            from trackio import context_vars
+
+            if context_vars.current_run.get() is self.run:
+                context_vars.current_run.set(None)
+
+
+class AccelerateTracker:
+    """The trackers an Accelerate job opened with ``accelerator.init_trackers``: pitstop logs through
+    ``accelerator.log`` (main process only, every tracker of the job), so its numbers sit in the job's own runs.
+    Accelerate logs scalars and strings, so the findings go as one markdown text (TensorBoard's text panel)."""
+
+    name = "accelerate"
+
+    def __init__(self, accelerator: Any) -> None:
+        self.accelerator = accelerator
+        self._last_step = 0
+
+    def log_window(self, window: WindowSummary, changes: list[Change]) -> None:
+        self._last_step = window.last_step
+        self.accelerator.log(_scalars(window), step=window.last_step)
+        for c in changes:
+            text = f"step {c.step:,} ({c.kind}): {c.text}"
+            self.accelerator.log({PREFIX + "changes": text}, step=window.last_step)
+
+    def finish(self, report: WholeRunReport, findings: list[Finding]) -> None:
+        text = findings_markdown(report, findings)
+        self.accelerator.log({PREFIX + "findings": text}, step=self._last_step)  # the job ends its runs
+
+
 def parse_report_to(value: str | None) -> list[str]:
     """``tensorboard,wandb`` -> names; an unknown name is a one-line error."""
     if not value:
         return []
     names = [n.strip().lower() for n in value.split(",") if n.strip()]
     for n in names:
-        if n == "trackio":
-            raise TrackerError(TRACKIO_LEFT_OUT)
         if n not in KNOWN:
             raise TrackerError(f"unknown tracker {n!r} in --report-to; known: {', '.join(KNOWN)}")
     return list(dict.fromkeys(names))
@@ -220,4 +288,6 @@ def open_trackers(
             out.append(WandbTracker(run_name))
         elif n == "mlflow":
             out.append(MlflowTracker(run_name))
+        elif n == "trackio":
+            out.append(TrackioTracker(run_name))
     return out

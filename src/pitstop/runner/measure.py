@@ -60,11 +60,13 @@ def measure(
     extra_env: dict[str, str] | None = None,
     out_dir: Path | None = None,
     source: str = "doctor",
+    on_tick: Callable[[Path], None] | None = None,
 ) -> Measurement:
     """Run ``command`` under the probe, wait for it, and collect what its processes measured. Never raises
     for the command's own failures. ``on_step`` hears rank 0's latest optimizer step while the job runs.
-    ``out_dir``, when given, is the caller's (it may hold more than the probe's files) and is kept; otherwise
-    a private folder is used and removed."""
+    ``on_tick`` gets the probe's folder at each tick (the live view reads the rank files there). ``out_dir``,
+    when given, is the caller's (it may hold more than the probe's files) and is kept; otherwise a private
+    folder is used and removed."""
     config = ProbeConfig(
         warmup=window.warmup,
         steps=window.steps,
@@ -76,6 +78,8 @@ def measure(
     folder = out_dir if out_dir is not None else Path(tempfile.mkdtemp(prefix="pitstop-"))
 
     def tick(where: Path) -> None:
+        if on_tick is not None:
+            on_tick(where)
         if on_step is None:
             return
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
@@ -86,7 +90,7 @@ def measure(
             command,
             config,
             quiet=quiet,
-            on_tick=tick if on_step is not None else None,
+            on_tick=tick if on_step is not None or on_tick is not None else None,
             out_dir=folder,
             timeout_s=timeout_s,
             extra_env=extra_env,

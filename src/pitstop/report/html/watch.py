@@ -61,18 +61,7 @@ def watch_section(w: dict[str, Any]) -> str:
         if rows
         else "<p>No change: steady throughout.</p>"
     )
-    stall_html = _stalls(w)
-    phases = [
-        [
-            f"{p['first_step']:,}–{p['last_step']:,}",
-            num(p.get("tokens_per_s")),
-            escape(
-                ", ".join(f"{c} ({v:.0%})" for c, v in sorted(p["findings"].items(), key=lambda kv: -kv[1]))
-            )
-            or "none",
-        ]
-        for p in w.get("phases", [])
-    ]
+    stall_html, phases = _stalls_and_phases(w)
     head = (
         f"<p>{w.get('steps', 0):,} steps in {w.get('seconds', 0):,.0f} s, {len(windows)} windows of "
         f"{(w.get('window') or {}).get('steps')} steps.</p>"
@@ -90,8 +79,8 @@ def watch_section(w: dict[str, Any]) -> str:
     return section("watch", "The whole run", body)
 
 
-def _stalls(w: dict[str, Any]) -> str:
-    """The periodic stalls' table (split from ``watch_section`` to keep functions short)."""
+def _stalls_and_phases(w: dict[str, Any]) -> tuple[str, list[list[str]]]:
+    """The periodic stalls' table and the rows of the findings per phase."""
     stalls = [
         [
             str(s["period"]),
@@ -107,4 +96,15 @@ def _stalls(w: dict[str, Any]) -> str:
         if stalls
         else "<p>No periodic stall.</p>"
     )
-    return stall_html
+    phases = [
+        [
+            f"{p['first_step']:,}–{p['last_step']:,}",
+            num(p.get("tokens_per_s")),
+            escape(
+                ", ".join(f"{c} ({v:.0%})" for c, v in sorted(p["findings"].items(), key=lambda kv: -kv[1]))
+            )
+            or "none",
+        ]
+        for p in w.get("phases", [])
+    ]
+    return stall_html, phases
