@@ -15,10 +15,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pitstop.ingest.readers import head
 from pitstop.ingest.trace.jsonstream import event_batches
+
+if TYPE_CHECKING:
+    from pitstop.ingest.trace.fastevents import Args
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -306,12 +309,12 @@ def iter_events(path: Path) -> Iterator[Any]:
         yield from batch
 
 
-def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: dict[str, Any], code: int) -> None:
+def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: Args, code: int) -> None:
     cols.add(ts, dur)
-    cols.stream.append(_int(args.get("stream")))
-    cols.device.append(_int(args.get("device")))
-    cols.correlation.append(_int(args.get("correlation")))
-    cols.external.append(_int(args.get("External id", args.get("external id"))))
+    cols.stream.append(_int(args.stream))
+    cols.device.append(_int(args.device))
+    cols.correlation.append(_int(args.correlation))
+    cols.external.append(_int(args.external_id()))
     cols.code.append(code)
 
 
@@ -388,6 +391,8 @@ def read_columns(path: Path) -> TraceColumns:
     per-category facts are cached, numbers that already are floats skip conversion, and the work per event
     is inline.
     """
+    from pitstop.ingest.trace.fastevents import MISSING, NO_ARGS, Event, as_event, decode
+
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
     kernels, memcpy, memset, runtime = cols.kernels, cols.memcpy, cols.memset, cols.runtime
@@ -396,19 +401,21 @@ def read_columns(path: Path) -> TraceColumns:
     categories: dict[str, int] = {}
     cat_cache = _Memo(_category)
     n_events = bad = negative = 0
-    for batch in event_batches(path):
+    for batch in event_batches(path, decode):
         n_events += len(batch)
+        if batch and type(batch[0]) is not Event:  # the exact path's plain JSON values
+            batch = [ev for ev in map(as_event, batch) if ev is not None]
         for ev in batch:
-            if type(ev) is not dict or ev.get("ph") != "X":
+            if ev.ph != "X":
                 continue
             try:
-                ts = ev["ts"]
+                ts = ev.ts
                 if type(ts) is not float and type(ts) is not int:
-                    ts = _num(ts)
-                dur = ev.get("dur", 0.0)
+                    ts = _num(ts)  # MISSING (no "ts") raises TypeError: a malformed event
+                dur = ev.dur
                 if type(dur) is not float and type(dur) is not int:
                     dur = _num(dur)
-            except (KeyError, TypeError, ValueError):
+            except (TypeError, ValueError):
                 bad += 1
                 continue
             if dur < 0:
@@ -417,7 +424,7 @@ def read_columns(path: Path) -> TraceColumns:
             if not (-1e18 < ts < 1e18 and dur < 1e15):  # 1e400 parses as inf; NaN fails every comparison
                 bad += 1
                 continue
-            raw_cat = ev.get("cat", "")
+            raw_cat = ev.cat
             if type(raw_cat) is not str:  # a list or object would not hash: count it as a malformed event
                 bad += 1
                 continue
@@ -425,18 +432,18 @@ def read_columns(path: Path) -> TraceColumns:
             categories[cat] = categories.get(cat, 0) + 1
             if role == _IGNORED:
                 continue
-            name = ev.get("name", "")
+            name = ev.name
             if type(name) is not str:
                 name = str(name)
-            args = ev.get("args")
-            if type(args) is not dict:
-                args = {}
+            args = ev.args
+            if args is None:
+                args = NO_ARGS
             if role == _CPU:
                 _cpu_event(cols, cat, name, ts, dur, args)
             elif role == _RUNTIME:
                 runtime.ts.append(ts)
                 runtime.end.append(ts + dur)
-                corr = args.get("correlation")
+                corr = args.correlation
                 runtime.correlation.append(corr if type(corr) is int else _int(corr))
                 runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
                 runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
@@ -454,11 +461,11 @@ def read_columns(path: Path) -> TraceColumns:
                     _add_collective(cols, name, ts, dur, args)
             elif role == _MEMCPY:
                 _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
-                size = args.get("bytes")
+                size = args.nbytes
                 cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
             elif role == _MEMSET:
                 _add_gpu(memset, ts, dur, args, 0)
-            elif "stream" in args:
+            elif args.stream is not MISSING:
                 _add_gpu(cols.gpu_other, ts, dur, args, 0)
     return _totals(cols, n_events, bad, negative, categories, gemm_time)
 
@@ -484,21 +491,21 @@ def _totals(
     return cols
 
 
-def _add_collective(cols: TraceColumns, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
+def _add_collective(cols: TraceColumns, name: str, ts: float, dur: float, args: Args) -> None:
     c = cols.collectives
     c.add(ts, dur)
-    c.kind.append(collective_kind(name, args.get("Collective name")))
-    elems = [v for v in (args.get("In msg nelems"), args.get("Out msg nelems")) if type(v) is int and v >= 0]
-    size = _DTYPE_BYTES.get(str(args.get("dtype", "")).lower().removeprefix("c10::"), 0)
+    c.kind.append(collective_kind(name, args.collective))
+    elems = [v for v in (args.in_nelems, args.out_nelems) if type(v) is int and v >= 0]
+    size = _DTYPE_BYTES.get(str(args.dtype).lower().removeprefix("c10::"), 0)
     c.nbytes.append(float(max(elems) * size) if elems and size else -1.0)
-    group = str(args.get("Process Group Name", ""))
+    group = str(args.group)
     if group not in cols.comm_groups:
         cols.comm_groups.append(group)
     c.group.append(cols.comm_groups.index(group))
-    c.group_size.append(_int(args.get("Group size")))
+    c.group_size.append(_int(args.group_size))
 
 
-def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
+def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, args: Args) -> None:
     if name.startswith("ProfilerStep#"):
         step = STEP_NAME.match(name)
         if step:
@@ -511,7 +518,7 @@ def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, a
         return
     if name in COMM_OP_NAMES:
         cols.comm_ops.add(ts, dur)
-        external = _int(args.get("External id", args.get("external id")))
+        external = _int(args.external_id())
         if external >= 0:
             cols.comm_externals.add(external)
         return
@@ -527,7 +534,7 @@ def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, a
     elif role == _OP_ATTENTION:
         cols.attention_ops[ATTENTION_OPS[name]] += 1
     elif role == _OP_MATMUL:
-        types = args.get("Input type")
+        types = args.input_types()
         if isinstance(types, list) and types:
             cols.matmul_dtypes[str(types[0])] += 1
     elif role == _OP_SOFTMAX:
