@@ -374,8 +374,23 @@ class _Memo(dict[K, V]):
         self.make = make
 
     def __missing__(self, key: K) -> V:
+        if len(self) >= _MEMO_LIMIT:  # a trace of millions of distinct names: bounded memory, same answers
+            self.clear()
         value = self[key] = self.make(key)
         return value
+
+
+_MEMO_LIMIT = 1 << 16
+
+
+def _plain_name(name: str) -> bool:
+    """True for an operator name that _cpu_event only adds to the CPU intervals (no step, DataLoader,
+    collective or operator role)."""
+    if name.startswith("ProfilerStep#") and STEP_NAME.match(name):
+        return False
+    if name.startswith(("enumerate(DataLoader)", "enumerate(DataPipe)#")):
+        return False
+    return name not in COMM_OP_NAMES and name not in _OP_ROLES
 
 
 def _category(raw: object) -> tuple[str, int]:
@@ -391,12 +406,12 @@ def read_columns(path: Path) -> TraceColumns:
     per-category facts are cached, numbers that already are floats skip conversion, and the work per event
     is inline.
     """
-    from pitstop.ingest.trace.fastevents import MISSING, NO_ARGS, Event, as_event, decode
+    from pitstop.ingest.trace.fastevents import NO_ARGS, Event, as_event, decode
 
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
-    kernels, memcpy, memset, runtime = cols.kernels, cols.memcpy, cols.memset, cols.runtime
-    kernel_cache = _Memo(_kernel_info)
+    kernels, runtime = cols.kernels, cols.runtime
+    kernel_cache, plain_names, cpu_add = _Memo(_kernel_info), _Memo(_plain_name), cols.cpu_ops.add
     gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
     categories: dict[str, int] = {}
     cat_cache = _Memo(_category)
@@ -435,11 +450,12 @@ def read_columns(path: Path) -> TraceColumns:
             name = ev.name
             if type(name) is not str:
                 name = str(name)
-            args = ev.args
-            if args is None:
-                args = NO_ARGS
+            args = ev.args or NO_ARGS  # a struct is always true
             if role == _CPU:
-                _cpu_event(cols, cat, name, ts, dur, args)
+                if plain_names[name] and cat != "user_annotation":
+                    cpu_add(ts, dur)  # what _cpu_event does with most operators, one call cheaper
+                else:
+                    _cpu_event(cols, cat, name, ts, dur, args)
             elif role == _RUNTIME:
                 runtime.ts.append(ts)
                 runtime.end.append(ts + dur)
@@ -459,15 +475,23 @@ def read_columns(path: Path) -> TraceColumns:
                     gemm_time[info[1]] += dur
                 if info[0] == COMMUNICATION:
                     _add_collective(cols, name, ts, dur, args)
-            elif role == _MEMCPY:
-                _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
-                size = args.nbytes
-                cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
-            elif role == _MEMSET:
-                _add_gpu(memset, ts, dur, args, 0)
-            elif args.stream is not MISSING:
-                _add_gpu(cols.gpu_other, ts, dur, args, 0)
+            else:
+                _other_gpu_event(cols, role, name, ts, dur, args)
     return _totals(cols, n_events, bad, negative, categories, gemm_time)
+
+
+def _other_gpu_event(cols: TraceColumns, role: int, name: str, ts: float, dur: float, args: Args) -> None:
+    """Memcpy, memset, and other events on a GPU stream (rarer than kernels: out of the loop)."""
+    from pitstop.ingest.trace.fastevents import MISSING
+
+    if role == _MEMCPY:
+        _add_gpu(cols.memcpy, ts, dur, args, _copy_kind(name))
+        size = args.nbytes
+        cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
+    elif role == _MEMSET:
+        _add_gpu(cols.memset, ts, dur, args, 0)
+    elif args.stream is not MISSING:
+        _add_gpu(cols.gpu_other, ts, dur, args, 0)
 
 
 def _totals(

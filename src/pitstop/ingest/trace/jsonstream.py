@@ -247,7 +247,7 @@ class _Reader:
                     if len(self.buf) - self.i < MAX_VALUE and self.more():
                         continue
                 else:
-                    chunk = "[" + self.buf[self.i : cut + 1] + "]"
+                    chunk = f"[{self.buf[self.i : cut + 1]}]"  # one copy fewer than "[" + ... + "]"
                     batch = self.fast(chunk) if self.fast is not None else None
                     if batch is None:
                         batch = self.exact(chunk)
