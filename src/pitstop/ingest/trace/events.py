@@ -1,6 +1,7 @@
 """Streaming a Kineto trace into compact columns, one pass, without holding the JSON tree.
 
-Events are read in batches (jsonstream: the C JSON decoder on chunks of decompressed text) and only what the analyses need is kept:
+Events are read in batches (jsonstream: msgspec, else the C JSON decoder, on chunks of decompressed text;
+fastevents: the fields read here) and only what the analyses need is kept:
 start / end times in flat float arrays per kind (GPU kernels, memcpy, memset, CUDA runtime calls,
 DataLoader spans, CPU operators), a few integers (stream, device, correlation id), and counters that can be
 taken on the fly (operator names that reveal the attention path, matmul input dtypes). Every later step

@@ -5,8 +5,9 @@ Why not a streaming parser per event: profiling ``pitstop analyze`` showed the p
 ~80% of the time. Kineto writes one event per line or per indented block, each followed by ``},\\n``; a
 newline cannot occur inside a JSON string, so a chunk of decompressed text cut after such a mark is, when it
 parses, exactly a run of whole events (the chunk starts at an event boundary, and a parse of ``[chunk]``
-that succeeds ends at one). The C ``json`` decoder then builds a few thousand events per call. A chunk that
-does not parse (another layout, or a mark inside a nested value) is read value by value with
+that succeeds ends at one). A caller's ``fast`` decoder (events.py passes msgspec's, see fastevents.py)
+takes each chunk first; where it declines, the C ``json`` decoder builds a few thousand events per call. A
+chunk that does not parse (another layout, or a mark inside a nested value) is read value by value with
 ``raw_decode``, which is exact for any valid JSON. Both paths give the same objects as any JSON parser
 (ints stay ints, other numbers are floats).
 
