@@ -297,11 +297,17 @@ def _num(value: Any) -> float:
     return float(value)  # strings of numbers (some exporters quote them); raises ValueError otherwise
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the id columns (array "q") hold
+
+
 def _int(value: Any, default: int = -1) -> int:
+    """An id or count as the columns hold it; anything else (a string, infinity, a number past 64 bits) is
+    unknown."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return default
+    return number if INT64_MIN <= number <= INT64_MAX else default
 
 
 def iter_events(path: Path) -> Iterator[Any]:
@@ -461,7 +467,9 @@ def read_columns(path: Path) -> TraceColumns:
                 runtime.ts.append(ts)
                 runtime.end.append(ts + dur)
                 corr = args.correlation
-                runtime.correlation.append(corr if type(corr) is int else _int(corr))
+                runtime.correlation.append(
+                    corr if type(corr) is int and INT64_MIN <= corr <= INT64_MAX else _int(corr)
+                )
                 runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
                 runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
                 runtime.driver.append(1 if cat == "cuda_driver" else 0)
