@@ -7,7 +7,10 @@ grown from a real one (bench/make_trace.py).
 HTA runs in its own environment (it pins pandas and friends); without --hta-python it is left out:
 
     python -m venv /tmp/hta && /tmp/hta/bin/pip install holistictraceanalysis
-    python bench/trace_speed.py --hta-python /tmp/hta/bin/python --sizes 128 256 512 1024
+    python bench/trace_speed.py --hta-python /tmp/hta/bin/python --sizes 100 512 1024 2048 --hta-max-mib 512
+
+--keep DIR keeps the generated traces there and reuses them on the next run (generating 2 GiB takes minutes).
+CPU time (user + sys of the whole process) is the figure to compare on a shared machine; wall time is noisy.
 
 Each size is timed --repeat times per tool, alternating the tools; medians are reported. Peak memory is the
 process's own high-water mark (VmHWM; getrusage after vfork + exec also counts the parent's pages).
@@ -68,11 +71,28 @@ def measure(command: list[str], shell: bool = False) -> tuple[float, float, floa
     return wall, usage.ru_utime + usage.ru_stime, peak
 
 
+def _trace(source: Path, folder: Path, size: float) -> tuple[Path, float]:
+    """A gzipped trace of ``size`` MiB of text in ``folder`` (reused when there), and its GiB of text."""
+    trace = folder / "rank0.json.gz"
+    text_size = folder.with_name(folder.name + ".bytes")  # beside the folder: HTA reads every file in it
+    if trace.exists() and text_size.exists():
+        return trace, int(text_size.read_text()) / 2**30
+    folder.mkdir(parents=True, exist_ok=True)
+    plain = folder / "rank0.json"
+    command = [sys.executable, str(HERE / "make_trace.py"), str(source), str(plain), "--mb", str(size)]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    text_size.write_text(str(plain.stat().st_size))
+    subprocess.run(["gzip", "-1", "-f", str(plain)], check=True)  # level hardly changes inflate speed
+    return trace, int(text_size.read_text()) / 2**30
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
-    parser.add_argument("--sizes", type=float, nargs="+", default=[100, 512, 1024], help="MiB of trace text")
+    parser.add_argument("--sizes", type=float, nargs="+", default=[100, 512, 1024, 2048], help="MiB of text")
     parser.add_argument("--hta-python", default=None, help="a Python with holistictraceanalysis installed")
+    parser.add_argument("--hta-max-mib", type=float, default=None, help="run HTA only up to this size")
+    parser.add_argument("--keep", type=Path, default=None, help="keep / reuse the generated traces here")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -80,33 +100,17 @@ def main() -> int:
         print(f"no source trace at {args.source} (../shared/data is needed)", file=sys.stderr)
         return 2
     rows = []
-    work = Path(tempfile.mkdtemp(prefix="pitstop-bench-"))
+    work = args.keep or Path(tempfile.mkdtemp(prefix="pitstop-bench-"))
     try:
         for size in args.sizes:
-            folder = work / f"{int(size)}"
-            folder.mkdir()
-            plain = folder / "rank0.json"
-            subprocess.run(
-                [
-                    sys.executable,
-                    str(HERE / "make_trace.py"),
-                    str(args.source),
-                    str(plain),
-                    "--mb",
-                    str(size),
-                ],
-                check=True,
-                stdout=subprocess.DEVNULL,
-            )
-            text_gib = plain.stat().st_size / 2**30
-            subprocess.run(["gzip", "-1", str(plain)], check=True)  # level hardly changes inflate speed
-            trace = folder / "rank0.json.gz"
+            trace, text_gib = _trace(args.source, work / f"{int(size)}", size)
+            hta = args.hta_python if args.hta_max_mib is None or size <= args.hta_max_mib else None
             ours, floor, theirs = [], [], []
             for _ in range(args.repeat):
                 floor.append(measure([f"zcat {trace} | wc -c"], shell=True))
                 ours.append(measure(["pitstop", "analyze", str(trace), "--json", os.devnull, "--no-history"]))
-                if args.hta_python:
-                    theirs.append(measure([args.hta_python, "-c", HTA_SCRIPT, str(folder)]))
+                if hta:
+                    theirs.append(measure([hta, "-c", HTA_SCRIPT, str(trace.parent)]))
             row: dict[str, float] = {
                 "text_mib": round(text_gib * 1024),
                 "gz_mib": round(trace.stat().st_size / 2**20),
@@ -124,10 +128,12 @@ def main() -> int:
                     hta_s=statistics.median(w for w, _, _ in theirs), hta_mib=max(m for _, _, m in theirs)
                 )
             rows.append(row)
-            trace.unlink()
+            if not args.keep:
+                trace.unlink()
             print(json.dumps(row), flush=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     if not args.hta_python:
         print("HTA: not measured (no --hta-python)")
     print(

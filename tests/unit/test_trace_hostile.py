@@ -140,3 +140,23 @@ def test_an_event_whose_category_is_not_a_string_is_counted_as_malformed(tmp_pat
     path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
     columns = read_columns(path)
     assert columns.bad_events == 2  # skipped and counted, never an internal error
+
+
+def test_ids_past_64_bits_are_unknown_not_an_internal_error(tmp_path: Path) -> None:
+    big = 2**64
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 100, "dur": 5, "pid": 0, "tid": 7,
+         "args": {"stream": big, "correlation": big, "device": -big, "External id": 2**63}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 95, "dur": 3, "pid": 1, "tid": 1,
+         "args": {"correlation": big}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 90, "dur": 20, "pid": 1, "tid": 1,
+         "args": {"External id": 2**63}},
+    ]  # fmt: skip
+    path = tmp_path / "big-ids.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    columns = read_columns(path)
+    assert list(columns.kernels.correlation) == [-1] and list(columns.kernels.stream) == [-1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pitstop", "analyze", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert "internal error" not in proc.stdout + proc.stderr and proc.returncode in (0, 2), proc.stderr

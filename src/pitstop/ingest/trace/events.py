@@ -1,6 +1,7 @@
 """Streaming a Kineto trace into compact columns, one pass, without holding the JSON tree.
 
-Events are read in batches (jsonstream: the C JSON decoder on chunks of decompressed text) and only what the analyses need is kept:
+Events are read in batches (jsonstream: msgspec, else the C JSON decoder, on chunks of decompressed text;
+fastevents: the fields read here) and only what the analyses need is kept:
 start / end times in flat float arrays per kind (GPU kernels, memcpy, memset, CUDA runtime calls,
 DataLoader spans, CPU operators), a few integers (stream, device, correlation id), and counters that can be
 taken on the fly (operator names that reveal the attention path, matmul input dtypes). Every later step
@@ -15,10 +16,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pitstop.ingest.readers import head
 from pitstop.ingest.trace.jsonstream import event_batches
+
+if TYPE_CHECKING:
+    from pitstop.ingest.trace.fastevents import Args
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -293,11 +297,17 @@ def _num(value: Any) -> float:
     return float(value)  # strings of numbers (some exporters quote them); raises ValueError otherwise
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the id columns (array "q") hold
+
+
 def _int(value: Any, default: int = -1) -> int:
+    """An id or count as the columns hold it; anything else (a string, infinity, a number past 64 bits) is
+    unknown."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return default
+    return number if INT64_MIN <= number <= INT64_MAX else default
 
 
 def iter_events(path: Path) -> Iterator[Any]:
@@ -306,12 +316,12 @@ def iter_events(path: Path) -> Iterator[Any]:
         yield from batch
 
 
-def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: dict[str, Any], code: int) -> None:
+def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: Args, code: int) -> None:
     cols.add(ts, dur)
-    cols.stream.append(_int(args.get("stream")))
-    cols.device.append(_int(args.get("device")))
-    cols.correlation.append(_int(args.get("correlation")))
-    cols.external.append(_int(args.get("External id", args.get("external id"))))
+    cols.stream.append(_int(args.stream))
+    cols.device.append(_int(args.device))
+    cols.correlation.append(_int(args.correlation))
+    cols.external.append(_int(args.external_id()))
     cols.code.append(code)
 
 
@@ -371,8 +381,23 @@ class _Memo(dict[K, V]):
         self.make = make
 
     def __missing__(self, key: K) -> V:
+        if len(self) >= _MEMO_LIMIT:  # a trace of millions of distinct names: bounded memory, same answers
+            self.clear()
         value = self[key] = self.make(key)
         return value
+
+
+_MEMO_LIMIT = 1 << 16
+
+
+def _plain_name(name: str) -> bool:
+    """True for an operator name that _cpu_event only adds to the CPU intervals (no step, DataLoader,
+    collective or operator role)."""
+    if name.startswith("ProfilerStep#") and STEP_NAME.match(name):
+        return False
+    if name.startswith(("enumerate(DataLoader)", "enumerate(DataPipe)#")):
+        return False
+    return name not in COMM_OP_NAMES and name not in _OP_ROLES
 
 
 def _category(raw: object) -> tuple[str, int]:
@@ -388,27 +413,31 @@ def read_columns(path: Path) -> TraceColumns:
     per-category facts are cached, numbers that already are floats skip conversion, and the work per event
     is inline.
     """
+    from pitstop.ingest.trace.fastevents import NO_ARGS, Event, as_event, decode
+
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
-    kernels, memcpy, memset, runtime = cols.kernels, cols.memcpy, cols.memset, cols.runtime
-    kernel_cache = _Memo(_kernel_info)
+    kernels, runtime = cols.kernels, cols.runtime
+    kernel_cache, plain_names, cpu_add = _Memo(_kernel_info), _Memo(_plain_name), cols.cpu_ops.add
     gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
     categories: dict[str, int] = {}
     cat_cache = _Memo(_category)
     n_events = bad = negative = 0
-    for batch in event_batches(path):
+    for batch in event_batches(path, decode):
         n_events += len(batch)
+        if batch and type(batch[0]) is not Event:  # the exact path's plain JSON values
+            batch = [ev for ev in map(as_event, batch) if ev is not None]
         for ev in batch:
-            if type(ev) is not dict or ev.get("ph") != "X":
+            if ev.ph != "X":
                 continue
             try:
-                ts = ev["ts"]
+                ts = ev.ts
                 if type(ts) is not float and type(ts) is not int:
-                    ts = _num(ts)
-                dur = ev.get("dur", 0.0)
+                    ts = _num(ts)  # MISSING (no "ts") raises TypeError: a malformed event
+                dur = ev.dur
                 if type(dur) is not float and type(dur) is not int:
                     dur = _num(dur)
-            except (KeyError, TypeError, ValueError):
+            except (TypeError, ValueError):
                 bad += 1
                 continue
             if dur < 0:
@@ -417,7 +446,7 @@ def read_columns(path: Path) -> TraceColumns:
             if not (-1e18 < ts < 1e18 and dur < 1e15):  # 1e400 parses as inf; NaN fails every comparison
                 bad += 1
                 continue
-            raw_cat = ev.get("cat", "")
+            raw_cat = ev.cat
             if type(raw_cat) is not str:  # a list or object would not hash: count it as a malformed event
                 bad += 1
                 continue
@@ -425,19 +454,22 @@ def read_columns(path: Path) -> TraceColumns:
             categories[cat] = categories.get(cat, 0) + 1
             if role == _IGNORED:
                 continue
-            name = ev.get("name", "")
+            name = ev.name
             if type(name) is not str:
                 name = str(name)
-            args = ev.get("args")
-            if type(args) is not dict:
-                args = {}
+            args = ev.args or NO_ARGS  # a struct is always true
             if role == _CPU:
-                _cpu_event(cols, cat, name, ts, dur, args)
+                if plain_names[name] and cat != "user_annotation":
+                    cpu_add(ts, dur)  # what _cpu_event does with most operators, one call cheaper
+                else:
+                    _cpu_event(cols, cat, name, ts, dur, args)
             elif role == _RUNTIME:
                 runtime.ts.append(ts)
                 runtime.end.append(ts + dur)
-                corr = args.get("correlation")
-                runtime.correlation.append(corr if type(corr) is int else _int(corr))
+                corr = args.correlation
+                runtime.correlation.append(
+                    corr if type(corr) is int and INT64_MIN <= corr <= INT64_MAX else _int(corr)
+                )
                 runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
                 runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
                 runtime.driver.append(1 if cat == "cuda_driver" else 0)
@@ -452,15 +484,23 @@ def read_columns(path: Path) -> TraceColumns:
                     gemm_time[info[1]] += dur
                 if info[0] == COMMUNICATION:
                     _add_collective(cols, name, ts, dur, args)
-            elif role == _MEMCPY:
-                _add_gpu(memcpy, ts, dur, args, _copy_kind(name))
-                size = args.get("bytes")
-                cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
-            elif role == _MEMSET:
-                _add_gpu(memset, ts, dur, args, 0)
-            elif "stream" in args:
-                _add_gpu(cols.gpu_other, ts, dur, args, 0)
+            else:
+                _other_gpu_event(cols, role, name, ts, dur, args)
     return _totals(cols, n_events, bad, negative, categories, gemm_time)
+
+
+def _other_gpu_event(cols: TraceColumns, role: int, name: str, ts: float, dur: float, args: Args) -> None:
+    """Memcpy, memset, and other events on a GPU stream (rarer than kernels: out of the loop)."""
+    from pitstop.ingest.trace.fastevents import MISSING
+
+    if role == _MEMCPY:
+        _add_gpu(cols.memcpy, ts, dur, args, _copy_kind(name))
+        size = args.nbytes
+        cols.memcpy_bytes.append(float(size) if isinstance(size, int | float) else 0.0)
+    elif role == _MEMSET:
+        _add_gpu(cols.memset, ts, dur, args, 0)
+    elif args.stream is not MISSING:
+        _add_gpu(cols.gpu_other, ts, dur, args, 0)
 
 
 def _totals(
@@ -484,21 +524,21 @@ def _totals(
     return cols
 
 
-def _add_collective(cols: TraceColumns, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
+def _add_collective(cols: TraceColumns, name: str, ts: float, dur: float, args: Args) -> None:
     c = cols.collectives
     c.add(ts, dur)
-    c.kind.append(collective_kind(name, args.get("Collective name")))
-    elems = [v for v in (args.get("In msg nelems"), args.get("Out msg nelems")) if type(v) is int and v >= 0]
-    size = _DTYPE_BYTES.get(str(args.get("dtype", "")).lower().removeprefix("c10::"), 0)
+    c.kind.append(collective_kind(name, args.collective))
+    elems = [v for v in (args.in_nelems, args.out_nelems) if type(v) is int and v >= 0]
+    size = _DTYPE_BYTES.get(str(args.dtype).lower().removeprefix("c10::"), 0)
     c.nbytes.append(float(max(elems) * size) if elems and size else -1.0)
-    group = str(args.get("Process Group Name", ""))
+    group = str(args.group)
     if group not in cols.comm_groups:
         cols.comm_groups.append(group)
     c.group.append(cols.comm_groups.index(group))
-    c.group_size.append(_int(args.get("Group size")))
+    c.group_size.append(_int(args.group_size))
 
 
-def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
+def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, args: Args) -> None:
     if name.startswith("ProfilerStep#"):
         step = STEP_NAME.match(name)
         if step:
@@ -511,7 +551,7 @@ def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, a
         return
     if name in COMM_OP_NAMES:
         cols.comm_ops.add(ts, dur)
-        external = _int(args.get("External id", args.get("external id")))
+        external = _int(args.external_id())
         if external >= 0:
             cols.comm_externals.add(external)
         return
@@ -527,7 +567,7 @@ def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, a
     elif role == _OP_ATTENTION:
         cols.attention_ops[ATTENTION_OPS[name]] += 1
     elif role == _OP_MATMUL:
-        types = args.get("Input type")
+        types = args.input_types()
         if isinstance(types, list) and types:
             cols.matmul_dtypes[str(types[0])] += 1
     elif role == _OP_SOFTMAX:

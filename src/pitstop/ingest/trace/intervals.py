@@ -29,13 +29,14 @@ def union(starts: Array, ends: Array) -> tuple[Array, Array]:
     new = np.empty(n, dtype=bool)
     new[0] = True
     np.greater(starts[1:], reach[:-1], out=new[1:])
-    firsts = np.flatnonzero(new)
+    lasts = np.flatnonzero(new)  # the first member of each merged interval, turned in place into its last
     del new
-    merged_s = starts[firsts]
-    lasts = np.empty_like(firsts)
-    lasts[:-1] = firsts[1:] - 1
+    merged_s = starts[lasts]
+    lasts[:-1] = lasts[1:] - 1
     lasts[-1] = n - 1
-    merged_e = np.maximum(reach[lasts], merged_s)
+    merged_e = reach[lasts]
+    del reach, lasts  # each temporary goes as soon as it is used: a runtime union is the analyses' peak
+    np.maximum(merged_e, merged_s, out=merged_e)
     return merged_s, merged_e
 
 

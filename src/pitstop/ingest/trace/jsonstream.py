@@ -5,8 +5,9 @@ Why not a streaming parser per event: profiling ``pitstop analyze`` showed the p
 ~80% of the time. Kineto writes one event per line or per indented block, each followed by ``},\\n``; a
 newline cannot occur inside a JSON string, so a chunk of decompressed text cut after such a mark is, when it
 parses, exactly a run of whole events (the chunk starts at an event boundary, and a parse of ``[chunk]``
-that succeeds ends at one). The C ``json`` decoder then builds a few thousand events per call. A chunk that
-does not parse (another layout, or a mark inside a nested value) is read value by value with
+that succeeds ends at one). A caller's ``fast`` decoder (events.py passes msgspec's, see fastevents.py)
+takes each chunk first; where it declines, the C ``json`` decoder builds a few thousand events per call. A
+chunk that does not parse (another layout, or a mark inside a nested value) is read value by value with
 ``raw_decode``, which is exact for any valid JSON. Both paths give the same objects as any JSON parser
 (ints stay ints, other numbers are floats).
 
@@ -24,7 +25,7 @@ import gzip
 import json
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -38,6 +39,7 @@ MAX_RATIO = 200  # decompressed / compressed; Kineto JSON gzips 10-25x, deflate'
 RATIO_FLOOR = 64 << 20  # the ratio is checked once this much text came out
 _WS = re.compile(r"[ \t\n\r]*")
 _MARK = "},\n"
+Fast = Callable[[str], "list[Any] | None"]
 
 
 class _NonFinite(ValueError):
@@ -135,8 +137,9 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 class _Reader:
-    def __init__(self, text: _Text) -> None:
+    def __init__(self, text: _Text, fast: Fast | None = None) -> None:
         self.text = text
+        self.fast = fast
         self.path = text.path
         self.buf = ""
         self.i = 0
@@ -219,6 +222,15 @@ class _Reader:
             if self.expect(",}") == "}":
                 return
 
+    def exact(self, chunk: str) -> list[Any] | None:
+        """A chunk by the stdlib decoder; None where it is not a JSON array (read value by value)."""
+        try:
+            return _DECODER.decode(chunk)
+        except RecursionError:
+            raise IngestError(f"{self.path}: JSON nested too deeply to be a profiler trace") from None
+        except ValueError:
+            return None
+
     def array(self) -> Iterator[list[Any]]:
         """The items of an array whose '[' was consumed, in batches."""
         if self.ws() == "]":
@@ -236,13 +248,11 @@ class _Reader:
                     if len(self.buf) - self.i < MAX_VALUE and self.more():
                         continue
                 else:
-                    try:
-                        batch = _DECODER.decode("[" + self.buf[self.i : cut + 1] + "]")
-                    except RecursionError:
-                        raise IngestError(
-                            f"{self.path}: JSON nested too deeply to be a profiler trace"
-                        ) from None
-                    except ValueError:
+                    chunk = f"[{self.buf[self.i : cut + 1]}]"  # one copy fewer than "[" + ... + "]"
+                    batch = self.fast(chunk) if self.fast is not None else None
+                    if batch is None:
+                        batch = self.exact(chunk)
+                    if batch is None:
                         exact_until = self.base + cut
                     else:
                         yield batch
@@ -253,11 +263,15 @@ class _Reader:
                 return
 
 
-def event_batches(path: Path) -> Iterator[list[Any]]:
-    """Lists of ``traceEvents`` items, in file order; an unreadable trace raises one IngestError."""
+def event_batches(path: Path, fast: Fast | None = None) -> Iterator[list[Any]]:
+    """Lists of ``traceEvents`` items, in file order; an unreadable trace raises one IngestError.
+
+    ``fast``, when given, is tried first on each chunk of whole events (``[...]`` text): a list it returns
+    is yielded as the batch, None sends the chunk to the exact path (the stdlib decoder, then value by
+    value), so a batch is either all ``fast`` items or all plain JSON values."""
     text = _Text(path)
     try:
         with _no_cyclic_gc():
-            yield from _Reader(text).batches()
+            yield from _Reader(text, fast).batches()
     finally:
         text.close()

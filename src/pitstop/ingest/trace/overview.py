@@ -94,7 +94,6 @@ def align_steps(cols: TraceColumns, steps: list[Step]) -> tuple[list[Step], bool
     rt_ts = np.frombuffer(cols.runtime.ts, dtype=np.float64)
     rt_end = np.frombuffer(cols.runtime.end, dtype=np.float64)
     rt_corr = np.frombuffer(cols.runtime.correlation, dtype=np.int64)
-    dev_ts, dev_end, dev_corr = _device_ops(cols)
     hs = np.array([s.start for s in steps])
     he = np.array([s.end for s in steps])
     # a runtime call (not a driver call) belongs to the step whose host window contains it entirely
@@ -107,6 +106,7 @@ def align_steps(cols: TraceColumns, steps: list[Step]) -> tuple[list[Step], bool
     keys, first = np.unique(rt_corr[inside], return_index=True)
     step_of_key = idx[inside][first]
     del idx, inside
+    dev_ts, dev_end, dev_corr = _device_ops(cols)  # only now: not held with the temporaries above
     n = len(steps)
     dev_min = np.full(n, np.inf)
     dev_max = np.full(n, -np.inf)
@@ -175,7 +175,9 @@ def overview(cols: TraceColumns) -> Overview:
     steps, aligned = align_steps(cols, host_steps(cols))
     if not steps:
         return Overview(steps=[], role_us=[], aligned=False)
-    roles = [_role_intervals(cols)[role] for role in ROLES]
+    intervals = _role_intervals(cols)  # once: each call builds every role's union
+    roles = [intervals[role] for role in ROLES]
+    del intervals
     per_step = np.zeros((len(steps), len(ROLES) + 1))
     for i, step in enumerate(steps):  # step by step: memory follows one step's events, not the trace's
         lo, hi = step.start, step.end
