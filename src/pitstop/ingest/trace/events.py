@@ -298,6 +298,7 @@ def _num(value: Any) -> float:
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the id columns (array "q") hold
+_IDS = range(INT64_MIN, INT64_MAX + 1)
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -467,9 +468,7 @@ def read_columns(path: Path) -> TraceColumns:
                 runtime.ts.append(ts)
                 runtime.end.append(ts + dur)
                 corr = args.correlation
-                runtime.correlation.append(
-                    corr if type(corr) is int and INT64_MIN <= corr <= INT64_MAX else _int(corr)
-                )
+                runtime.correlation.append(corr if type(corr) is int and corr in _IDS else _int(corr))
                 runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
                 runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
                 runtime.driver.append(1 if cat == "cuda_driver" else 0)
