@@ -134,6 +134,7 @@ def cache_key(source: Path, info: TokenizerInfo, template: str, skip_bad: bool) 
 
 # -- workers ---------------------------------------------------------------------------------------------
 _worker: dict[str, Any] = {}
+_STARTUP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def _die_with(parent: int) -> None:
@@ -163,6 +164,8 @@ def _init_worker(info: TokenizerInfo, template: str, processes: int, parent: int
     # from the parent's pool.terminate() ends a worker quietly, whatever handler the parent had.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):  # blocked by the parent across the fork (see _Workers)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)
     _die_with(parent)
     if processes > 1:  # parallel across processes: keep each tokenizer to one thread, not workers × cores
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -215,15 +218,24 @@ class _Workers:
         ctx = get_context("fork") if hasattr(os, "fork") else get_context("spawn")
         self._procs: list[Any] = []
         self._conns: list[Any] = []
-        for _ in range(processes):
-            mine, theirs = ctx.Pipe(duplex=True)
-            proc = ctx.Process(
-                target=_serve, args=(theirs, info, template, processes, os.getpid()), daemon=True
-            )
-            proc.start()
-            theirs.close()
-            self._procs.append(proc)
-            self._conns.append(mine)
+        # A worker inherits the parent's handlers until it sets its own: a SIGTERM from close() in that
+        # moment ran the CLI's handler in the child and printed a traceback. Blocked across the fork, such a
+        # signal waits in the child until its own handlers are set; the parent's waits the few microseconds.
+        masked = hasattr(signal, "pthread_sigmask")
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS) if masked else None
+        try:
+            for _ in range(processes):
+                mine, theirs = ctx.Pipe(duplex=True)
+                proc = ctx.Process(
+                    target=_serve, args=(theirs, info, template, processes, os.getpid()), daemon=True
+                )
+                proc.start()
+                theirs.close()
+                self._procs.append(proc)
+                self._conns.append(mine)
+        finally:
+            if before is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     def map(self, tasks: Iterator[tuple[int, list[Example]]]) -> Iterator[tuple[int, Any, Any, Any]]:
         """Each task's answer, in the order they finish."""
