@@ -456,6 +456,25 @@ def test_a_hugging_face_model_inside_the_users_module_is_recognised() -> None:
     assert env.model.n_layers == 2 and env.attention.implementation == "sdpa"
 
 
+def test_weak_proxies_to_modules_never_stop_the_model_search() -> None:
+    """A ``weakref.proxy`` forwards ``isinstance`` to its referent: a dead one raised ReferenceError
+    inside the probe (seen in CI, where another test's proxy outlived its module)."""
+    import weakref
+
+    from pitstop.probe.environment import _all_modules, find_model
+
+    gone = torch.nn.Linear(2, 2)
+    dead = weakref.proxy(gone)
+    del gone
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    alive = weakref.proxy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    modules = list(_all_modules())
+    assert all(type(m) is not type(alive) for m in modules)  # proxies are not modules
+    assert find_model(opt) is model
+    assert dead is not None and alive is not None  # both proxies lived through the search
+
+
 def test_the_probe_counts_the_square_lengths_the_attention_term_needs() -> None:
     from pitstop.diagnose.metrics import context_length
     from pitstop.probe.batch import count_batch

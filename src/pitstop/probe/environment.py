@@ -142,10 +142,14 @@ def _lightning_trainer(obj: Any) -> Any:
 
 
 def _all_modules() -> Iterator[Any]:
+    """Every live module. ``type(obj)`` rather than ``isinstance``: a ``weakref.proxy`` forwards
+    ``__class__`` to its referent, so ``isinstance`` on a dead one raises ReferenceError and on a
+    live one yields a proxy whose ``id`` is not the module's."""
     import torch
 
+    module_type = torch.nn.Module
     for obj in gc.get_objects():
-        if isinstance(obj, torch.nn.Module):
+        if issubclass(type(obj), module_type):
             yield obj
 
 
