@@ -100,3 +100,22 @@ def test_fast_path_declines_what_the_stdlib_rejects() -> None:
         '[{"ph": "X", "x": ' + "[" * 5000 + "]" * 5000 + "}]",
     ):
         assert fastevents.decode(bad) is None, bad
+
+
+def test_a_chunk_that_starts_with_another_phase_keeps_its_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flow events ("s" / "f") decode to empty tagged structs; a chunk opening with one is still the fast
+    path's (once taken for the stdlib's plain values, and every complete event in it was dropped)."""
+    doc = kr.job(2, steps=60, kernels=12, padding_ops=400)[0]
+    events: list[Any] = []
+    for i, ev in enumerate(doc["traceEvents"]):
+        events.append({"ph": "f" if i % 2 else "s", "id": i, "pid": 0, "tid": 0, "ts": i, "cat": "ac2g"})
+        events.append(ev)
+    path = tmp_path / "flows.json"
+    path.write_text('{"traceEvents": [\n' + ",\n".join(json.dumps(ev) for ev in events) + "\n]}")
+    fast = read_columns(path)
+    monkeypatch.setattr(fastevents, "decode", lambda text: None)
+    exact = read_columns(path)
+    assert _facts(fast) == _facts(exact)
+    assert len(fast.kernels) == sum(1 for ev in doc["traceEvents"] if ev.get("cat") == "kernel") > 0

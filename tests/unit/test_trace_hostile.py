@@ -160,3 +160,30 @@ def test_ids_past_64_bits_are_unknown_not_an_internal_error(tmp_path: Path) -> N
         [sys.executable, "-m", "pitstop", "analyze", str(path)], capture_output=True, text=True, timeout=120
     )
     assert "internal error" not in proc.stdout + proc.stderr and proc.returncode in (0, 2), proc.stderr
+
+
+@pytest.mark.parametrize("isal", [True, False], ids=["isal", "stdlib-gzip"])
+def test_both_inflaters_read_the_same_and_refuse_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isal: bool
+) -> None:
+    """ISA-L inflates where installed, the stdlib's gzip elsewhere: same columns, same one-line refusals."""
+    if isal:
+        pytest.importorskip("isal")
+    else:
+        monkeypatch.setitem(sys.modules, "isal", None)  # import isal raises ImportError
+    doc = kr.job(2, steps=20, kernels=8)[0]
+    text = ('{"traceEvents": [\n' + ",\n".join(json.dumps(ev) for ev in doc["traceEvents"]) + "\n]}").encode()
+    plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
+    plain.write_bytes(text)
+    packed.write_bytes(gzip.compress(text))
+    assert read_columns(packed).kernels == read_columns(plain).kernels
+    assert len(read_columns(packed).kernels) > 0
+    whole = packed.read_bytes()
+    for name, data, message in (
+        ("cut.json.gz", whole[: len(whole) // 2], "truncated or corrupt gzip"),
+        ("flipped.json.gz", whole[:40] + bytes(b ^ 0xFF for b in whole[40:80]) + whole[80:], "corrupt gzip"),
+    ):
+        bad = tmp_path / name
+        bad.write_bytes(data)
+        with pytest.raises(IngestError, match=message):
+            read_columns(bad)

@@ -414,6 +414,8 @@ def read_columns(path: Path) -> TraceColumns:
     per-category facts are cached, numbers that already are floats skip conversion, and the work per event
     is inline.
     """
+    from msgspec import Struct
+
     from pitstop.ingest.trace.fastevents import NO_ARGS, Event, as_event, decode
 
     cols = TraceColumns(path=path)
@@ -426,10 +428,10 @@ def read_columns(path: Path) -> TraceColumns:
     n_events = bad = negative = 0
     for batch in event_batches(path, decode):
         n_events += len(batch)
-        if batch and type(batch[0]) is not Event:  # the exact path's plain JSON values
+        if batch and not isinstance(batch[0], Struct):  # the exact path's plain JSON values
             batch = [ev for ev in map(as_event, batch) if ev is not None]
         for ev in batch:
-            if ev.ph != "X":
+            if type(ev) is not Event:  # another phase
                 continue
             try:
                 ts = ev.ts

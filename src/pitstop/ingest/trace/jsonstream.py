@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.readers import GZIP_MAGIC
@@ -65,11 +65,31 @@ class _Counting:
         self.consumed += len(data)
         return data
 
+    def readinto(self, buffer: Any) -> int:  # what isal's reader calls
+        n: int = self.raw.readinto(buffer)  # type: ignore[attr-defined]
+        self.consumed += n
+        return n
+
     def readable(self) -> bool:
         return True
 
     def close(self) -> None:
         self.raw.close()
+
+
+def _gzip_reader(fileobj: Any) -> tuple[Any, tuple[type[BaseException], ...]]:
+    """A gzip reader over ``fileobj`` and the errors a truncated or corrupt stream raises.
+
+    ISA-L's inflate (the ``isal`` package) is ~3.5x faster than zlib's, which measured a quarter of
+    ``pitstop analyze``'s time on a gzipped trace; the stdlib's reader stands in where isal is not installed.
+    """
+    try:
+        from isal import igzip, isal_zlib
+    except ImportError:
+        return gzip.GzipFile(fileobj=fileobj, mode="rb"), (EOFError, zlib.error, gzip.BadGzipFile)
+    isal_error = cast(type[BaseException], isal_zlib.error)
+    errors = (EOFError, zlib.error, gzip.BadGzipFile, isal_error)
+    return igzip.IGzipFile(fileobj=fileobj, mode="rb"), errors
 
 
 class _Text:
@@ -85,10 +105,10 @@ class _Text:
         if raw.read(2) == GZIP_MAGIC:
             raw.seek(0)
             self.counting = _Counting(raw)
-            self.stream: Any = gzip.GzipFile(fileobj=self.counting, mode="rb")  # type: ignore[call-overload]
+            self.stream, self.corrupt = _gzip_reader(self.counting)
         else:
             raw.seek(0)
-            self.stream = raw
+            self.stream, self.corrupt = raw, ()
         self.raw = raw
         self.decoder = codecs.getincrementaldecoder("utf-8")("strict")
         self.produced = 0
@@ -99,7 +119,7 @@ class _Text:
             return ""
         try:
             data = self.stream.read(n)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        except self.corrupt as exc:
             raise IngestError(f"{self.path}: truncated or corrupt gzip ({exc})") from None
         except OSError as exc:
             raise IngestError(f"{self.path}: cannot read ({exc})") from None
