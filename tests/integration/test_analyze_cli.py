@@ -31,8 +31,9 @@ def _analyze(tmp_path: Path, *paths: Path | str) -> dict:
 
 
 def test_planted_causes_in_recorded_cpu_traces(tmp_path: Path) -> None:
-    # 8 examples x 60 ms of blocking reads per step: most of the step even when a busy machine slows compute
-    slow = _analyze(tmp_path, _record(tmp_path, "slow", "--slow-ms", "60"))
+    # 8 examples x 150 ms of blocking reads per step: most of the step even when a busy machine slows
+    # compute (at 60 ms, a machine running three other jobs once brought the share down to 0.3)
+    slow = _analyze(tmp_path, _record(tmp_path, "slow", "--slow-ms", "150"))
     first = slow["findings"][0]
     assert first["cause"] == "dataloader_bound"
     assert first["evidence"]["data_wait_frac"] > 0.3  # ~0.8 on an idle machine

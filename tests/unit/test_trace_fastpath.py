@@ -119,3 +119,26 @@ def test_a_chunk_that_starts_with_another_phase_keeps_its_events(
     exact = read_columns(path)
     assert _facts(fast) == _facts(exact)
     assert len(fast.kernels) == sum(1 for ev in doc["traceEvents"] if ev.get("cat") == "kernel") > 0
+
+
+def test_a_trace_on_one_line_is_read_value_by_value_to_the_same_columns(tmp_path: Path) -> None:
+    """No ``},`` + newline marks: every event goes through the windowed stdlib path. Non-ASCII names
+    (window ends inside a multi-byte character), a 300 KB event (windows widen) and bare numbers (a number
+    cut at a window's end must not be read short) give the columns of the same events one per line."""
+    doc = kr.job(2, steps=30, kernels=8, padding_ops=100)[0]
+    events: list[Any] = doc["traceEvents"]
+    for i, ev in enumerate(events):
+        if ev.get("cat") == "cpu_op" and i % 3 == 0:
+            ev["name"] = f"aten::é日本🙂_{i}"  # 2-, 3- and 4-byte characters
+    events[5:5] = [
+        123456789012345678,
+        3.25,
+        {"ph": "X", "cat": "kernel", "name": "k" * 300_000, "ts": 1, "dur": 2},
+    ]
+    one_line, per_line = tmp_path / "one.json", tmp_path / "lines.json"
+    one_line.write_text(json.dumps({"traceEvents": events}, ensure_ascii=False), encoding="utf-8")
+    body = ",\n".join(json.dumps(ev, ensure_ascii=False) for ev in events)
+    per_line.write_text('{"traceEvents": [\n' + body + "\n]}", encoding="utf-8")
+    read = read_columns(one_line)
+    assert _facts(read) == _facts(read_columns(per_line))
+    assert read.events == len(events) and len(read.kernels) > 1

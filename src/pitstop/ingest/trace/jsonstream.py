@@ -3,16 +3,20 @@ memory and cost on any input.
 
 Why not a streaming parser per event: profiling ``pitstop analyze`` showed the per-event parser (ijson) at
 ~80% of the time. Kineto writes one event per line or per indented block, each followed by ``},\\n``; a
-newline cannot occur inside a JSON string, so a chunk of decompressed text cut after such a mark is, when it
-parses, exactly a run of whole events (the chunk starts at an event boundary, and a parse of ``[chunk]``
+newline cannot occur inside a JSON string, so a chunk of decompressed bytes cut after such a mark is, when
+it parses, exactly a run of whole events (the chunk starts at an event boundary, and a parse of ``[chunk]``
 that succeeds ends at one). A caller's ``fast`` decoder (events.py passes msgspec's, see fastevents.py)
-takes each chunk first; where it declines, the C ``json`` decoder builds a few thousand events per call. A
-chunk that does not parse (another layout, or a mark inside a nested value) is read value by value with
-``raw_decode``, which is exact for any valid JSON. Both paths give the same objects as any JSON parser
-(ints stay ints, other numbers are floats).
+takes each chunk first, as bytes; where it declines, the C ``json`` decoder builds a few thousand events
+per call. A chunk that does not parse (another layout, or a mark inside a nested value) is read value by
+value with ``raw_decode``, which is exact for any valid JSON. Both paths give the same objects as any JSON
+parser (ints stay ints, other numbers are floats).
+
+Why bytes: decoding the text to ``str`` cost as much as inflating it (~1 s per GiB). The bytes are checked
+to be UTF-8 as they come (``isascii`` for the usual all-ASCII trace) and only what the stdlib decoder reads
+is decoded: a declined chunk, or a window around one value.
 
 Limits, each ending in one ``IngestError`` line: one event (or other top-level value) at most
-``MAX_VALUE`` characters (a 200 MB kernel name), nesting within the interpreter's recursion limit (about
+``MAX_VALUE`` bytes (a 200 MB kernel name), nesting within the interpreter's recursion limit (about
 1,000; a Kineto event nests 4 deep), at most ``MAX_RATIO`` times more text than gzip bytes once past
 ``RATIO_FLOOR`` (a gzip bomb), and no ``NaN`` / ``Infinity`` literals (not JSON).
 """
@@ -33,13 +37,14 @@ from typing import IO, Any, cast
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.readers import GZIP_MAGIC
 
-READ_CHARS = 1 << 20  # decompressed bytes per read (~3,000 Kineto events): larger saves no time
-MAX_VALUE = 32 << 20  # characters in one event or top-level value
+READ_BYTES = 1 << 20  # decompressed bytes per read (~3,000 Kineto events): larger saves no time
+MAX_VALUE = 32 << 20  # bytes in one event or top-level value
+FIRST_WINDOW = 4096  # bytes decoded around a value read on its own, widened while it does not fit
 MAX_RATIO = 200  # decompressed / compressed; Kineto JSON gzips 10-25x, deflate's ceiling is ~1,030x
 RATIO_FLOOR = 64 << 20  # the ratio is checked once this much text came out
-_WS = re.compile(r"[ \t\n\r]*")
-_MARK = "},\n"
-Fast = Callable[[str], "list[Any] | None"]
+_WS = re.compile(rb"[ \t\n\r]*")
+_MARK = b"},\n"
+Fast = Callable[[bytes], "list[Any] | None"]
 
 
 class _NonFinite(ValueError):
@@ -93,7 +98,7 @@ def _gzip_reader(fileobj: Any) -> tuple[Any, tuple[type[BaseException], ...]]:
 
 
 class _Text:
-    """Decompressed, decoded text of a trace, read in pieces, with the ratio check."""
+    """Decompressed bytes of a trace, read in pieces, checked to be UTF-8, with the ratio check."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -110,13 +115,14 @@ class _Text:
             raw.seek(0)
             self.stream, self.corrupt = raw, ()
         self.raw = raw
-        self.decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("strict")
+        self.utf8_pending = False  # a multi-byte character is cut between two reads
         self.produced = 0
         self.eof = False
 
-    def read(self, n: int) -> str:
+    def read(self, n: int) -> bytes:
         if self.eof:
-            return ""
+            return b""
         try:
             data = self.stream.read(n)
         except self.corrupt as exc:
@@ -133,10 +139,13 @@ class _Text:
                     "decompression bomb"
                 )
         self.eof = not data
-        try:
-            return self.decoder.decode(data, final=self.eof)
-        except UnicodeDecodeError:
-            raise IngestError(f"{self.path}: not UTF-8 text") from None
+        if self.utf8_pending or not data.isascii():  # ASCII is UTF-8: most traces are never decoded here
+            try:
+                self.utf8.decode(data, final=self.eof)
+            except UnicodeDecodeError:
+                raise IngestError(f"{self.path}: not UTF-8 text") from None
+            self.utf8_pending = bool(self.utf8.getstate()[0])
+        return data
 
     def close(self) -> None:
         self.stream.close()
@@ -161,12 +170,13 @@ class _Reader:
         self.text = text
         self.fast = fast
         self.path = text.path
-        self.buf = ""
+        self.buf = b""
         self.i = 0
         self.base = 0  # offset in the text of buf[0]
+        self.window = FIRST_WINDOW  # bytes to decode for the next value read on its own
 
     # -- buffer ---------------------------------------------------------------------------------------
-    def more(self, n: int = READ_CHARS) -> bool:
+    def more(self, n: int = READ_BYTES) -> bool:
         """Append at least some text (compacting what was consumed); False at the end of the input."""
         if self.i > (len(self.buf) >> 1):
             self.buf = self.buf[self.i :]
@@ -181,11 +191,11 @@ class _Reader:
                 return False
 
     def ws(self) -> str:
-        """Skip whitespace; the next character ('' at the end of the input)."""
+        """Skip whitespace; the next byte as a character ('' at the end of the input)."""
         while True:
             self.i = _WS.match(self.buf, self.i).end()  # type: ignore[union-attr]
             if self.i < len(self.buf):
-                return self.buf[self.i]
+                return chr(self.buf[self.i])
             if not self.more():
                 return ""
 
@@ -193,32 +203,52 @@ class _Reader:
         return IngestError(f"{self.path}: invalid JSON in the trace ({what})")
 
     def value(self) -> Any:
-        """Exactly one JSON value at the cursor, reading more while it is incomplete (up to MAX_VALUE)."""
+        """Exactly one JSON value at the cursor, reading more while it is incomplete (up to MAX_VALUE).
+
+        The stdlib decoder reads ``str``: a window of the bytes from the cursor is decoded, twice the last
+        value's size, widened while the value does not fit in it (so a file of values read one by one
+        decodes each byte a few times, not once per value)."""
         self.ws()
+        want = self.window
         while True:
+            pending = len(self.buf) - self.i
+            whole = want >= pending  # the window holds all the text read so far
+            window = self.buf[self.i : self.i + want]
+            text, _ = codecs.utf_8_decode(window, "strict", False)  # checked: only a cut tail is left out
             try:
-                obj, end = _DECODER.raw_decode(self.buf, self.i)
+                obj, end = _DECODER.raw_decode(text)
             except _NonFinite as exc:
                 raise self.fail(f"{exc.args[0]} is not a JSON number") from None
             except RecursionError:
                 raise IngestError(f"{self.path}: JSON nested too deeply to be a profiler trace") from None
             except json.JSONDecodeError as exc:
-                pending = len(self.buf) - self.i
+                if not whole:
+                    want *= 4
+                    continue
                 if pending > MAX_VALUE:
                     raise IngestError(
                         f"{self.path}: one event or value is longer than {MAX_VALUE >> 20} MiB, which no "
                         "profiler trace writes"
                     ) from None
-                if not self.more(max(READ_CHARS, pending)):
+                if not self.more(max(READ_BYTES, pending)):
                     raise self.fail(f"{exc.msg}; the file may be truncated") from None
                 continue
-            self.i = end
+            if end == len(text) and (not whole or self.more(max(READ_BYTES, pending))):
+                want *= 4  # it ends where the window does: a number may go on past it
+                continue
+            used = end if len(text) == len(window) else len(text[:end].encode())  # all ASCII: chars = bytes
+            self.i += used
+            self.window = max(FIRST_WINDOW, 2 * used)
             return obj
 
     def expect(self, chars: str) -> str:
         c = self.ws()
         if c == "" or c not in chars:
-            got = "the end of the file" if c == "" else repr(c)
+            got = (
+                "the end of the file"
+                if c == ""
+                else repr(self.buf[self.i : self.i + 4].decode(errors="replace")[0])
+            )
             raise self.fail(f"expected one of {' '.join(chars)} but found {got}")
         self.i += 1
         return c
@@ -242,10 +272,10 @@ class _Reader:
             if self.expect(",}") == "}":
                 return
 
-    def exact(self, chunk: str) -> list[Any] | None:
+    def exact(self, chunk: bytes) -> list[Any] | None:
         """A chunk by the stdlib decoder; None where it is not a JSON array (read value by value)."""
         try:
-            return _DECODER.decode(chunk)
+            return _DECODER.decode(chunk.decode())  # UTF-8: checked as it was read
         except RecursionError:
             raise IngestError(f"{self.path}: JSON nested too deeply to be a profiler trace") from None
         except ValueError:
@@ -268,7 +298,7 @@ class _Reader:
                     if len(self.buf) - self.i < MAX_VALUE and self.more():
                         continue
                 else:
-                    chunk = f"[{self.buf[self.i : cut + 1]}]"  # one copy fewer than "[" + ... + "]"
+                    chunk = b"".join((b"[", self.buf[self.i : cut + 1], b"]"))  # b"[%b]" % ... is 15x slower
                     batch = self.fast(chunk) if self.fast is not None else None
                     if batch is None:
                         batch = self.exact(chunk)
@@ -287,7 +317,7 @@ def event_batches(path: Path, fast: Fast | None = None) -> Iterator[list[Any]]:
     """Lists of ``traceEvents`` items, in file order; an unreadable trace raises one IngestError.
 
     ``fast``, when given, is tried first on each chunk of whole events (``[...]`` text): a list it returns
-    is yielded as the batch, None sends the chunk to the exact path (the stdlib decoder, then value by
+    is yielded as the batch (its argument is ``[...]`` bytes), None sends the chunk to the exact path (the stdlib decoder, then value by
     value), so a batch is either all ``fast`` items or all plain JSON values."""
     text = _Text(path)
     try:
