@@ -416,11 +416,13 @@ def read_columns(path: Path) -> TraceColumns:
     """
     from msgspec import Struct
 
-    from pitstop.ingest.trace.fastevents import NO_ARGS, Event, as_event, decode
+    from pitstop.ingest.trace.fastevents import MISSING, NO_ARGS, Event, as_event, decode
 
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
     kernels, runtime = cols.kernels, cols.runtime
+    k_ts, k_end, k_stream, k_device = kernels.ts, kernels.end, kernels.stream, kernels.device
+    k_corr, k_external, k_code = kernels.correlation, kernels.external, kernels.code
     kernel_cache, plain_names, cpu_add = _Memo(_kernel_info), _Memo(_plain_name), cols.cpu_ops.add
     gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
     categories: dict[str, int] = {}
@@ -478,9 +480,19 @@ def read_columns(path: Path) -> TraceColumns:
                     cols.vendor = (
                         "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
                     )
-            elif role == _KERNEL:
+            elif role == _KERNEL:  # _add_gpu, inline: a kernel is a tenth of the events
                 info = kernel_cache[name]
-                _add_gpu(kernels, ts, dur, args, info[0])
+                k_ts.append(ts)
+                k_end.append(ts + dur)
+                v = args.stream
+                k_stream.append(v if type(v) is int and v in _IDS else _int(v))
+                v = args.device
+                k_device.append(v if type(v) is int and v in _IDS else _int(v))
+                v = args.correlation
+                k_corr.append(v if type(v) is int and v in _IDS else _int(v))
+                v = args.external if args.external is not MISSING else args.external_lower
+                k_external.append(v if type(v) is int and v in _IDS else _int(v))
+                k_code.append(info[0])
                 if info[1] is not None:
                     gemm_time[info[1]] += dur
                 if info[0] == COMMUNICATION:
