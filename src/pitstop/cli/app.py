@@ -33,6 +33,8 @@ HistoryOpt = Annotated[
     typer.Option("--history", help="The history database (default: $PITSTOP_HISTORY or per-user)."),
 ]
 NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not record this result in the history.")]
+CommandArg = Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")]
+TimeoutOpt = Annotated[float | None, typer.Option(help="Stop the command after this many seconds.")]
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -42,7 +44,7 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def doctor(
-    command: Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")] = None,
+    command: CommandArg = None,
     steps: Annotated[
         str,
         typer.Option(
@@ -66,7 +68,7 @@ def doctor(
     quiet: Annotated[
         bool | None, typer.Option("--quiet/--verbose", help="Hide / show the command's output.")
     ] = None,
-    timeout: Annotated[float | None, typer.Option(help="Stop the command after this many seconds.")] = None,
+    timeout: TimeoutOpt = None,
     html: HtmlOpt = None,
     tensorboard: TensorboardOpt = None,
     history: HistoryOpt = None,
@@ -110,7 +112,7 @@ def doctor(
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def watch(
-    command: Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")] = None,
+    command: CommandArg = None,
     window_steps: Annotated[int, typer.Option(min=4, help="Close a window every this many steps.")] = 200,
     window_seconds: Annotated[
         float | None, typer.Option(min=1, help="... or every this many seconds of steps, if sooner.")
@@ -132,7 +134,7 @@ def watch(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the result as JSON (pitstop.run/1 with `watch`).")
     ] = None,
-    timeout: Annotated[float | None, typer.Option(help="Stop the command after this many seconds.")] = None,
+    timeout: TimeoutOpt = None,
     html: HtmlOpt = None,
     tensorboard: TensorboardOpt = None,
     history: HistoryOpt = None,
@@ -173,7 +175,7 @@ JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the diagnosi
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def tune(
-    command: Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")] = None,
+    command: CommandArg = None,
     demo: Annotated[
         bool, typer.Option("--demo", help="Tune the built-in, deliberately slow example.")
     ] = False,
