@@ -16,46 +16,28 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.cache_inputs import number_rows, number_tokenizer
 
 from pitstop.data import fsops
 from pitstop.data.cache import build_cache, open_cache
 from pitstop.data.errors import DataError
 from pitstop.data.lock import BuildLock
-from pitstop.demo.prepare import train_tokenizer
 
 pytest.importorskip("tokenizers")
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _rows(n: int) -> str:
-    return "".join(
-        json.dumps(
-            {"instruction": f"Say the number {k} in words.", "output": "It is " + "very " * (k % 7) + f"{k}."}
-        )
-        + "\n"
-        for k in range(n)
-    )
-
-
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     path = tmp_path / "train.jsonl"
-    path.write_text(_rows(40))
+    path.write_text(number_rows(40))
     return path
 
 
 @pytest.fixture
 def tokenizer(tmp_path: Path) -> Path:
-    folder = tmp_path / "tok"
-    folder.mkdir()
-    texts = [
-        f"Say the number {k} in words. It is very {k}. ### Instruction: Response: Below is"
-        for k in range(200)
-    ]
-    (folder / "tokenizer.json").write_text(train_tokenizer(texts))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>"}))
-    return folder
+    return number_tokenizer(tmp_path / "tok")
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -192,7 +174,7 @@ def test_concurrent_builds_of_one_cache_both_succeed_and_publish_it_whole(
     tokenizer: Path, tmp_path: Path
 ) -> None:
     data = tmp_path / "many.jsonl"
-    data.write_text(_rows(3000))
+    data.write_text(number_rows(3000))
     reference = _files(build_cache(data, tokenizer, tmp_path / "reference", workers=1))
     for round_ in range(3):
         out, go = tmp_path / f"out-{round_}", tmp_path / f"go-{round_}"
@@ -249,7 +231,7 @@ def test_a_stopped_cache_build_ends_its_workers_quietly_and_says_what_it_kept(
     how: str, tokenizer: Path, tmp_path: Path
 ) -> None:
     data = tmp_path / "big.jsonl"
-    data.write_text(_rows(100_000))  # five shards of 20,000: far from done when the first one lands
+    data.write_text(number_rows(100_000))  # five shards of 20,000: far from done when the first one lands
     out = tmp_path / "cache"
     options = ["--out", str(out), "--workers", "2"]
     proc = subprocess.Popen(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.cache_inputs import number_rows, number_tokenizer
 
 from pitstop.data import fsops
 from pitstop.data.cache import build_cache, open_cache
@@ -24,28 +25,14 @@ CHAT_TEMPLATE = (
 
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
-    rows = [
-        {"instruction": f"Say the number {k} in words.", "output": "It is " + "very " * (k % 7) + f"{k}."}
-        for k in range(40)
-    ]
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text(number_rows(40))
     return path
 
 
 @pytest.fixture
 def tokenizer(tmp_path: Path) -> Path:
-    folder = tmp_path / "tok"
-    folder.mkdir()
-    texts = [
-        f"Say the number {k} in words. It is very {k}. ### Instruction: Response: Below is"
-        for k in range(200)
-    ]
-    (folder / "tokenizer.json").write_text(train_tokenizer(texts))
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "</s>", "bos_token": "<s>", "chat_template": CHAT_TEMPLATE})
-    )
-    return folder
+    return number_tokenizer(tmp_path / "tok", CHAT_TEMPLATE)
 
 
 def test_build_open_and_masks(data: Path, tokenizer: Path, tmp_path: Path) -> None:
