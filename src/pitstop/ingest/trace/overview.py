@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pitstop.ingest.trace.events import COMMUNICATION, TraceColumns
-from pitstop.ingest.trace.intervals import covers, union
+from pitstop.ingest.trace.intervals import covers, sorted_unique, union
 
 ROLES = ("Kernel", "Memcpy", "Memset", "Communication", "Runtime", "DataLoader", "CPU Exec")
 
@@ -185,7 +185,7 @@ def overview(cols: TraceColumns) -> Overview:
         for starts, ends in roles:  # the (sorted, disjoint) intervals that reach into the step
             a, b = np.searchsorted(ends, lo, side="left"), np.searchsorted(starts, hi, side="right")
             window.append((starts[a:b], ends[a:b]))
-        points = np.unique(np.concatenate([np.array([lo, hi]), *(x for pair in window for x in pair)]))
+        points = sorted_unique(np.concatenate([np.array([lo, hi]), *(x for pair in window for x in pair)]))
         points = points[(points >= lo) & (points <= hi)]
         mids = (points[:-1] + points[1:]) / 2
         owner = np.full(mids.size, len(ROLES), dtype=np.int64)  # "Other" unless a role covers the moment

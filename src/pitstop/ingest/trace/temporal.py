@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pitstop.ingest.trace.events import COMPUTE, MEMORY_KERNEL, GpuColumns, TraceColumns
-from pitstop.ingest.trace.intervals import length, union
+from pitstop.ingest.trace.intervals import length, sorted_unique, union
 
 KERNEL_WAIT_US = 30.0
 
@@ -98,7 +98,7 @@ def temporal(cols: TraceColumns) -> Temporal | None:
     step_starts = sorted({start for _, start, _ in cols.steps})
     if len({n for n, _, _ in cols.steps}) >= 2:
         last = np.ceil(step_starts[-1]) if fractional else step_starts[-1]
-        launched_before = np.unique(rt_corr[(rt_round < last) & (rt_corr >= 0)])
+        launched_before = sorted_unique(rt_corr[(rt_round < last) & (rt_corr >= 0)])
         if launched_before.size:  # membership by binary search: np.isin would sort both arrays together
             pos = np.minimum(np.searchsorted(launched_before, gpu["corr"]), launched_before.size - 1)
             keep = launched_before[pos] == gpu["corr"]
@@ -133,7 +133,7 @@ def _idle_split(
     host: list[np.ndarray] = []
     kernel: list[np.ndarray] = []
     other: list[np.ndarray] = []
-    for s in np.unique(stream[eligible]).tolist():
+    for s in sorted_unique(stream[eligible]).tolist():
         mask = eligible & (stream == s)
         order = np.argsort(ts[mask], kind="stable")
         s_ts, s_end, s_corr = ts[mask][order], end[mask][order], corr[mask][order]
