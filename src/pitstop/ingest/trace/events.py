@@ -291,12 +291,6 @@ def _head_metadata(path: Path, columns: TraceColumns) -> None:
         columns.device_names[int(dev.group(1))] = dev.group(2)
 
 
-def _num(value: Any) -> float:
-    if isinstance(value, int | float):
-        return float(value)
-    return float(value)  # strings of numbers (some exporters quote them); raises ValueError otherwise
-
-
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the id columns (array "q") hold
 _IDS = range(INT64_MIN, INT64_MAX + 1)
 
@@ -416,7 +410,7 @@ def read_columns(path: Path) -> TraceColumns:
     """
     from msgspec import Struct
 
-    from pitstop.ingest.trace.fastevents import MISSING, NO_ARGS, Event, as_event, decode
+    from pitstop.ingest.trace.fastevents import BAD, MISSING, NO_ARGS, Event, as_event, decode
 
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
@@ -433,18 +427,11 @@ def read_columns(path: Path) -> TraceColumns:
         if batch and not isinstance(batch[0], Struct):  # the exact path's plain JSON values
             batch = [ev for ev in map(as_event, batch) if ev is not None]
         for ev in batch:
-            if type(ev) is not Event:  # another phase
+            if type(ev) is not Event:  # another phase, or a complete event without a numeric time
+                if ev is BAD:
+                    bad += 1
                 continue
-            try:
-                ts = ev.ts
-                if type(ts) is not float and type(ts) is not int:
-                    ts = _num(ts)  # MISSING (no "ts") raises TypeError: a malformed event
-                dur = ev.dur
-                if type(dur) is not float and type(dur) is not int:
-                    dur = _num(dur)
-            except (TypeError, ValueError):
-                bad += 1
-                continue
+            ts, dur = ev.ts, ev.dur  # numbers: fastevents made any other event BAD
             if dur < 0:
                 negative += 1
                 continue

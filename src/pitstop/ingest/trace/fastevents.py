@@ -69,14 +69,25 @@ class Args(Struct, gc=False):
 PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V", "v", "R", "c")
 
 
-class Event(Struct, gc=False, tag="X", tag_field="ph"):
-    """A complete event (``"ph": "X"``), the only phase the analyses read."""
+class Event(Struct, gc=False, tag="X", tag_field="ph", kw_only=True):
+    """A complete event (``"ph": "X"``), the only phase the analyses read.
+
+    ``ts`` and ``dur`` are numbers here, on every path (the event loop then checks only their range): a
+    quoted number, a boolean or a missing ``ts`` sends msgspec's chunk to the untagged decoder, and
+    ``_complete`` converts the value as ``float()`` does, or makes the event ``BAD``."""
 
     cat: Any = ""
     name: Any = ""
-    ts: Any = MISSING
-    dur: Any = 0.0
+    ts: int | float
+    dur: int | float = 0.0
     args: Args | None = None
+
+
+class _Bad(Struct, gc=False):
+    """A complete event whose time is not a number: the loop counts it as malformed."""
+
+
+BAD = _Bad()
 
 
 def _skipped(phase: str) -> type[Struct]:
@@ -116,7 +127,20 @@ def decode(text: bytes | str) -> list[Any] | None:
         events = _UNTAGGED.decode(text)
     except Exception:
         return None
-    return [Event(e.cat, e.name, e.ts, e.dur, e.args) if e.ph == "X" else _OTHER for e in events]
+    return [_complete(e.cat, e.name, e.ts, e.dur, e.args) if e.ph == "X" else _OTHER for e in events]
+
+
+def _complete(cat: Any, name: Any, ts: Any, dur: Any, args: Args | None) -> Event | _Bad:
+    """An Event from untyped fields: a time that is not an int or float is converted by ``float()`` (a
+    quoted number, a boolean), and an event without a numeric time is BAD."""
+    try:
+        if type(ts) is not float and type(ts) is not int:
+            ts = float(ts)  # MISSING, None, a list: TypeError
+        if type(dur) is not float and type(dur) is not int:
+            dur = float(dur)
+    except (TypeError, ValueError):
+        return BAD
+    return Event(cat=cat, name=name, ts=ts, dur=dur, args=args)
 
 
 def _as_args(value: dict[str, Any]) -> Args:
@@ -137,15 +161,16 @@ def _as_args(value: dict[str, Any]) -> Args:
     )
 
 
-def as_event(value: Any) -> Event | None:
-    """A stdlib-decoded item as the Event msgspec would give, None if it is not a complete event."""
+def as_event(value: Any) -> Event | _Bad | None:
+    """A stdlib-decoded item as the Event msgspec would give (BAD for a time that is not a number), None
+    if it is not a complete event."""
     if type(value) is not dict or value.get("ph") != "X":
         return None
     args = value.get("args")
-    return Event(
-        cat=value.get("cat", ""),
-        name=value.get("name", ""),
-        ts=value.get("ts", MISSING),
-        dur=value.get("dur", 0.0),
-        args=_as_args(args) if type(args) is dict else None,
+    return _complete(
+        value.get("cat", ""),
+        value.get("name", ""),
+        value.get("ts", MISSING),
+        value.get("dur", 0.0),
+        _as_args(args) if type(args) is dict else None,
     )
