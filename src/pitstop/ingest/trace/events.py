@@ -10,6 +10,7 @@ works on these columns; a 1 GB trace costs tens of MB, not tens of GB.
 
 from __future__ import annotations
 
+import math
 import re
 from array import array
 from collections import Counter
@@ -417,7 +418,11 @@ def read_columns(path: Path) -> TraceColumns:
     kernels, runtime = cols.kernels, cols.runtime
     k_ts, k_end, k_stream, k_device = kernels.ts, kernels.end, kernels.stream, kernels.device
     k_corr, k_external, k_code = kernels.correlation, kernels.external, kernels.code
-    kernel_cache, plain_names, cpu_add = _Memo(_kernel_info), _Memo(_plain_name), cols.cpu_ops.add
+    kernel_cache, plain_names = _Memo(_kernel_info), _Memo(_plain_name)
+    # the CPU operators' union as it grows (MergedColumns.add, inline): the last interval stays in
+    # locals until one that does not overlap it arrives; half of a trace's events are CPU operators
+    cpu_ts, cpu_end = cols.cpu_ops.ts, cols.cpu_ops.end
+    open_ts, open_end = math.inf, -math.inf  # none yet
     gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
     categories: dict[str, int] = {}
     cat_cache = _Memo(_category)
@@ -451,10 +456,20 @@ def read_columns(path: Path) -> TraceColumns:
                 name = str(name)
             args = ev.args or NO_ARGS  # a struct is always true
             if role == _CPU:
-                if plain_names[name] and cat != "user_annotation":
-                    cpu_add(ts, dur)  # what _cpu_event does with most operators, one call cheaper
-                else:
-                    _cpu_event(cols, cat, name, ts, dur, args)
+                if (plain_names[name] and cat != "user_annotation") or _cpu_event(
+                    cols, cat, name, ts, dur, args
+                ):
+                    end = ts + dur
+                    if ts <= open_end and end >= open_ts:  # overlaps the open interval: keep the hull
+                        if end > open_end:
+                            open_end = end
+                        if ts < open_ts:
+                            open_ts = ts
+                    else:
+                        if open_ts <= open_end:
+                            cpu_ts.append(open_ts)
+                            cpu_end.append(open_end)
+                        open_ts, open_end = ts, end
             elif role == _RUNTIME:
                 runtime.ts.append(ts)
                 runtime.end.append(ts + dur)
@@ -486,6 +501,9 @@ def read_columns(path: Path) -> TraceColumns:
                     _add_collective(cols, name, ts, dur, args)
             else:
                 _other_gpu_event(cols, role, name, ts, dur, args)
+    if open_ts <= open_end:
+        cpu_ts.append(open_ts)
+        cpu_end.append(open_end)
     return _totals(cols, n_events, bad, negative, categories, gemm_time)
 
 
@@ -538,30 +556,31 @@ def _add_collective(cols: TraceColumns, name: str, ts: float, dur: float, args: 
     c.group_size.append(_int(args.group_size))
 
 
-def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, args: Args) -> None:
+def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, args: Args) -> bool:
+    """Keep what a CPU-side event says; True when it is an operator that the caller adds to the CPU
+    operators' union (the event loop holds that union's last interval)."""
     if name.startswith("ProfilerStep#"):
         step = STEP_NAME.match(name)
         if step:
             cols.steps.append((int(step.group(1)), ts, ts + dur))
-            return
+            return False
     if name.startswith(("enumerate(DataLoader)", "enumerate(DataPipe)#")):
         cols.dataloader_names[name] += 1
         if name.endswith(".__next__") or name.startswith("enumerate(DataPipe)#"):
             cols.dataloader.add(ts, dur)  # the batch fetch itself (iterator creation is not a wait)
-        return
+        return False
     if name in COMM_OP_NAMES:
         cols.comm_ops.add(ts, dur)
         external = _int(args.external_id())
         if external >= 0:
             cols.comm_externals.add(external)
-        return
+        return False
     if cat == "user_annotation":
         cols.annotations.add(ts, dur)
-        return
-    cols.cpu_ops.add(ts, dur)
+        return False
     role = _OP_ROLES.get(name)
     if role is None:
-        return
+        return True
     if role == _OP_SYNC:
         cols.sync_ops.add(ts, dur)
     elif role == _OP_ATTENTION:
@@ -574,3 +593,4 @@ def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, a
         cols.softmax_ops += 1
     elif role == _OP_BMM:
         cols.bmm_ops += 1
+    return True
