@@ -386,6 +386,11 @@ class _Memo(dict[K, V]):
 _MEMO_LIMIT = 1 << 16
 
 
+def _runtime_flags(name: str) -> tuple[int, int]:
+    """(blocking synchronization, kernel launch) for a runtime call's name, as the 0/1 columns hold them."""
+    return (1 if name in SYNC_RUNTIME else 0), (1 if name in LAUNCH_NAMES else 0)
+
+
 def _plain_name(name: str) -> bool:
     """True for an operator name that _cpu_event only adds to the CPU intervals (no step, DataLoader,
     collective or operator role)."""
@@ -416,8 +421,15 @@ def read_columns(path: Path) -> TraceColumns:
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
     kernels, runtime = cols.kernels, cols.runtime
-    k_ts, k_end, k_stream, k_device = kernels.ts, kernels.end, kernels.stream, kernels.device
-    k_corr, k_external, k_code = kernels.correlation, kernels.external, kernels.code
+    # the columns' bound append methods: one call each, no attribute lookups, in the loop
+    k_ts, k_end, k_stream, k_device = (
+        a.append for a in (kernels.ts, kernels.end, kernels.stream, kernels.device)
+    )
+    k_corr, k_external, k_code = (a.append for a in (kernels.correlation, kernels.external, kernels.code))
+    rt_ts, rt_end, rt_corr = (a.append for a in (runtime.ts, runtime.end, runtime.correlation))
+    rt_sync, rt_launch, rt_driver = (a.append for a in (runtime.sync, runtime.launch, runtime.driver))
+    runtime_flags = _Memo(_runtime_flags)
+    vendor: str | None = None
     kernel_cache, plain_names = _Memo(_kernel_info), _Memo(_plain_name)
     # the CPU operators' union as it grows (MergedColumns.add, inline): the last interval stays in
     # locals until one that does not overlap it arrives; half of a trace's events are CPU operators
@@ -471,30 +483,29 @@ def read_columns(path: Path) -> TraceColumns:
                             cpu_end.append(open_end)
                         open_ts, open_end = ts, end
             elif role == _RUNTIME:
-                runtime.ts.append(ts)
-                runtime.end.append(ts + dur)
+                rt_ts(ts)
+                rt_end(ts + dur)
                 corr = args.correlation
-                runtime.correlation.append(corr if type(corr) is int and corr in _IDS else _int(corr))
-                runtime.sync.append(1 if name in SYNC_RUNTIME else 0)
-                runtime.launch.append(1 if name in LAUNCH_NAMES else 0)
-                runtime.driver.append(1 if cat == "cuda_driver" else 0)
-                if cols.vendor is None:
-                    cols.vendor = (
-                        "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
-                    )
+                rt_corr(corr if type(corr) is int and corr in _IDS else _int(corr))
+                sync, launch = runtime_flags[name]
+                rt_sync(sync)
+                rt_launch(launch)
+                rt_driver(1 if cat == "cuda_driver" else 0)
+                if vendor is None:
+                    vendor = "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
             elif role == _KERNEL:  # _add_gpu, inline: a kernel is a tenth of the events
                 info = kernel_cache[name]
-                k_ts.append(ts)
-                k_end.append(ts + dur)
+                k_ts(ts)
+                k_end(ts + dur)
                 v = args.stream
-                k_stream.append(v if type(v) is int and v in _IDS else _int(v))
+                k_stream(v if type(v) is int and v in _IDS else _int(v))
                 v = args.device
-                k_device.append(v if type(v) is int and v in _IDS else _int(v))
+                k_device(v if type(v) is int and v in _IDS else _int(v))
                 v = args.correlation
-                k_corr.append(v if type(v) is int and v in _IDS else _int(v))
+                k_corr(v if type(v) is int and v in _IDS else _int(v))
                 v = args.external if args.external is not MISSING else args.external_lower
-                k_external.append(v if type(v) is int and v in _IDS else _int(v))
-                k_code.append(info[0])
+                k_external(v if type(v) is int and v in _IDS else _int(v))
+                k_code(info[0])
                 if info[1] is not None:
                     gemm_time[info[1]] += dur
                 if info[0] == COMMUNICATION:
@@ -504,6 +515,7 @@ def read_columns(path: Path) -> TraceColumns:
     if open_ts <= open_end:
         cpu_ts.append(open_ts)
         cpu_end.append(open_end)
+    cols.vendor = vendor
     return _totals(cols, n_events, bad, negative, categories, gemm_time)
 
 
