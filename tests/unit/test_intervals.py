@@ -1,4 +1,4 @@
-"""Interval arithmetic the trace analyses rest on, against plain definitions."""
+"""Interval arithmetic and the sorted lookups the trace analyses rest on, against plain definitions."""
 
 from __future__ import annotations
 
@@ -28,3 +28,18 @@ def test_union_length_and_overlap_by_brute_force() -> None:
     other = union(np.array([100.0, 500.0]), np.array([300.0, 900.0]))
     expected = covered[100:300].sum() + covered[500:900].sum()
     assert intersection_length(merged, other) == expected
+
+
+@pytest.mark.parametrize("in_order", [False, True])
+def test_the_last_launch_of_each_id_is_numpys_unique_on_the_reversed_calls(in_order: bool) -> None:
+    from pitstop.ingest.trace.temporal import _last_launch
+
+    rng = np.random.default_rng(2)
+    for size in (0, 1, 2, 5, 1000):
+        ids = rng.integers(-1, 50, size)
+        if in_order:
+            ids = np.sort(ids)
+        times = rng.random(size)
+        keys, last = np.unique(ids[::-1], return_index=True)
+        got_keys, got_times = _last_launch(ids, times)
+        assert np.array_equal(got_keys, keys) and np.array_equal(got_times, times[::-1][last])
