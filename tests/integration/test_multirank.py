@@ -48,11 +48,13 @@ def test_communication_heavy_job_is_communication_bound_first(tmp_path: Path) ->
 
 def test_healthy_two_rank_job_has_no_high_finding(tmp_path: Path) -> None:
     # batch 16: enough compute per step that gloo's all-reduce of 0.6 MB stays a small share of it, whether the
-    # machine is idle (40 ms steps at batch 4) or loaded
-    doc, _ = doctor(tmp_path, *TORCHRUN, SCRIPT, "--batch", "16", steps=10)
-    assert not [f["cause"] for f in doc["findings"] if f["severity"] == "high"]
+    # machine is idle (40 ms steps at batch 4) or loaded. 30 steps: on a busy machine one rank or the other
+    # is descheduled and arrives late; a straggler is HIGH only when the same rank is last in 3 steps of 4,
+    # which chance gave in 10 steps (once in four runs beside two busy processes) but hardly ever in 30
+    doc, _ = doctor(tmp_path, *TORCHRUN, SCRIPT, "--batch", "16", steps=30)
+    assert not [f["cause"] for f in doc["findings"] if f["severity"] == "high"], doc["findings"]
     # per step: DDP's buffer broadcast at the forward's start and one gradient bucket, matched on both ranks
-    assert doc["communication"]["matched_collectives"] == 20
+    assert doc["communication"]["matched_collectives"] == 60
     assert all(r["collectives_per_step"] == 2.0 for r in doc["ranks"])
     assert {b["op"] for b in doc["communication"]["bandwidth"]} == {"all_reduce", "broadcast"}
 
