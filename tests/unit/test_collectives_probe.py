@@ -16,9 +16,13 @@ from pitstop.probe.collectives import CollectiveRecorder  # noqa: E402
 from pitstop.profile import RankProfile, StepRecord  # noqa: E402
 
 
-@pytest.fixture
-def world1(tmp_path: Path) -> Any:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+@pytest.fixture(scope="module")
+def world1(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One 1-rank gloo group for the whole module. A group destroyed and the next created at once, test
+    after test, once aborted the whole pytest process on a busy machine (SIGABRT from a gloo thread while
+    the next group was being made); no test here needs a fresh group."""
+    store = tmp_path_factory.mktemp("world1") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 
