@@ -408,41 +408,58 @@ def _category(raw: object) -> tuple[str, int]:
 
 
 def read_columns(path: Path) -> TraceColumns:
-    """One streaming pass over a Kineto trace.
-
-    The loop is the hot path of ``pitstop analyze`` (after JSON decoding, most of its time): per-name and
-    per-category facts are cached, numbers that already are floats skip conversion, and the work per event
-    is inline.
-    """
+    """One streaming pass over a Kineto trace (the loop itself: ``_EventLoop.take``)."""
     from msgspec import Struct
 
-    from pitstop.ingest.trace.fastevents import BAD, MISSING, NO_ARGS, Event, as_event, decode
+    from pitstop.ingest.trace.fastevents import as_event, decode
 
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
-    kernels, runtime = cols.kernels, cols.runtime
-    # the columns' bound append methods: one call each, no attribute lookups, in the loop
-    k_ts, k_end, k_stream, k_device = (
-        a.append for a in (kernels.ts, kernels.end, kernels.stream, kernels.device)
-    )
-    k_corr, k_external, k_code = (a.append for a in (kernels.correlation, kernels.external, kernels.code))
-    rt_ts, rt_end, rt_corr = (a.append for a in (runtime.ts, runtime.end, runtime.correlation))
-    rt_sync, rt_launch, rt_driver = (a.append for a in (runtime.sync, runtime.launch, runtime.driver))
-    runtime_flags = _Memo(_runtime_flags)
-    vendor: str | None = None
-    kernel_cache, plain_names = _Memo(_kernel_info), _Memo(_plain_name)
-    # the CPU operators' union as it grows (MergedColumns.add, inline): the last interval stays in
-    # locals until one that does not overlap it arrives; half of a trace's events are CPU operators
-    cpu_ts, cpu_end = cols.cpu_ops.ts, cols.cpu_ops.end
-    open_ts, open_end = math.inf, -math.inf  # none yet
-    gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
-    categories: dict[str, int] = {}
-    cat_cache = _Memo(_category)
-    n_events = bad = negative = 0
+    loop = _EventLoop(cols)
     for batch in event_batches(path, decode):
-        n_events += len(batch)
+        loop.n_events += len(batch)
         if batch and not isinstance(batch[0], Struct):  # the exact path's plain JSON values
             batch = [ev for ev in map(as_event, batch) if ev is not None]
+        loop.take(batch)
+    return loop.finish()
+
+
+class _EventLoop:
+    """The hot path of ``pitstop analyze`` after JSON decoding. Per-name and per-category facts are
+    cached, the columns' append methods are bound once, and the work per event is inline: ``take`` copies
+    what it uses into locals for a batch and stores the running state back at its end."""
+
+    def __init__(self, cols: TraceColumns) -> None:
+        self.cols = cols
+        runtime = cols.runtime
+        columns = (runtime.ts, runtime.end, runtime.correlation, runtime.sync, runtime.launch, runtime.driver)
+        self.runtime_appends = tuple(a.append for a in columns)
+        self.runtime_flags = _Memo(_runtime_flags)
+        self.kernel_cache, self.plain_names, self.cat_cache = (
+            _Memo(_kernel_info),
+            _Memo(_plain_name),
+            _Memo(_category),
+        )
+        self.gemm_time = dict.fromkeys(_GEMM_KINDS, 0.0)
+        self.categories: dict[str, int] = {}
+        self.vendor: str | None = None
+        self.n_events = self.bad = self.negative = 0
+        # the CPU operators' union as it grows (MergedColumns.add, inline): the last interval stays in
+        # locals until one that does not overlap it arrives; half of a trace's events are CPU operators
+        self.open_ts, self.open_end = math.inf, -math.inf  # none yet
+
+    def take(self, batch: list[Any]) -> None:
+        from pitstop.ingest.trace.fastevents import BAD, NO_ARGS, Event
+
+        cols, categories, cat_cache, plain_names = (
+            self.cols,
+            self.categories,
+            self.cat_cache,
+            self.plain_names,
+        )
+        rt_ts, rt_end, rt_corr, rt_sync, rt_launch, rt_driver = self.runtime_appends
+        runtime_flags, cpu_ts, cpu_end = self.runtime_flags, cols.cpu_ops.ts, cols.cpu_ops.end
+        open_ts, open_end, vendor, bad, negative = self.open_ts, self.open_end, self.vendor, 0, 0
         for ev in batch:
             if type(ev) is not Event:  # another phase, or a complete event without a numeric time
                 if ev is BAD:
@@ -493,30 +510,43 @@ def read_columns(path: Path) -> TraceColumns:
                 rt_driver(1 if cat == "cuda_driver" else 0)
                 if vendor is None:
                     vendor = "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
-            elif role == _KERNEL:  # _add_gpu, inline: a kernel is a tenth of the events
-                info = kernel_cache[name]
-                k_ts(ts)
-                k_end(ts + dur)
-                v = args.stream
-                k_stream(v if type(v) is int and v in _IDS else _int(v))
-                v = args.device
-                k_device(v if type(v) is int and v in _IDS else _int(v))
-                v = args.correlation
-                k_corr(v if type(v) is int and v in _IDS else _int(v))
-                v = args.external if args.external is not MISSING else args.external_lower
-                k_external(v if type(v) is int and v in _IDS else _int(v))
-                k_code(info[0])
-                if info[1] is not None:
-                    gemm_time[info[1]] += dur
-                if info[0] == COMMUNICATION:
-                    _add_collective(cols, name, ts, dur, args)
+            elif role == _KERNEL:
+                self.kernel(name, ts, dur, args)
             else:
                 _other_gpu_event(cols, role, name, ts, dur, args)
-    if open_ts <= open_end:
-        cpu_ts.append(open_ts)
-        cpu_end.append(open_end)
-    cols.vendor = vendor
-    return _totals(cols, n_events, bad, negative, categories, gemm_time)
+        self.open_ts, self.open_end, self.vendor = open_ts, open_end, vendor
+        self.bad += bad
+        self.negative += negative
+
+    def kernel(self, name: str, ts: float, dur: float, args: Args) -> None:
+        """A kernel's columns, with the fast path for ids that already are 64-bit ints (a tenth of the
+        events are kernels)."""
+        from pitstop.ingest.trace.fastevents import MISSING
+
+        k = self.cols.kernels
+        info = self.kernel_cache[name]
+        k.ts.append(ts)
+        k.end.append(ts + dur)
+        v = args.stream
+        k.stream.append(v if type(v) is int and v in _IDS else _int(v))
+        v = args.device
+        k.device.append(v if type(v) is int and v in _IDS else _int(v))
+        v = args.correlation
+        k.correlation.append(v if type(v) is int and v in _IDS else _int(v))
+        v = args.external if args.external is not MISSING else args.external_lower
+        k.external.append(v if type(v) is int and v in _IDS else _int(v))
+        k.code.append(info[0])
+        if info[1] is not None:
+            self.gemm_time[info[1]] += dur
+        if info[0] == COMMUNICATION:
+            _add_collective(self.cols, name, ts, dur, args)
+
+    def finish(self) -> TraceColumns:
+        if self.open_ts <= self.open_end:
+            self.cols.cpu_ops.ts.append(self.open_ts)
+            self.cols.cpu_ops.end.append(self.open_end)
+        self.cols.vendor = self.vendor
+        return _totals(self.cols, self.n_events, self.bad, self.negative, self.categories, self.gemm_time)
 
 
 def _other_gpu_event(cols: TraceColumns, role: int, name: str, ts: float, dur: float, args: Args) -> None:
