@@ -313,11 +313,16 @@ def iter_events(path: Path) -> Iterator[Any]:
 
 
 def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: Args, code: int) -> None:
+    """One event on a GPU stream; ids that already are 64-bit ints (nearly all) skip ``_int``'s call."""
     cols.add(ts, dur)
-    cols.stream.append(_int(args.stream))
-    cols.device.append(_int(args.device))
-    cols.correlation.append(_int(args.correlation))
-    cols.external.append(_int(args.external_id()))
+    v = args.stream
+    cols.stream.append(v if type(v) is int and v in _IDS else _int(v))
+    v = args.device
+    cols.device.append(v if type(v) is int and v in _IDS else _int(v))
+    v = args.correlation
+    cols.correlation.append(v if type(v) is int and v in _IDS else _int(v))
+    v = args.external_id()
+    cols.external.append(v if type(v) is int and v in _IDS else _int(v))
     cols.code.append(code)
 
 
@@ -519,23 +524,9 @@ class _EventLoop:
         self.negative += negative
 
     def kernel(self, name: str, ts: float, dur: float, args: Args) -> None:
-        """A kernel's columns, with the fast path for ids that already are 64-bit ints (a tenth of the
-        events are kernels)."""
-        from pitstop.ingest.trace.fastevents import MISSING
-
-        k = self.cols.kernels
+        """A kernel's columns, its GEMM time and, for NCCL / RCCL kernels, the collective."""
         info = self.kernel_cache[name]
-        k.ts.append(ts)
-        k.end.append(ts + dur)
-        v = args.stream
-        k.stream.append(v if type(v) is int and v in _IDS else _int(v))
-        v = args.device
-        k.device.append(v if type(v) is int and v in _IDS else _int(v))
-        v = args.correlation
-        k.correlation.append(v if type(v) is int and v in _IDS else _int(v))
-        v = args.external if args.external is not MISSING else args.external_lower
-        k.external.append(v if type(v) is int and v in _IDS else _int(v))
-        k.code.append(info[0])
+        _add_gpu(self.cols.kernels, ts, dur, args, info[0])
         if info[1] is not None:
             self.gemm_time[info[1]] += dur
         if info[0] == COMMUNICATION:

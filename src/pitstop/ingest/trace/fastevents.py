@@ -107,10 +107,10 @@ class _AnyPhase(Struct, gc=False):
     args: Args | None = None
 
 
-_ANY_PHASE: Any = functools.reduce(
+_EVENT_OR_SKIPPED: Any = functools.reduce(
     operator.or_, (_skipped(p) for p in PHASES), Event
 )  # Event | Phase_B | ...
-_TAGGED = msgspec.json.Decoder(list[_ANY_PHASE])
+_TAGGED = msgspec.json.Decoder(list[_EVENT_OR_SKIPPED])
 _UNTAGGED = msgspec.json.Decoder(list[_AnyPhase])
 NO_ARGS = Args()
 _OTHER = _AnyPhase()  # what an event that is not complete becomes: the event loop skips it
