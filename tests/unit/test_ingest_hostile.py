@@ -141,7 +141,7 @@ def test_a_log_of_more_gpus_than_any_job_is_capped_and_said(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("name", "content", "expected"),
     [
-        ("deep.json", '{"output_dir": ' + "[" * 1500 + "]" * 1500 + "}", "nested too deeply"),
+        ("deep.json", '{"output_dir": ' + "[" * 1500 + "]" * 1500 + "}", "nested more than 64"),
         ("deep2.json", '{"output_dir": "o", "x": ' + "[" * 200 + "]" * 200 + "}", "nested more than 64"),
         ("deep.yaml", "output_dir: " + "[" * 5000 + "]" * 5000, "nest"),
         ("deep2.yaml", "output_dir: " + "[" * 100 + "]" * 100, "nested more than 64"),
@@ -173,6 +173,25 @@ def test_hostile_documents_end_in_one_line(tmp_path: Path, name: str, content: s
     assert expected in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_deep_config_says_the_same_under_a_raised_recursion_limit(tmp_path: Path) -> None:
+    """Libraries a job imports raise the recursion limit (torch.compile does): the JSON decoder then takes
+    1,500 levels and the depth check refuses them, with the words the decoder's RecursionError gives."""
+    import sys
+
+    path = tmp_path / "deep.json"
+    path.write_text('{"output_dir": ' + "[" * 1500 + "]" * 1500 + "}")
+    words, default = [], sys.getrecursionlimit()
+    try:
+        for limit in (default, 10_000):
+            sys.setrecursionlimit(limit)
+            with pytest.raises(IngestError) as err:
+                load_run(Inputs(paths=[path]))
+            words.append(str(err.value))
+    finally:
+        sys.setrecursionlimit(default)
+    assert words[0] == words[1] and "nested more than 64 levels" in words[0]
+
+
 def test_cli_model_option_and_files_exit_2_on_bad_model_configs(tmp_path: Path) -> None:
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps(LLAMA | {"num_attention_heads": 0}))
@@ -184,7 +203,7 @@ def test_cli_model_option_and_files_exit_2_on_bad_model_configs(tmp_path: Path) 
         run_pitstop("check", str(args), "--model", str(bad))
     )
     assert "num_attention_heads is 0" in _one_line_exit_2(run_pitstop("analyze", "--no-history", str(bad)))
-    assert "nested too deeply" in _one_line_exit_2(run_pitstop("check", str(deep)))
+    assert "nested more than 64" in _one_line_exit_2(run_pitstop("check", str(deep)))
     assert "nested too deeply" in _one_line_exit_2(run_pitstop("check", str(args), "--model", str(deep)))
     assert "pseudo-file" in _one_line_exit_2(run_pitstop("check", str(args), "--model", "/proc/self/status"))
 

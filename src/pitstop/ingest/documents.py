@@ -27,11 +27,17 @@ class Document:
     notes: list[str] = field(default_factory=list)
 
 
+def _too_deep(name: str) -> IngestError:
+    """One message for any depth past MAX_DEPTH, whether the decoder's recursion limit (which the job's
+    libraries may have raised) or ``clean`` caught it."""
+    return IngestError(f"{name}: nested more than {MAX_DEPTH} levels deep, which no config is")
+
+
 def parse_json(text: str, name: str) -> Any:
     try:
         return json.loads(text)
     except RecursionError:
-        raise IngestError(f"{name}: JSON nested too deeply (more than {MAX_DEPTH} levels)") from None
+        raise _too_deep(name) from None
     except ValueError as exc:
         raise IngestError(f"{name}: invalid JSON ({exc.args[0] if exc.args else exc})") from None
 
@@ -43,7 +49,7 @@ def clean(data: Any, name: str) -> Document:
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise IngestError(f"{name}: nested more than {MAX_DEPTH} levels deep, which no config is")
+            raise _too_deep(name)
         items: Any
         if isinstance(node, dict):
             items = node.items()
