@@ -6,72 +6,28 @@ keys, the lower-case "external id", non-object items, huge and negative numbers)
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import random
-from array import array
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests import kineto_ranks as kr
+from tests.trace_facts import facts, odd_trace
 
 from pitstop.ingest.trace import fastevents
 from pitstop.ingest.trace.events import read_columns
 
-ODD = [None, True, False, "12.5", "abc", 7, -3, 2.5, [], {}, [1], {"a": 1}, -0.0, "1e300", "", "X", 1e300]
-ARG_KEYS = ["stream", "device", "correlation", "External id", "bytes", "Input type", "dtype", "Group size"]
-
-
-def _facts(cols: Any) -> Any:
-    """The columns as plain comparable values (arrays by their bytes: -0.0 and NaN compare exactly)."""
-    if dataclasses.is_dataclass(cols):
-        return {f.name: _facts(getattr(cols, f.name)) for f in dataclasses.fields(cols) if f.name != "path"}
-    if isinstance(cols, array):
-        return (cols.typecode, cols.tobytes())
-    if isinstance(cols, dict):
-        return sorted((str(k), _facts(v)) for k, v in cols.items())
-    if isinstance(cols, list | tuple):
-        return [_facts(v) for v in cols]
-    if isinstance(cols, set):
-        return sorted(cols)
-    return cols
-
-
-def _odd_trace(path: Path, seed: int) -> Path:
-    rng = random.Random(seed)
-    doc = kr.job(2, steps=60, kernels=12, padding_ops=400)[0]  # ~3.5 MiB: several 1 MiB chunks
-    events: list[Any] = doc["traceEvents"]
-    for ev in events:
-        if rng.random() < 0.08:
-            key = rng.choice(["ph", "cat", "name", "ts", "dur", "args"])
-            if rng.random() < 0.3:
-                ev.pop(key, None)
-            else:  # args that is not an object sends its chunk to the stdlib path: only in the first
-                ev[key] = rng.choice([None, {}, {"stream": 7}] if key == "args" else ODD)
-        args = ev.get("args")
-        if isinstance(args, dict) and rng.random() < 0.1:
-            args[rng.choice(ARG_KEYS)] = rng.choice([*ODD[:-1], 10**30 if seed == 0 else "nccl"])
-        if isinstance(args, dict) and "External id" in args and rng.random() < 0.1:
-            args["external id"] = args.pop("External id")
-    kernel = next(ev for ev in events if ev.get("cat") == "kernel")
-    odd_args = [{**kernel, "args": value} for value in ([1], "x", 5)]
-    events[3:3] = [42, "text", None, [1, 2], *odd_args]  # the first chunk goes to the stdlib path
-    body = ",\n".join(json.dumps(ev) for ev in events)
-    path.write_text('{"schemaVersion": 1, "traceEvents": [\n' + body + "\n]}")
-    return path
-
 
 def _read(path: Path) -> Any:
     try:
-        return _facts(read_columns(path))
+        return facts(read_columns(path))
     except Exception as exc:  # an odd value may end the read: both paths must end it the same way
         return (type(exc).__name__, str(exc))
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_fast_and_stdlib_paths_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
-    path = _odd_trace(tmp_path / "odd.json", seed)
+    path = odd_trace(tmp_path / "odd.json", seed)
     taken = []
     decode = fastevents.decode
 
@@ -117,7 +73,7 @@ def test_a_chunk_that_starts_with_another_phase_keeps_its_events(
     fast = read_columns(path)
     monkeypatch.setattr(fastevents, "decode", lambda text: None)
     exact = read_columns(path)
-    assert _facts(fast) == _facts(exact)
+    assert facts(fast) == facts(exact)
     assert len(fast.kernels) == sum(1 for ev in doc["traceEvents"] if ev.get("cat") == "kernel") > 0
 
 
@@ -140,5 +96,5 @@ def test_a_trace_on_one_line_is_read_value_by_value_to_the_same_columns(tmp_path
     body = ",\n".join(json.dumps(ev, ensure_ascii=False) for ev in events)
     per_line.write_text('{"traceEvents": [\n' + body + "\n]}", encoding="utf-8")
     read = read_columns(one_line)
-    assert _facts(read) == _facts(read_columns(per_line))
+    assert facts(read) == facts(read_columns(per_line))
     assert read.events == len(events) and len(read.kernels) > 1

@@ -10,6 +10,7 @@ works on these columns; a 1 GB trace costs tens of MB, not tens of GB.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from array import array
@@ -412,15 +413,16 @@ def _category(raw: object) -> tuple[str, int]:
     return lowered, _role_of(lowered)
 
 
-def read_columns(path: Path) -> TraceColumns:
-    """One streaming pass over a Kineto trace (the loop itself: ``_EventLoop.take``)."""
+def read_columns(path: Path, c_loop: bool = True) -> TraceColumns:
+    """One streaming pass over a Kineto trace (the loop itself: ``_EventLoop.take``; ``c_loop=False``
+    reads every event with the Python loop, which the C one is tested against)."""
     from msgspec import Struct
 
     from pitstop.ingest.trace.fastevents import as_event, decode
 
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
-    loop = _EventLoop(cols)
+    loop = _EventLoop(cols, fast=c_loop)
     for batch in event_batches(path, decode):
         loop.n_events += len(batch)
         if batch and not isinstance(batch[0], Struct):  # the exact path's plain JSON values
@@ -432,9 +434,13 @@ def read_columns(path: Path) -> TraceColumns:
 class _EventLoop:
     """The hot path of ``pitstop analyze`` after JSON decoding. Per-name and per-category facts are
     cached, the columns' append methods are bound once, and the work per event is inline: ``take`` copies
-    what it uses into locals for a batch and stores the running state back at its end."""
+    what it uses into locals for a batch and stores the running state back at its end.
 
-    def __init__(self, cols: TraceColumns) -> None:
+    Where the C loop (``_eventloop.c``, the same loop event for event) is built, it takes each batch;
+    an event it leaves to Python (a time that is an int past 2**52, say) hands the rest of the trace to
+    ``_take``, with the running state."""
+
+    def __init__(self, cols: TraceColumns, fast: bool = True) -> None:
         self.cols = cols
         runtime = cols.runtime
         columns = (runtime.ts, runtime.end, runtime.correlation, runtime.sync, runtime.launch, runtime.driver)
@@ -452,8 +458,28 @@ class _EventLoop:
         # the CPU operators' union as it grows (MergedColumns.add, inline): the last interval stays in
         # locals until one that does not overlap it arrives; half of a trace's events are CPU operators
         self.open_ts, self.open_end = math.inf, -math.inf  # none yet
+        self.fast = _c_loop(self) if fast else None
 
     def take(self, batch: list[Any]) -> None:
+        fast = self.fast
+        if fast is not None:
+            done = fast.take(batch)
+            if done == len(batch):
+                return
+            self._leave_c_loop()
+            batch = batch[done:]
+        self._take(batch)
+
+    def _leave_c_loop(self) -> None:
+        """The C loop's running state, taken over by the Python loop."""
+        assert self.fast is not None
+        self.open_ts, self.open_end, self.vendor, bad, negative, gemm = self.fast.state()
+        self.bad += bad
+        self.negative += negative
+        self.gemm_time = dict(zip(_GEMM_KINDS, gemm, strict=True))
+        self.fast = None
+
+    def _take(self, batch: list[Any]) -> None:
         from pitstop.ingest.trace.fastevents import BAD, NO_ARGS, Event
 
         cols, categories, cat_cache, plain_names = (
@@ -533,11 +559,46 @@ class _EventLoop:
             _add_collective(self.cols, name, ts, dur, args)
 
     def finish(self) -> TraceColumns:
+        if self.fast is not None:
+            self._leave_c_loop()
         if self.open_ts <= self.open_end:
             self.cols.cpu_ops.ts.append(self.open_ts)
             self.cols.cpu_ops.end.append(self.open_end)
         self.cols.vendor = self.vendor
         return _totals(self.cols, self.n_events, self.bad, self.negative, self.categories, self.gemm_time)
+
+
+def _c_loop(loop: _EventLoop) -> Any:
+    """The C event loop over ``loop``'s columns, memos and state; None where it is not built."""
+    try:
+        from pitstop.ingest.trace._eventloop import Loop
+    except ImportError:  # installed without a C compiler: the Python loop reads every event
+        return None
+    from pitstop.ingest.trace.fastevents import BAD, MISSING, NO_ARGS, Args, Event
+
+    cols, runtime, kernels = loop.cols, loop.cols.runtime, loop.cols.kernels
+    return Loop(
+        event_type=Event,
+        args_type=Args,
+        bad_event=BAD,
+        no_args=NO_ARGS,
+        missing=MISSING,
+        memos=(loop.cat_cache, loop.plain_names, loop.runtime_flags, loop.kernel_cache),
+        calls=(
+            functools.partial(_cpu_event, cols),
+            functools.partial(_add_collective, cols),
+            functools.partial(_other_gpu_event, cols),
+            _int,
+        ),
+        categories=loop.categories,
+        gemm_kinds=_GEMM_KINDS,
+        columns=(
+            *(runtime.ts, runtime.end, runtime.correlation, runtime.sync, runtime.launch, runtime.driver),
+            *(kernels.ts, kernels.end, kernels.stream, kernels.device, kernels.correlation, kernels.external),
+            *(kernels.code, cols.cpu_ops.ts, cols.cpu_ops.end),
+        ),
+        roles=(_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _CPU, _STREAM_OTHER, _IGNORED),
+    )
 
 
 def _other_gpu_event(cols: TraceColumns, role: int, name: str, ts: float, dur: float, args: Args) -> None:

@@ -1,0 +1,517 @@
+/* The trace reader's event loop in C: ``_EventLoop.take`` of events.py, event for event.
+
+Why: after msgspec has decoded a chunk of events into structs, the Python loop that sorts them into columns
+cost ~1.5 CPU s per GiB of trace text (half a microsecond per complete event), a third of ``pitstop
+analyze``. This loop reads the same struct fields (by their slot offsets), makes the same decisions through
+the same Python memos, and calls the same Python functions for everything but the three common kinds of
+event (CPU operators, runtime calls, kernels), whose columns it buffers and appends once per batch.
+
+Exactness: every number it handles is a float, or an int of at most 2**52 in magnitude, so that doubles
+hold it and every sum of two of them exactly, and comparisons and sums give what Python's give. An event
+with any other time or an unexpected args object stops the loop: ``take`` returns its index and the Python
+loop reads the rest of the trace (tests compare both loops bit for bit).
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <string.h>
+
+/* what an event's category makes of it: events.py's _KERNEL ... _IGNORED, checked at construction */
+enum { KERNEL, MEMCPY, MEMSET, RUNTIME, CPU, STREAM_OTHER, IGNORED, N_ROLES };
+enum { COMMUNICATION = 1 };
+/* the columns this loop fills: runtime calls, kernels, the CPU operators' union */
+enum {
+    RT_TS, RT_END, RT_CORR, RT_SYNC, RT_LAUNCH, RT_DRIVER,
+    K_TS, K_END, K_STREAM, K_DEVICE, K_CORR, K_EXTERNAL, K_CODE,
+    CPU_TS, CPU_END,
+    N_COLUMNS
+};
+static const char COLUMN_CODES[N_COLUMNS + 1] = "ddqbbbddqqqqbdd";  /* array typecodes, in that order */
+#define N_GEMM 4
+#define N_CATEGORY_SLOTS 64
+#define EXACT_INT ((long long)1 << 52)
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buffer;
+
+typedef struct {
+    PyObject *cat;  /* the lower-cased category the memo gave (owned) */
+    Py_ssize_t count;
+} CategoryCount;
+
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *event_type, *args_type;
+    PyObject *bad_event, *no_args, *missing;
+    Py_ssize_t off_cat, off_name, off_ts, off_dur, off_args;
+    Py_ssize_t off_stream, off_device, off_correlation, off_external, off_external_lower;
+    PyObject *cat_cache, *plain_names, *runtime_flags, *kernel_cache;  /* events.py's _Memo dicts */
+    PyObject *cpu_event, *collective, *other_gpu, *to_int;             /* Python functions */
+    PyObject *categories;                                              /* dict: category -> count */
+    PyObject *gemm_kinds[N_GEMM];
+    PyObject *targets[N_COLUMNS];
+    Buffer buffers[N_COLUMNS];
+    CategoryCount seen[N_CATEGORY_SLOTS];
+    int n_seen;
+    /* the running state, handed back by state() */
+    double open_ts, open_end, gemm[N_GEMM];
+    long long bad, negative;
+    PyObject *vendor;
+} Loop;
+
+static PyObject *STR_USER_ANNOTATION, *STR_CUDA_DRIVER, *STR_HIP, *STR_CU, *STR_AMD, *STR_NVIDIA;
+
+/* -- buffers ------------------------------------------------------------------------------------------- */
+
+static int grow(Buffer *b, Py_ssize_t size) {
+    Py_ssize_t cap = b->cap ? b->cap * 2 : 1 << 14;
+    while (cap < b->len + size) cap *= 2;
+    char *data = PyMem_Realloc(b->data, cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+#define PUSH(loop, column, ctype, value)                                                               \
+    do {                                                                                               \
+        Buffer *b_ = &(loop)->buffers[column];                                                         \
+        if (b_->len + (Py_ssize_t)sizeof(ctype) > b_->cap && grow(b_, sizeof(ctype)) < 0) goto error;  \
+        *(ctype *)(b_->data + b_->len) = (value);                                                      \
+        b_->len += sizeof(ctype);                                                                      \
+    } while (0)
+
+/* Append the buffered values to their arrays (array.frombytes) and count the categories seen. */
+static int flush(Loop *self) {
+    for (int c = 0; c < N_COLUMNS; c++) {
+        Buffer *b = &self->buffers[c];
+        if (b->len == 0) continue;
+        PyObject *r = PyObject_CallMethod(self->targets[c], "frombytes", "y#", b->data, b->len);
+        b->len = 0;
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    /* in the order each category was first seen: the dict keeps the Python loop's insertion order */
+    int ok = 0;
+    for (int i = 0; i < self->n_seen; i++) {
+        CategoryCount *s = &self->seen[i];
+        if (ok == 0) {
+            PyObject *old = PyDict_GetItemWithError(self->categories, s->cat);
+            Py_ssize_t before = old ? PyLong_AsSsize_t(old) : 0;
+            PyObject *count = (before < 0 && PyErr_Occurred()) ? NULL : PyLong_FromSsize_t(before + s->count);
+            if (count == NULL || PyDict_SetItem(self->categories, s->cat, count) < 0) ok = -1;
+            Py_XDECREF(count);
+        }
+        Py_CLEAR(s->cat);
+    }
+    self->n_seen = 0;
+    return ok;
+}
+
+static int count_category(Loop *self, PyObject *cat) {
+    for (int i = 0; i < self->n_seen; i++) {
+        if (self->seen[i].cat == cat) {
+            self->seen[i].count++;
+            return 0;
+        }
+    }
+    if (self->n_seen == N_CATEGORY_SLOTS && flush(self) < 0) return -1;
+    Py_INCREF(cat);
+    self->seen[self->n_seen].cat = cat;
+    self->seen[self->n_seen].count = 1;
+    self->n_seen++;
+    return 0;
+}
+
+/* -- values -------------------------------------------------------------------------------------------- */
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* A time as a double, when it is one exactly (a float, or an int of at most 2**52). */
+static inline int exact_number(PyObject *v, double *out) {
+    if (PyFloat_CheckExact(v)) {
+        *out = PyFloat_AS_DOUBLE(v);
+        return 1;
+    }
+    if (PyLong_CheckExact(v)) {
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || x > EXACT_INT || x < -EXACT_INT) return 0;
+        *out = (double)x;
+        return 1;
+    }
+    return 0;
+}
+
+/* An id as the int64 columns hold it: ``v if type(v) is int and v in _IDS else _int(v)``. */
+static inline int id_value(Loop *self, PyObject *v, long long *out) {
+    if (PyLong_CheckExact(v)) {
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (!overflow) {
+            *out = x;
+            return 0;
+        }
+    }
+    PyObject *r = PyObject_CallOneArg(self->to_int, v);
+    if (r == NULL) return -1;
+    *out = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static inline int is_true(PyObject *v) { return v == Py_True ? 1 : v == Py_False ? 0 : PyObject_IsTrue(v); }
+
+/* -- the loop ------------------------------------------------------------------------------------------ */
+
+static int add_kernel(Loop *self, PyObject *name, double ts, double dur, PyObject *ts_obj, PyObject *dur_obj,
+                      PyObject *args) {
+    PyObject *info = PyObject_GetItem(self->kernel_cache, name);  /* (kernel class, GEMM kind or None) */
+    if (info == NULL) return -1;
+    long code = PyLong_AsLong(PyTuple_GET_ITEM(info, 0));
+    PyObject *gemm = PyTuple_GET_ITEM(info, 1);
+    long long stream, device, correlation, external;
+    PyObject *ext = SLOT(args, self->off_external);
+    if (ext == self->missing) ext = SLOT(args, self->off_external_lower);
+    if (id_value(self, SLOT(args, self->off_stream), &stream) < 0 ||
+        id_value(self, SLOT(args, self->off_device), &device) < 0 ||
+        id_value(self, SLOT(args, self->off_correlation), &correlation) < 0 || id_value(self, ext, &external) < 0)
+        goto error;
+    PUSH(self, K_TS, double, ts);
+    PUSH(self, K_END, double, ts + dur);
+    PUSH(self, K_STREAM, long long, stream);
+    PUSH(self, K_DEVICE, long long, device);
+    PUSH(self, K_CORR, long long, correlation);
+    PUSH(self, K_EXTERNAL, long long, external);
+    PUSH(self, K_CODE, signed char, (signed char)code);
+    if (gemm != Py_None) {
+        int k = 0, eq = 0;
+        for (; k < N_GEMM; k++) {  /* the same object, nearly always: RichCompareBool tests that first */
+            eq = PyObject_RichCompareBool(gemm, self->gemm_kinds[k], Py_EQ);
+            if (eq != 0) break;
+        }
+        if (eq < 0) goto error;
+        if (k == N_GEMM) {
+            PyErr_SetObject(PyExc_KeyError, gemm);
+            goto error;
+        }
+        self->gemm[k] += dur;
+    }
+    if (code == COMMUNICATION) {
+        PyObject *call[4] = {name, ts_obj, dur_obj, args};
+        PyObject *r = PyObject_Vectorcall(self->collective, call, 4, NULL);
+        if (r == NULL) goto error;
+        Py_DECREF(r);
+    }
+    Py_DECREF(info);
+    return 0;
+error:
+    Py_DECREF(info);
+    return -1;
+}
+
+static int add_runtime(Loop *self, PyObject *cat, PyObject *name, double ts, double dur, PyObject *args) {
+    long long correlation;
+    if (id_value(self, SLOT(args, self->off_correlation), &correlation) < 0) return -1;
+    PyObject *flags = PyObject_GetItem(self->runtime_flags, name);  /* (blocking sync, kernel launch) */
+    if (flags == NULL) return -1;
+    long sync = PyLong_AsLong(PyTuple_GET_ITEM(flags, 0)), launch = PyLong_AsLong(PyTuple_GET_ITEM(flags, 1));
+    Py_DECREF(flags);
+    int driver = PyUnicode_Compare(cat, STR_CUDA_DRIVER) == 0;
+    PUSH(self, RT_TS, double, ts);
+    PUSH(self, RT_END, double, ts + dur);
+    PUSH(self, RT_CORR, long long, correlation);
+    PUSH(self, RT_SYNC, signed char, (signed char)sync);
+    PUSH(self, RT_LAUNCH, signed char, (signed char)launch);
+    PUSH(self, RT_DRIVER, signed char, (signed char)driver);
+    if (self->vendor == Py_None) {
+        PyObject *vendor = PyUnicode_Tailmatch(name, STR_HIP, 0, PY_SSIZE_T_MAX, -1) == 1 ? STR_AMD
+                           : PyUnicode_Tailmatch(name, STR_CU, 0, PY_SSIZE_T_MAX, -1) == 1 ? STR_NVIDIA
+                                                                                        : Py_None;
+        Py_INCREF(vendor);
+        Py_SETREF(self->vendor, vendor);
+    }
+    return 0;
+error:
+    return -1;
+}
+
+/* A CPU operator or annotation: what _cpu_event keeps, then the union's open interval. */
+static int add_cpu(Loop *self, PyObject *cat, PyObject *name, double ts, double dur, PyObject *ts_obj,
+                   PyObject *dur_obj, PyObject *args) {
+    PyObject *plain = PyObject_GetItem(self->plain_names, name);
+    if (plain == NULL) return -1;
+    int keep = is_true(plain);
+    Py_DECREF(plain);
+    if (keep < 0) return -1;
+    if (keep) keep = PyUnicode_Compare(cat, STR_USER_ANNOTATION) != 0;
+    if (!keep) {
+        PyObject *call[5] = {cat, name, ts_obj, dur_obj, args};
+        PyObject *r = PyObject_Vectorcall(self->cpu_event, call, 5, NULL);
+        if (r == NULL) return -1;
+        keep = is_true(r);
+        Py_DECREF(r);
+        if (keep <= 0) return keep;
+    }
+    double end = ts + dur;
+    if (ts <= self->open_end && end >= self->open_ts) {  /* overlaps the open interval: keep the hull */
+        if (end > self->open_end) self->open_end = end;
+        if (ts < self->open_ts) self->open_ts = ts;
+    } else {
+        if (self->open_ts <= self->open_end) {
+            PUSH(self, CPU_TS, double, self->open_ts);
+            PUSH(self, CPU_END, double, self->open_end);
+        }
+        self->open_ts = ts;
+        self->open_end = end;
+    }
+    return 0;
+error:
+    return -1;
+}
+
+/* One complete event; 1 when it was taken, 0 when the Python loop must take it, -1 on an error. */
+static int take_event(Loop *self, PyObject *ev) {
+    PyObject *ts_obj = SLOT(ev, self->off_ts), *dur_obj = SLOT(ev, self->off_dur);
+    PyObject *raw_cat = SLOT(ev, self->off_cat), *raw_name = SLOT(ev, self->off_name);
+    PyObject *args = SLOT(ev, self->off_args);
+    double ts, dur;
+    if (!ts_obj || !dur_obj || !raw_cat || !raw_name || !args || !exact_number(ts_obj, &ts) ||
+        !exact_number(dur_obj, &dur))
+        return 0;
+    if (args == Py_None)
+        args = self->no_args;
+    else if (Py_TYPE(args) != self->args_type)
+        return 0;
+    if (dur < 0) {
+        self->negative++;
+        return 1;
+    }
+    if (!(-1e18 < ts && ts < 1e18 && dur < 1e15)) {
+        self->bad++;
+        return 1;
+    }
+    if (!PyUnicode_CheckExact(raw_cat)) {  /* a list or object would not hash: a malformed event */
+        self->bad++;
+        return 1;
+    }
+    PyObject *category = PyObject_GetItem(self->cat_cache, raw_cat);  /* (lower-cased, role) */
+    if (category == NULL) return -1;
+    PyObject *cat = PyTuple_GET_ITEM(category, 0);
+    long role = PyLong_AsLong(PyTuple_GET_ITEM(category, 1));
+    int rc = count_category(self, cat);
+    if (rc < 0 || role == IGNORED) goto done;
+    PyObject *name = PyUnicode_CheckExact(raw_name) ? Py_NewRef(raw_name) : PyObject_Str(raw_name);
+    if (name == NULL) {
+        rc = -1;
+        goto done;
+    }
+    if (role == CPU) {
+        rc = add_cpu(self, cat, name, ts, dur, ts_obj, dur_obj, args);
+    } else if (role == RUNTIME) {
+        rc = add_runtime(self, cat, name, ts, dur, args);
+    } else if (role == KERNEL) {
+        rc = add_kernel(self, name, ts, dur, ts_obj, dur_obj, args);
+    } else {
+        PyObject *call[5] = {PyTuple_GET_ITEM(category, 1), name, ts_obj, dur_obj, args};
+        PyObject *r = PyObject_Vectorcall(self->other_gpu, call, 5, NULL);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(name);
+done:
+    Py_DECREF(category);
+    return rc < 0 ? -1 : 1;
+}
+
+static PyObject *Loop_take(Loop *self, PyObject *batch) {
+    if (!PyList_CheckExact(batch)) {
+        PyErr_SetString(PyExc_TypeError, "take() wants a list of events");
+        return NULL;
+    }
+    Py_ssize_t i, n = PyList_GET_SIZE(batch);
+    for (i = 0; i < n; i++) {
+        PyObject *ev = PyList_GET_ITEM(batch, i);
+        if (Py_TYPE(ev) != self->event_type) {  /* another phase, or a complete event without a number */
+            if (ev == self->bad_event) self->bad++;
+            continue;
+        }
+        Py_INCREF(ev);
+        int rc = take_event(self, ev);
+        Py_DECREF(ev);
+        if (rc < 0) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            flush(self);
+            PyErr_Restore(type, value, tb);
+            return NULL;
+        }
+        if (rc == 0) break;
+    }
+    if (flush(self) < 0) return NULL;
+    return PyLong_FromSsize_t(i);
+}
+
+static PyObject *Loop_state(Loop *self, PyObject *unused) {
+    return Py_BuildValue("ddOLL(dddd)", self->open_ts, self->open_end, self->vendor, self->bad, self->negative,
+                         self->gemm[0], self->gemm[1], self->gemm[2], self->gemm[3]);
+}
+
+/* -- construction -------------------------------------------------------------------------------------- */
+
+/* The slot offset of a struct field (msgspec stores fields as object member slots). */
+static int field_offset(PyTypeObject *type, const char *field, Py_ssize_t *out) {
+    PyObject *descr = PyObject_GetAttrString((PyObject *)type, field);
+    if (descr == NULL) return -1;
+    int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+    if (ok) *out = ((PyMemberDescrObject *)descr)->d_member->offset;
+    Py_DECREF(descr);
+    if (!ok) PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", type->tp_name, field);
+    return ok ? 0 : -1;
+}
+
+static int Loop_init(Loop *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"event_type", "args_type", "bad_event", "no_args", "missing", "memos",
+                             "calls", "categories", "gemm_kinds", "columns", "roles", NULL};
+    PyObject *event_type, *args_type, *bad_event, *no_args, *missing, *memos, *calls, *categories, *gemm_kinds,
+        *columns, *roles;
+    if (self->event_type != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Loop: already initialized");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOO!O!O!O!O!O!", kwlist, &PyType_Type, &event_type,
+                                     &PyType_Type, &args_type, &bad_event, &no_args, &missing, &PyTuple_Type,
+                                     &memos, &PyTuple_Type, &calls, &PyDict_Type, &categories, &PyTuple_Type,
+                                     &gemm_kinds, &PyTuple_Type, &columns, &PyTuple_Type, &roles))
+        return -1;
+    if (PyTuple_GET_SIZE(memos) != 4 || PyTuple_GET_SIZE(calls) != 4 || PyTuple_GET_SIZE(gemm_kinds) != N_GEMM ||
+        PyTuple_GET_SIZE(columns) != N_COLUMNS || PyTuple_GET_SIZE(roles) != N_ROLES) {
+        PyErr_SetString(PyExc_ValueError, "Loop: wrong number of memos, calls, GEMM kinds, columns or roles");
+        return -1;
+    }
+    for (long r = 0; r < N_ROLES; r++) {
+        if (PyLong_AsLong(PyTuple_GET_ITEM(roles, r)) != r) {
+            PyErr_SetString(PyExc_ValueError, "Loop: the roles are not numbered as this module numbers them");
+            return -1;
+        }
+    }
+    for (int c = 0; c < N_COLUMNS; c++) {
+        PyObject *code = PyObject_GetAttrString(PyTuple_GET_ITEM(columns, c), "typecode");
+        int ok = code && PyUnicode_Check(code) && PyUnicode_GetLength(code) == 1 &&
+                 PyUnicode_READ_CHAR(code, 0) == (Py_UCS4)COLUMN_CODES[c];
+        Py_XDECREF(code);
+        if (!ok) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "Loop: column %d is not an array of '%c'", c, COLUMN_CODES[c]);
+            return -1;
+        }
+    }
+    if (field_offset((PyTypeObject *)event_type, "cat", &self->off_cat) < 0 ||
+        field_offset((PyTypeObject *)event_type, "name", &self->off_name) < 0 ||
+        field_offset((PyTypeObject *)event_type, "ts", &self->off_ts) < 0 ||
+        field_offset((PyTypeObject *)event_type, "dur", &self->off_dur) < 0 ||
+        field_offset((PyTypeObject *)event_type, "args", &self->off_args) < 0 ||
+        field_offset((PyTypeObject *)args_type, "stream", &self->off_stream) < 0 ||
+        field_offset((PyTypeObject *)args_type, "device", &self->off_device) < 0 ||
+        field_offset((PyTypeObject *)args_type, "correlation", &self->off_correlation) < 0 ||
+        field_offset((PyTypeObject *)args_type, "external", &self->off_external) < 0 ||
+        field_offset((PyTypeObject *)args_type, "external_lower", &self->off_external_lower) < 0)
+        return -1;
+    if (Py_TYPE(no_args) != (PyTypeObject *)args_type) {
+        PyErr_SetString(PyExc_TypeError, "Loop: no_args is not an args struct");
+        return -1;
+    }
+    self->event_type = (PyTypeObject *)Py_NewRef(event_type);
+    self->args_type = (PyTypeObject *)Py_NewRef(args_type);
+    self->bad_event = Py_NewRef(bad_event);
+    self->no_args = Py_NewRef(no_args);
+    self->missing = Py_NewRef(missing);
+    self->categories = Py_NewRef(categories);
+    self->cat_cache = Py_NewRef(PyTuple_GET_ITEM(memos, 0));
+    self->plain_names = Py_NewRef(PyTuple_GET_ITEM(memos, 1));
+    self->runtime_flags = Py_NewRef(PyTuple_GET_ITEM(memos, 2));
+    self->kernel_cache = Py_NewRef(PyTuple_GET_ITEM(memos, 3));
+    self->cpu_event = Py_NewRef(PyTuple_GET_ITEM(calls, 0));
+    self->collective = Py_NewRef(PyTuple_GET_ITEM(calls, 1));
+    self->other_gpu = Py_NewRef(PyTuple_GET_ITEM(calls, 2));
+    self->to_int = Py_NewRef(PyTuple_GET_ITEM(calls, 3));
+    for (int k = 0; k < N_GEMM; k++) self->gemm_kinds[k] = Py_NewRef(PyTuple_GET_ITEM(gemm_kinds, k));
+    for (int c = 0; c < N_COLUMNS; c++) self->targets[c] = Py_NewRef(PyTuple_GET_ITEM(columns, c));
+    self->open_ts = Py_HUGE_VAL;
+    self->open_end = -Py_HUGE_VAL;
+    self->vendor = Py_NewRef(Py_None);
+    return 0;
+}
+
+static void Loop_dealloc(Loop *self) {
+    Py_XDECREF(self->event_type);
+    Py_XDECREF(self->args_type);
+    Py_XDECREF(self->bad_event);
+    Py_XDECREF(self->no_args);
+    Py_XDECREF(self->missing);
+    Py_XDECREF(self->cat_cache);
+    Py_XDECREF(self->plain_names);
+    Py_XDECREF(self->runtime_flags);
+    Py_XDECREF(self->kernel_cache);
+    Py_XDECREF(self->cpu_event);
+    Py_XDECREF(self->collective);
+    Py_XDECREF(self->other_gpu);
+    Py_XDECREF(self->to_int);
+    Py_XDECREF(self->categories);
+    Py_XDECREF(self->vendor);
+    for (int k = 0; k < N_GEMM; k++) Py_XDECREF(self->gemm_kinds[k]);
+    for (int c = 0; c < N_COLUMNS; c++) {
+        Py_XDECREF(self->targets[c]);
+        PyMem_Free(self->buffers[c].data);
+    }
+    for (int i = 0; i < self->n_seen; i++) Py_XDECREF(self->seen[i].cat);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Loop_methods[] = {
+    {"take", (PyCFunction)Loop_take, METH_O,
+     "Take a batch of events; the index of the first one left to the Python loop (len(batch) when none)."},
+    {"state", (PyCFunction)Loop_state, METH_NOARGS,
+     "(open_ts, open_end, vendor, bad, negative, (GEMM time by kind))"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LoopType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pitstop.ingest.trace._eventloop.Loop",
+    .tp_basicsize = sizeof(Loop),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The trace reader's event loop (events.py's _EventLoop.take), in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Loop_init,
+    .tp_dealloc = (destructor)Loop_dealloc,
+    .tp_methods = Loop_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_eventloop", "The trace reader's event loop in C (see events.py).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__eventloop(void) {
+    if (PyType_Ready(&LoopType) < 0) return NULL;
+    STR_USER_ANNOTATION = PyUnicode_InternFromString("user_annotation");
+    STR_CUDA_DRIVER = PyUnicode_InternFromString("cuda_driver");
+    STR_HIP = PyUnicode_InternFromString("hip");
+    STR_CU = PyUnicode_InternFromString("cu");
+    STR_AMD = PyUnicode_InternFromString("amd");
+    STR_NVIDIA = PyUnicode_InternFromString("nvidia");
+    if (!STR_USER_ANNOTATION || !STR_CUDA_DRIVER || !STR_HIP || !STR_CU || !STR_AMD || !STR_NVIDIA) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&LoopType);
+    if (PyModule_AddObject(m, "Loop", (PyObject *)&LoopType) < 0) {
+        Py_DECREF(&LoopType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
