@@ -9,6 +9,9 @@ HTA runs in its own environment (it pins pandas and friends); without --hta-pyth
     python -m venv /tmp/hta && /tmp/hta/bin/pip install holistictraceanalysis
     python bench/trace_speed.py --hta-python /tmp/hta/bin/python --sizes 100 512 1024 2048 --hta-max-mib 512
 
+--python-loop also times pitstop with its Python event loop (PITSTOP_TRACE_LOOP=python), the baseline of the C
+loop, alternating with the default run.
+
 --keep DIR keeps the generated traces there and reuses them on the next run (generating 2 GiB takes minutes).
 CPU time (user + sys of the whole process) is the figure to compare on a shared machine; wall time is noisy.
 
@@ -49,7 +52,9 @@ _HWM = (
 PITSTOP = _HWM + "from pitstop.cli.app import main\nmain()\n"
 
 
-def measure(command: list[str], shell: bool = False) -> tuple[float, float, float]:
+def measure(
+    command: list[str], shell: bool = False, env: dict[str, str] | None = None
+) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds, peak resident MiB) of one whole process (and its waited-for children)."""
     hwm = Path(tempfile.mktemp(prefix="pitstop-hwm-"))
     if command[:2] == ["pitstop", "analyze"]:
@@ -59,6 +64,7 @@ def measure(command: list[str], shell: bool = False) -> tuple[float, float, floa
         command if not shell else ["bash", "-c", command[0]],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        env=env,
     )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
@@ -95,6 +101,11 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, default=None, help="keep / reuse the generated traces here")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--python-loop",
+        action="store_true",
+        help="also time pitstop with the Python event loop (the baseline)",
+    )
     args = parser.parse_args()
     if not args.source.exists():
         print(f"no source trace at {args.source} (../shared/data is needed)", file=sys.stderr)
@@ -105,10 +116,13 @@ def main() -> int:
         for size in args.sizes:
             trace, text_gib = _trace(args.source, work / f"{int(size)}", size)
             hta = args.hta_python if args.hta_max_mib is None or size <= args.hta_max_mib else None
-            ours, floor, theirs = [], [], []
+            ours, python_loop, floor, theirs = [], [], [], []
+            analyze = ["pitstop", "analyze", str(trace), "--json", os.devnull, "--no-history"]
             for _ in range(args.repeat):
                 floor.append(measure([f"zcat {trace} | wc -c"], shell=True))
-                ours.append(measure(["pitstop", "analyze", str(trace), "--json", os.devnull, "--no-history"]))
+                ours.append(measure(analyze))
+                if args.python_loop:
+                    python_loop.append(measure(analyze, env={**os.environ, "PITSTOP_TRACE_LOOP": "python"}))
                 if hta:
                     theirs.append(measure([hta, "-c", HTA_SCRIPT, str(trace.parent)]))
             row: dict[str, float] = {
@@ -119,7 +133,14 @@ def main() -> int:
                 "pitstop_peak_mib": max(m for _, _, m in ours),
                 "floor_s": statistics.median(w for w, _, _ in floor),
                 "floor_cpu_s": statistics.median(c for _, c, _ in floor),
+                # the least CPU of the runs: the best estimate of the cost where neighbours take nothing
+                "pitstop_cpu_min_s": min(c for _, c, _ in ours),
+                "floor_cpu_min_s": min(c for _, c, _ in floor),
             }
+            if python_loop:
+                row["python_loop_cpu_s"] = statistics.median(c for _, c, _ in python_loop)
+                row["python_loop_cpu_s_per_gib"] = row["python_loop_cpu_s"] / text_gib
+                row["python_loop_cpu_min_s"] = min(c for _, c, _ in python_loop)
             row["gib_per_s"] = text_gib / row["pitstop_s"]
             row["gib_per_cpu_s"] = text_gib / row["pitstop_cpu_s"]
             row["cpu_s_per_gib"] = row["pitstop_cpu_s"] / text_gib
@@ -138,13 +159,14 @@ def main() -> int:
         print("HTA: not measured (no --hta-python)")
     print(
         f"\n{'text MiB':>8} {'wall s':>7} {'CPU s':>6} {'CPU s/GiB':>9} {'GiB/s':>6} {'peak MiB':>8} "
-        f"{'zcat s':>7} {'zcat CPU':>8} {'HTA s':>7}"
+        f"{'zcat s':>7} {'zcat CPU':>8} {'HTA s':>7} {'py loop CPU s/GiB':>17}"
     )
     for r in rows:
         print(
             f"{r['text_mib']:8.0f} {r['pitstop_s']:7.1f} {r['pitstop_cpu_s']:6.1f} {r['cpu_s_per_gib']:9.1f} "
             f"{r['gib_per_s']:6.3f} {r['pitstop_peak_mib']:8.0f} {r['floor_s']:7.1f} {r['floor_cpu_s']:8.1f} "
             + (f"{r['hta_s']:7.1f}" if "hta_s" in r else f"{'-':>7}")
+            + (f" {r['python_loop_cpu_s_per_gib']:17.2f}" if "python_loop_cpu_s" in r else f" {'-':>17}")
         )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

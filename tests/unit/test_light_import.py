@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 HEAVY = ("torch", "transformers", "pynvml", "accelerate", "trl", "peft")
 
@@ -32,3 +35,27 @@ def test_bootstrap_without_torch_import_stays_light() -> None:
         "import os; os.environ['PITSTOP_OUT'] = '/tmp'\nfrom pitstop.probe.bootstrap import arm; assert arm()"
     )
     assert _loaded_after(code) == set()  # armed, but waiting for the program to import torch itself
+
+
+def test_analyze_reads_with_one_blas_thread() -> None:
+    """numpy's OpenBLAS starts a spin-waiting thread per core; analyze never calls BLAS, so it asks for one
+    (a value the user set is kept)."""
+    code = "import numpy, os\nprint(len(os.listdir('/proc/self/task')))"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+
+    def threads(prelude: str, extra: dict[str, str] | None = None) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", prelude + code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env | (extra or {}),
+        )
+        return int(out.stdout)
+
+    if os.cpu_count() == 1 or not os.path.isdir("/proc/self/task"):
+        pytest.skip("one core, or no /proc: OpenBLAS starts no extra thread to see")
+    one = "from pitstop.cli.app import _one_blas_thread\n_one_blas_thread()\n"
+    assert threads("") > 1  # what analyze would cost without it
+    assert threads(one) == 1
+    assert threads(one, {"OPENBLAS_NUM_THREADS": "2"}) == 2

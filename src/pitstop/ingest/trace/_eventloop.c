@@ -61,7 +61,7 @@ typedef struct {
     PyObject *vendor;
 } Loop;
 
-static PyObject *STR_USER_ANNOTATION, *STR_CUDA_DRIVER, *STR_HIP, *STR_CU, *STR_AMD, *STR_NVIDIA;
+static PyObject *STR_USER_ANNOTATION, *STR_CUDA_DRIVER, *STR_HIP, *STR_CU, *STR_AMD, *STR_NVIDIA, *STR_FROMBYTES;
 
 /* -- buffers ------------------------------------------------------------------------------------------- */
 
@@ -91,7 +91,9 @@ static int flush(Loop *self) {
     for (int c = 0; c < N_COLUMNS; c++) {
         Buffer *b = &self->buffers[c];
         if (b->len == 0) continue;
-        PyObject *r = PyObject_CallMethod(self->targets[c], "frombytes", "y#", b->data, b->len);
+        PyObject *view = PyMemoryView_FromMemory(b->data, b->len, PyBUF_READ);  /* copied once, by the array */
+        PyObject *r = view ? PyObject_CallMethodOneArg(self->targets[c], STR_FROMBYTES, view) : NULL;
+        Py_XDECREF(view);
         b->len = 0;
         if (r == NULL) return -1;
         Py_DECREF(r);
@@ -504,7 +506,9 @@ PyMODINIT_FUNC PyInit__eventloop(void) {
     STR_CU = PyUnicode_InternFromString("cu");
     STR_AMD = PyUnicode_InternFromString("amd");
     STR_NVIDIA = PyUnicode_InternFromString("nvidia");
-    if (!STR_USER_ANNOTATION || !STR_CUDA_DRIVER || !STR_HIP || !STR_CU || !STR_AMD || !STR_NVIDIA) return NULL;
+    STR_FROMBYTES = PyUnicode_InternFromString("frombytes");
+    if (!STR_USER_ANNOTATION || !STR_CUDA_DRIVER || !STR_HIP || !STR_CU || !STR_AMD || !STR_NVIDIA || !STR_FROMBYTES)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&LoopType);

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from array import array
 from collections import Counter
@@ -458,7 +459,7 @@ class _EventLoop:
         # the CPU operators' union as it grows (MergedColumns.add, inline): the last interval stays in
         # locals until one that does not overlap it arrives; half of a trace's events are CPU operators
         self.open_ts, self.open_end = math.inf, -math.inf  # none yet
-        self.fast = _c_loop(self) if fast else None
+        self.fast = _c_loop(self) if fast and os.environ.get("PITSTOP_TRACE_LOOP") != "python" else None
 
     def take(self, batch: list[Any]) -> None:
         fast = self.fast
@@ -569,7 +570,8 @@ class _EventLoop:
 
 
 def _c_loop(loop: _EventLoop) -> Any:
-    """The C event loop over ``loop``'s columns, memos and state; None where it is not built."""
+    """The C event loop over ``loop``'s columns, memos and state; None where it is not built (or where
+    ``PITSTOP_TRACE_LOOP=python`` asks for the Python loop: the benchmark's baseline)."""
     try:
         from pitstop.ingest.trace._eventloop import Loop
     except ImportError:  # installed without a C compiler: the Python loop reads every event
