@@ -116,7 +116,7 @@ NO_ARGS = Args()
 _OTHER = _AnyPhase()  # what an event that is not complete becomes: the event loop skips it
 
 
-def decode(text: bytes | str) -> list[Any] | None:
+def decode(text: bytes | memoryview | str) -> list[Any] | None:
     """The events of one JSON array text (``Event`` for complete events, other objects for the rest), or
     None where msgspec cannot take it (the caller falls back)."""
     try:

@@ -44,7 +44,7 @@ MAX_RATIO = 200  # decompressed / compressed; Kineto JSON gzips 10-25x, deflate'
 RATIO_FLOOR = 64 << 20  # the ratio is checked once this much text came out
 _WS = re.compile(rb"[ \t\n\r]*")
 _MARK = b"},\n"
-Fast = Callable[[bytes], "list[Any] | None"]
+Fast = Callable[[memoryview], "list[Any] | None"]
 
 
 class _NonFinite(ValueError):
@@ -120,16 +120,17 @@ class _Text:
         self.produced = 0
         self.eof = False
 
-    def read(self, n: int) -> bytes:
+    def readinto(self, view: memoryview) -> int:
+        """Inflate (or read) up to ``len(view)`` bytes of text straight into ``view``; 0 at the end."""
         if self.eof:
-            return b""
+            return 0
         try:
-            data = self.stream.read(n)
+            n: int = self.stream.readinto(view)
         except self.corrupt as exc:
             raise IngestError(f"{self.path}: truncated or corrupt gzip ({exc})") from None
         except OSError as exc:
             raise IngestError(f"{self.path}: cannot read ({exc})") from None
-        self.produced += len(data)
+        self.produced += n
         if self.counting is not None and self.produced > RATIO_FLOOR:
             ratio = self.produced / max(self.counting.consumed, 1)
             if ratio > MAX_RATIO:
@@ -138,14 +139,18 @@ class _Text:
                     f"{self.counting.consumed >> 10} KiB), which no profiler trace does: refused as a "
                     "decompression bomb"
                 )
-        self.eof = not data
-        if self.utf8_pending or not data.isascii():  # ASCII is UTF-8: most traces are never decoded here
+        self.eof = not n
+        return n
+
+    def check_utf8(self, text: bytearray, new: int) -> None:
+        """The last ``new`` bytes of ``text`` are UTF-8 (with what came before them); ``isascii`` over the
+        whole buffer (its kept tail is small) spares most traces the decoder."""
+        if self.utf8_pending or not text.isascii():
             try:
-                self.utf8.decode(data, final=self.eof)
+                self.utf8.decode(memoryview(text)[len(text) - new :], final=self.eof)
             except UnicodeDecodeError:
                 raise IngestError(f"{self.path}: not UTF-8 text") from None
             self.utf8_pending = bool(self.utf8.getstate()[0])
-        return data
 
     def close(self) -> None:
         self.stream.close()
@@ -165,29 +170,52 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def _unviewed(buf: bytearray) -> bool:
+    """True when no memoryview holds ``buf`` (it can be resized)."""
+    try:
+        buf.append(0)
+    except BufferError:
+        return False
+    buf.pop()
+    return True
+
+
 class _Reader:
     def __init__(self, text: _Text, fast: Fast | None = None) -> None:
         self.text = text
         self.fast = fast
         self.path = text.path
-        self.buf = b""
+        self.buf = bytearray()
+        self.spare: bytearray | None = None  # the buffer read before self.buf (see more)
         self.i = 0
         self.base = 0  # offset in the text of buf[0]
         self.window = FIRST_WINDOW  # bytes to decode for the next value read on its own
 
     # -- buffer ---------------------------------------------------------------------------------------
     def more(self, n: int = READ_BYTES) -> bool:
-        """Append at least some text (compacting what was consumed); False at the end of the input."""
-        if self.i > (len(self.buf) >> 1):
-            self.buf = self.buf[self.i :]
-            self.base += self.i
-            self.i = 0
+        """Read at least some more text; False at the end of the input.
+
+        The unread tail (and the byte before the cursor, which ``chunk`` writes over) is copied to the
+        front of the spare buffer and the text is inflated straight after it. msgspec's Raw values are
+        views into the buffer their batch was decoded from, so a buffer is never resized while viewed: the
+        spare is the one read before the current one (its batch is freed by then), else a new one."""
+        start = self.i - 1 if self.i > (len(self.buf) >> 1) else 0  # drop what was read, when it is most
+        tail = len(self.buf) - start
+        buf = self.spare if self.spare is not None and _unviewed(self.spare) else bytearray()
+        if len(buf) < tail + n:
+            buf.extend(bytes(tail + n - len(buf)))
+        buf[:tail] = memoryview(self.buf)[start:]  # same length: copied in place
         while True:
-            piece = self.text.read(n)
-            if piece:
-                self.buf += piece
+            got = self.text.readinto(memoryview(buf)[tail : tail + n])
+            if got:
+                del buf[tail + got :]
+                self.text.check_utf8(buf, got)
+                self.spare = self.buf
+                self.buf, self.base, self.i = buf, self.base + start, self.i - start
                 return True
             if self.text.eof:
+                if self.text.utf8_pending:  # the text ends inside a multi-byte character
+                    raise IngestError(f"{self.path}: not UTF-8 text")
                 return False
 
     def ws(self) -> str:
@@ -272,10 +300,24 @@ class _Reader:
             if self.expect(",}") == "}":
                 return
 
-    def exact(self, chunk: bytes) -> list[Any] | None:
+    def chunk(self, cut: int) -> list[Any] | None:
+        """The events from the cursor to the mark at ``cut``, decoded as one array, or None (read them value
+        by value). The text is not copied: '[' is written over the byte before the cursor (read already) and
+        ']' over the mark's comma, which is put back after the decoding."""
+        buf, i = self.buf, self.i
+        buf[i - 1] = 0x5B  # [
+        buf[cut + 1] = 0x5D  # ]
+        chunk = memoryview(buf)[i - 1 : cut + 2]
+        try:
+            batch = self.fast(chunk) if self.fast is not None else None
+            return batch if batch is not None else self.exact(chunk)
+        finally:
+            buf[cut + 1] = 0x2C  # ,
+
+    def exact(self, chunk: memoryview) -> list[Any] | None:
         """A chunk by the stdlib decoder; None where it is not a JSON array (read value by value)."""
         try:
-            return _DECODER.decode(chunk.decode())  # UTF-8: checked as it was read
+            return _DECODER.decode(str(chunk, "utf-8"))  # UTF-8: checked as it was read
         except RecursionError:
             raise IngestError(f"{self.path}: JSON nested too deeply to be a profiler trace") from None
         except ValueError:
@@ -298,10 +340,7 @@ class _Reader:
                     if len(self.buf) - self.i < MAX_VALUE and self.more():
                         continue
                 else:
-                    chunk = b"".join((b"[", self.buf[self.i : cut + 1], b"]"))  # b"[%b]" % ... is 15x slower
-                    batch = self.fast(chunk) if self.fast is not None else None
-                    if batch is None:
-                        batch = self.exact(chunk)
+                    batch = self.chunk(cut)
                     if batch is None:
                         exact_until = self.base + cut
                     else:
