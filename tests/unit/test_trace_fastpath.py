@@ -98,3 +98,23 @@ def test_a_trace_on_one_line_is_read_value_by_value_to_the_same_columns(tmp_path
     read = read_columns(one_line)
     assert facts(read) == facts(read_columns(per_line))
     assert read.events == len(events) and len(read.kernels) > 1
+
+
+def test_batches_kept_past_the_next_read_keep_their_values(tmp_path: Path) -> None:
+    """msgspec's Raw values are views into the buffer their chunk was decoded from, and the reader reuses a
+    buffer only when nothing views it: a consumer that keeps every batch still reads each event's values."""
+    from pitstop.ingest.trace.jsonstream import event_batches
+
+    doc = kr.job(2, steps=60, kernels=12, padding_ops=400)[0]  # ~3.5 MiB: several 1 MiB reads
+    for i, ev in enumerate(doc["traceEvents"]):
+        if isinstance(ev.get("args"), dict):
+            ev["args"]["Input type"] = ["float", f"c10::BFloat16 {i}"]
+    path = tmp_path / "kept.json"
+    path.write_text('{"traceEvents": [\n' + ",\n".join(json.dumps(ev) for ev in doc["traceEvents"]) + "\n]}")
+    kept = list(event_batches(path, fastevents.decode))
+    events = [
+        ev if type(ev) is fastevents.Event else fastevents.as_event(ev) for batch in kept for ev in batch
+    ]
+    read = [ev.args.input_types() for ev in events if type(ev) is fastevents.Event and ev.args]
+    planted = [ev["args"]["Input type"] for ev in doc["traceEvents"] if ev.get("ph") == "X" and "args" in ev]
+    assert len(kept) > 2 and read == planted
