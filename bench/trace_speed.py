@@ -12,6 +12,9 @@ HTA runs in its own environment (it pins pandas and friends); without --hta-pyth
 --python-loop also times pitstop with its Python event loop (PITSTOP_TRACE_LOOP=python), the baseline of the C
 loop, alternating with the default run.
 
+--before-src DIR also times the pitstop whose sources are in DIR (a worktree of an earlier commit:
+`git worktree add /tmp/before COMMIT`, then --before-src /tmp/before/src), alternating with the others.
+
 --keep DIR keeps the generated traces there and reuses them on the next run (generating 2 GiB takes minutes).
 CPU time (user + sys of the whole process) is the figure to compare on a shared machine; wall time is noisy.
 
@@ -106,6 +109,12 @@ def main() -> int:
         action="store_true",
         help="also time pitstop with the Python event loop (the baseline)",
     )
+    parser.add_argument(
+        "--before-src",
+        type=Path,
+        default=None,
+        help="also time the pitstop in this src folder (e.g. a worktree)",
+    )
     args = parser.parse_args()
     if not args.source.exists():
         print(f"no source trace at {args.source} (../shared/data is needed)", file=sys.stderr)
@@ -116,13 +125,15 @@ def main() -> int:
         for size in args.sizes:
             trace, text_gib = _trace(args.source, work / f"{int(size)}", size)
             hta = args.hta_python if args.hta_max_mib is None or size <= args.hta_max_mib else None
-            ours, python_loop, floor, theirs = [], [], [], []
+            ours, python_loop, before, floor, theirs = [], [], [], [], []
             analyze = ["pitstop", "analyze", str(trace), "--json", os.devnull, "--no-history"]
             for _ in range(args.repeat):
                 floor.append(measure([f"zcat {trace} | wc -c"], shell=True))
                 ours.append(measure(analyze))
                 if args.python_loop:
                     python_loop.append(measure(analyze, env={**os.environ, "PITSTOP_TRACE_LOOP": "python"}))
+                if args.before_src:
+                    before.append(measure(analyze, env={**os.environ, "PYTHONPATH": str(args.before_src)}))
                 if hta:
                     theirs.append(measure([hta, "-c", HTA_SCRIPT, str(trace.parent)]))
             row: dict[str, float] = {
@@ -141,6 +152,10 @@ def main() -> int:
                 row["python_loop_cpu_s"] = statistics.median(c for _, c, _ in python_loop)
                 row["python_loop_cpu_s_per_gib"] = row["python_loop_cpu_s"] / text_gib
                 row["python_loop_cpu_min_s"] = min(c for _, c, _ in python_loop)
+            if before:
+                row["before_cpu_s"] = statistics.median(c for _, c, _ in before)
+                row["before_cpu_min_s"] = min(c for _, c, _ in before)
+                row["before_peak_mib"] = max(m for _, _, m in before)
             row["gib_per_s"] = text_gib / row["pitstop_s"]
             row["gib_per_cpu_s"] = text_gib / row["pitstop_cpu_s"]
             row["cpu_s_per_gib"] = row["pitstop_cpu_s"] / text_gib
