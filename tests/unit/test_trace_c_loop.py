@@ -94,3 +94,18 @@ def test_an_event_left_to_python_hands_over_the_rest(tmp_path: Path, monkeypatch
     if importlib.util.find_spec("pitstop.ingest.trace._eventloop") is not None:
         assert 0 < sum(seen_by_python) < len(trace_events) - odd + 1  # Python read from the odd event on
     assert fast.vendor == "nvidia" and len(fast.kernels) > 0
+
+
+def test_structs_it_cannot_read_leave_every_event_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C loop reads msgspec's struct fields by their slot offsets; were a msgspec to keep them another
+    way, the loop refuses to start and the Python loop reads the trace."""
+    pytest.importorskip("pitstop.ingest.trace._eventloop")
+    from pitstop.ingest.trace import fastevents
+
+    class Fields:  # fields that are properties, not object slots
+        cat = name = ts = dur = args = property(lambda self: None)
+
+    cols = events.TraceColumns(path=Path("t.json"))
+    assert events._EventLoop(cols).fast is not None
+    monkeypatch.setattr(fastevents, "Event", Fields)
+    assert events._EventLoop(cols).fast is None

@@ -434,7 +434,7 @@ def read_columns(path: Path, c_loop: bool = True) -> TraceColumns:
 
 class _EventLoop:
     """The hot path of ``pitstop analyze`` after JSON decoding. Per-name and per-category facts are
-    cached, the columns' append methods are bound once, and the work per event is inline: ``take`` copies
+    cached, the columns' append methods are bound once, and the work per event is inline: ``_take`` copies
     what it uses into locals for a batch and stores the running state back at its end.
 
     Where the C loop (``_eventloop.c``, the same loop event for event) is built, it takes each batch;
@@ -579,28 +579,31 @@ def _c_loop(loop: _EventLoop) -> Any:
     from pitstop.ingest.trace.fastevents import BAD, MISSING, NO_ARGS, Args, Event
 
     cols, runtime, kernels = loop.cols, loop.cols.runtime, loop.cols.kernels
-    return Loop(
-        event_type=Event,
-        args_type=Args,
-        bad_event=BAD,
-        no_args=NO_ARGS,
-        missing=MISSING,
-        memos=(loop.cat_cache, loop.plain_names, loop.runtime_flags, loop.kernel_cache),
-        calls=(
-            functools.partial(_cpu_event, cols),
-            functools.partial(_add_collective, cols),
-            functools.partial(_other_gpu_event, cols),
-            _int,
-        ),
-        categories=loop.categories,
-        gemm_kinds=_GEMM_KINDS,
-        columns=(
-            *(runtime.ts, runtime.end, runtime.correlation, runtime.sync, runtime.launch, runtime.driver),
-            *(kernels.ts, kernels.end, kernels.stream, kernels.device, kernels.correlation, kernels.external),
-            *(kernels.code, cols.cpu_ops.ts, cols.cpu_ops.end),
-        ),
-        roles=(_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _CPU, _STREAM_OTHER, _IGNORED),
-    )
+    try:
+        return Loop(
+            event_type=Event,
+            args_type=Args,
+            bad_event=BAD,
+            no_args=NO_ARGS,
+            missing=MISSING,
+            memos=(loop.cat_cache, loop.plain_names, loop.runtime_flags, loop.kernel_cache),
+            calls=(
+                functools.partial(_cpu_event, cols),
+                functools.partial(_add_collective, cols),
+                functools.partial(_other_gpu_event, cols),
+                _int,
+            ),
+            categories=loop.categories,
+            gemm_kinds=_GEMM_KINDS,
+            columns=(
+                *(runtime.ts, runtime.end, runtime.correlation, runtime.sync, runtime.launch, runtime.driver),
+                *(kernels.ts, kernels.end, kernels.stream, kernels.device, kernels.correlation),
+                *(kernels.external, kernels.code, cols.cpu_ops.ts, cols.cpu_ops.end),
+            ),
+            roles=(_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _CPU, _STREAM_OTHER, _IGNORED),
+        )
+    except (TypeError, ValueError):  # a msgspec whose structs hold their fields otherwise: the Python loop
+        return None
 
 
 def _other_gpu_event(cols: TraceColumns, role: int, name: str, ts: float, dur: float, args: Args) -> None:

@@ -305,6 +305,7 @@ class _Reader:
         by value). The text is not copied: '[' is written over the byte before the cursor (read already) and
         ']' over the mark's comma, which is put back after the decoding."""
         buf, i = self.buf, self.i
+        assert i > 0  # the traceEvents' '[' or a consumed mark lies before the cursor; more() keeps a byte
         buf[i - 1] = 0x5B  # [
         buf[cut + 1] = 0x5D  # ]
         chunk = memoryview(buf)[i - 1 : cut + 2]
