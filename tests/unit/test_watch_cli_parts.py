@@ -96,6 +96,27 @@ def test_the_plain_view_appends_lines() -> None:
     assert any(line.startswith("pitstop watch: CHANGE (new_finding) from step 17") for line in lines)
 
 
+def test_a_change_found_once_the_run_ended_does_not_show_its_window_twice() -> None:
+    """The run's last window closed (and was shown) while the job ran; the slowdown it showed is reported at
+    the end, unconfirmed. Its window line was printed a second time (a busy machine's doctor run printed
+    six lines for five windows), counted twice in the rate over the run, and logged twice to trackers."""
+    from pitstop.cli.live import PlainView
+    from pitstop.report.live import PanelState
+
+    run = WholeRun(WindowSpec(steps=50))
+    while_running = run.add(0, series(400, slow_after=360), Environment(device="cpu"))
+    at_the_end, _ = run.finish()
+    stream = io.StringIO()
+    PlainView(stream).events(while_running + at_the_end)
+    windows = [line for line in stream.getvalue().splitlines() if " CHANGE " not in line]
+    assert len(while_running) == 8 and len(windows) == 8 and len(set(windows)) == 8
+    assert "no later window to confirm it" in stream.getvalue()
+    once, twice = PanelState(), PanelState()
+    once.take(while_running)
+    twice.take(while_running + at_the_end)
+    assert twice._seconds == once._seconds and twice.latest_change is not None
+
+
 def test_the_live_panel_shows_the_run_so_far() -> None:
     from pitstop.cli.live import LiveView
 

@@ -60,8 +60,9 @@ class Feed:
     def publish(self, events: list[Event]) -> None:
         self.view.events(events)
         for e in events:
-            for t in self.trackers:
-                t.log_window(e.window, e.changes)
+            if not e.again:  # a window is logged once; changes found at the end are in the trackers' summary
+                for t in self.trackers:
+                    t.log_window(e.window, e.changes)
 
     def _job_output(self) -> None:
         if self.log is None or not self.log.exists():

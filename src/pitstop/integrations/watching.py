@@ -61,8 +61,9 @@ class InProcessWatch:
 
     def _publish(self, events: list[Event], rank: int) -> None:
         for e in events:
-            for t in self.trackers:
-                t.log_window(e.window, e.changes)
+            if not e.again:  # a window is logged once; changes found at the end are in the trackers' summary
+                for t in self.trackers:
+                    t.log_window(e.window, e.changes)
             if self.print_changes and rank == 0:
                 for c in e.changes:
                     print(f"pitstop watch: CHANGE ({c.kind}) {c.text}", file=sys.stderr, flush=True)

@@ -87,7 +87,8 @@ class PlainView:
 
     def events(self, events: list[Event]) -> None:
         for e in events:
-            print(window_line(e.window, self.command), file=self.stream, flush=True)
+            if not e.again:
+                print(window_line(e.window, self.command), file=self.stream, flush=True)
             for c in e.changes:
                 print(change_line(c, self.command), file=self.stream, flush=True)
 
@@ -136,13 +137,14 @@ class PanelState:
         """Fold closed windows in; the changes they brought, to print above the panel."""
         changes: list[Change] = []
         for e in events:
-            self.now = e.window
-            self._seconds += e.window.seconds
-            if e.window.tokens_per_s is None:
-                self._rated = False
-            else:
-                self._tokens += e.window.tokens_per_s * e.window.seconds
-            self.last_step = max(self.last_step, e.window.last_step)
+            if not e.again:  # a window counts once in the rate over the run
+                self.now = e.window
+                self._seconds += e.window.seconds
+                if e.window.tokens_per_s is None:
+                    self._rated = False
+                else:
+                    self._tokens += e.window.tokens_per_s * e.window.seconds
+                self.last_step = max(self.last_step, e.window.last_step)
             for c in e.changes:
                 self.latest_change = c
                 changes.append(c)

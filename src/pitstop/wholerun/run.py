@@ -74,10 +74,13 @@ class WholeRunReport:
 
 @dataclass
 class Event:
-    """What a closed window brought: the summary and the changes it showed."""
+    """What a closed window brought: the summary and the changes it showed. ``again``: the window came in
+    an earlier event, and this one brings only what its end showed once the run was over (a change no later
+    window confirms): views print the changes, not the window a second time, and trackers logged it."""
 
     window: WindowSummary
     changes: list[Change]
+    again: bool = False
 
 
 class WholeRun:
@@ -147,7 +150,7 @@ class WholeRun:
             if events:
                 events[-1].changes.extend(last)
             elif self.windows:
-                events.append(Event(self.windows[-1], last))
+                events.append(Event(self.windows[-1], last, again=True))
         if self.store is not None:
             for rank, queue in self._unstored.items():
                 self.store.append(rank, queue)
