@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "scripts"
+
+
+def sigint_as_at_a_terminal() -> None:
+    """``preexec_fn`` for a child the test sends SIGINT (Ctrl-C): the default disposition a terminal's
+    foreground job has, even where the suite was started with SIGINT ignored (under nohup, as a background
+    job of a script, by some CI runners), which Python would otherwise keep: the child would never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 SHARED = Path(os.environ.get("PITSTOP_SHARED_DATA") or ROOT.parent / "shared" / "data")  # or where it lies
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import ROOT, SCRIPTS, run_pitstop
+from tests.conftest import ROOT, SCRIPTS, run_pitstop, sigint_as_at_a_terminal
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(SCRIPTS / "dying_loop.py")
@@ -98,6 +98,7 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
         text=True,
         env=env,
         cwd=ROOT,
+        preexec_fn=sigint_as_at_a_terminal,
     )
     _STARTED.append(proc)
     return proc

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SCRIPTS, doctor, doctor_json, run_pitstop
+from tests.conftest import ROOT, SCRIPTS, doctor, doctor_json, run_pitstop, sigint_as_at_a_terminal
 
 pytestmark = pytest.mark.slow
 
@@ -149,6 +149,7 @@ def test_ctrl_c_ends_the_whole_process_group() -> None:
         text=True,
         env=env,
         cwd=ROOT,
+        preexec_fn=sigint_as_at_a_terminal,
     )
     deadline = time.monotonic() + 60
     started = False

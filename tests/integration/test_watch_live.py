@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT, SCRIPTS
+from tests.conftest import ROOT, SCRIPTS, sigint_as_at_a_terminal
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,13 @@ def test_a_change_is_reported_while_the_job_runs(tmp_path: Path) -> None:
         "40",
     ]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        preexec_fn=sigint_as_at_a_terminal,
     )
     seen: list[str] = []
     job_alive_at_change = False

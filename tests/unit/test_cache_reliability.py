@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from tests.cache_inputs import number_rows, number_tokenizer
+from tests.conftest import sigint_as_at_a_terminal
 
 from pitstop.data import fsops
 from pitstop.data.cache import build_cache, open_cache
@@ -251,6 +252,7 @@ def test_a_stopped_cache_build_ends_its_workers_quietly_and_says_what_it_kept(
         text=True,
         env=_env(),
         start_new_session=True,  # its own process group, as a terminal gives a foreground job
+        preexec_fn=sigint_as_at_a_terminal,
     )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not list(out.glob("*.partial/shard-*.bin")):
