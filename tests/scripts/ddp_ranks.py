@@ -72,7 +72,9 @@ def main() -> int:
     if rank == args.slow_compute_rank and args.slow_compute_ms:
         delay = args.slow_compute_ms / 1000.0
         inner.register_forward_pre_hook(lambda *_: time.sleep(delay))
-    model = torch.nn.parallel.DistributedDataParallel(inner)
+    # --heavy: one bucket for all gradients, so the whole all-reduce comes after the backward and none of it
+    # hides behind compute (communication dominates by far, even where a busy machine slows one rank)
+    model = torch.nn.parallel.DistributedDataParallel(inner, bucket_cap_mb=1024 if args.heavy else 25)
     params = model.parameters()
     opt = torch.optim.SGD(params, lr=1e-3) if args.heavy else torch.optim.AdamW(params, lr=1e-3)
     out = None if args.losses is None else open(f"{args.losses}.rank{rank}", "a")  # noqa: SIM115
