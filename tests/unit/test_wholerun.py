@@ -212,6 +212,23 @@ def test_a_burst_of_load_for_one_window_is_no_change_but_a_lasting_one_is() -> N
     assert change.kind == "slower" and change.part == "backward_s" and 399 <= change.step <= 403
 
 
+def test_a_burst_of_load_right_before_a_lasting_slowdown_is_not_a_change_of_its_own() -> None:
+    # The busy CI machine's case: a window 22% slower from load, then the dataloader turns slow. The burst's
+    # window must not be confirmed by the real drop after it (both are "slower"): one change, at the real
+    # onset, its size measured from the steady baseline, and no second change against the burst's level.
+    records = series(1000, slow_after=500)
+    for r in records[400:500]:
+        r.wall_s *= 1.25
+        r.forward_s, r.backward_s = (r.forward_s or 0) * 1.25, (r.backward_s or 0) * 1.25
+    _, report = watch(records, WindowSpec(steps=100)).finish()
+    slower = [c for c in report.changes if c.kind == "slower"]
+    assert len(slower) == 1, [c.text for c in report.changes]
+    (change,) = slower
+    assert 499 <= change.step <= 503 and change.part == "data_wait_s"
+    assert change.before and change.after
+    assert change.after / change.before == pytest.approx(0.102 / 0.183, rel=0.1)
+
+
 def test_a_slowdown_in_the_last_window_is_reported_unconfirmed() -> None:
     _, report = watch(series(500, slow_after=420), WindowSpec(steps=100)).finish()
     slower = [c for c in report.changes if c.kind == "slower"]

@@ -132,15 +132,16 @@ class ChangeDetector:
             found += self._rate(current, baseline, recent_steps or [])
             found += self._findings(current, baseline, recent_steps or [])
         seen = {_key(c) for c in found}
+        if not self._level_kept(current):
+            seen -= {("slower", None), ("faster", None)}
         confirmed = [c for c in self._held if _key(c) in seen]
-        fresh = [c for c in found if _key(c) not in {_key(h) for h in self._held}]
+        fresh = [c for c in found if _key(c) not in {_key(h) for h in confirmed}]
         if any(c.kind in ("slower", "faster") for c in confirmed):
-            assert self._held_window is not None
-            self.phase = [self._held_window]
+            self.phase = []  # the new phase starts with this window
             fresh = []  # measured against the old phase: void now
         elif self._held_window is not None and not confirmed:
             self.phase.append(self._held_window)  # what it showed was noise: part of the phase after all
-        # (a held window whose change was confirmed holds the change's onset: half before, half after; it
+        # (a held window whose change was confirmed holds the change's onset: part before, part after; it
         # stays out of the baseline, where it would only widen the noise)
         self._held = fresh
         self._held_window = current if fresh else None
@@ -152,6 +153,17 @@ class ChangeDetector:
                 self._since[c.cause] = current.index  # compared from now on with what it has become
         self.changes += confirmed
         return confirmed
+
+    def _level_kept(self, current: WindowSummary) -> bool:
+        """Whether this window runs at the held window's rate, within the noise: only then does it confirm the
+        held window's rate change. A burst of load that a real drop follows is two levels, not one change: the
+        burst's window was noise, and the drop is held in turn, to be confirmed by the window after it."""
+        if self._held_window is None:
+            return False
+        held, now = rate(self._held_window), rate(current)
+        if not held or not now:
+            return False
+        return abs(now / held - 1.0) <= self.threshold(current)
 
     def finish(self) -> list[Change]:
         """The run ended: what its last window showed is reported, unconfirmed (no window came after it)."""
