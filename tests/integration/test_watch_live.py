@@ -25,7 +25,10 @@ LOOP = [sys.executable, str(SCRIPTS / "plain_loop.py"), "--threads", "1", "--bat
 def test_a_change_is_reported_while_the_job_runs(tmp_path: Path) -> None:
     out = tmp_path / "watch.json"
     env = {**os.environ, "PITSTOP_CACHE": str(tmp_path / "cache"), "COLUMNS": "120", "PYTHONUNBUFFERED": "1"}
+    # --min-drop 0.5: the planted drop is 80-85%; the machine's own moves (a first window half as fast as the
+    # rest, a burst of load) are changes too at the default 10%, and this test is about the one planted
     cmd = [sys.executable, "-m", "pitstop", "watch", "--window-steps", "40", "--warmup", "5", "--no-history"]
+    cmd += ["--min-drop", "0.5"]
     cmd += [
         "--json",
         str(out),
@@ -49,7 +52,7 @@ def test_a_change_is_reported_while_the_job_runs(tmp_path: Path) -> None:
     )
     seen: list[str] = []
     job_alive_at_change = False
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 300  # the change shows by step ~250: about 20 s on this machine
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -60,7 +63,7 @@ def test_a_change_is_reported_while_the_job_runs(tmp_path: Path) -> None:
                 break
             if time.monotonic() > deadline:
                 break
-        assert job_alive_at_change, "".join(seen)[-3000:]
+        assert job_alive_at_change, "".join(seen[:12]) + " …\n" + "".join(seen)[-2000:]
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:

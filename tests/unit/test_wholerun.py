@@ -229,6 +229,22 @@ def test_a_burst_of_load_right_before_a_lasting_slowdown_is_not_a_change_of_its_
     assert change.after / change.before == pytest.approx(0.102 / 0.183, rel=0.1)
 
 
+def test_a_slowdown_in_two_stages_is_one_change_from_the_old_level() -> None:
+    # data wait grows by 0.04 s for one window, then by 0.16 s for good: the first stage is not confirmed by
+    # the second (another level), and the half-way window must not join the baseline, where it would hide it
+    records = series(1000)
+    for r in records[400:]:
+        extra = 0.04 if r.index <= 500 else 0.16
+        r.data_wait_s = (r.data_wait_s or 0) + extra
+        r.wall_s += extra
+    _, report = watch(records, WindowSpec(steps=100)).finish()
+    slower = [c for c in report.changes if c.kind == "slower"]
+    assert len(slower) == 1, [c.text for c in report.changes]
+    (change,) = slower
+    assert change.part == "data_wait_s" and change.before and change.after
+    assert change.after / change.before == pytest.approx(0.103 / 0.263, rel=0.1)
+
+
 def test_a_slowdown_in_the_last_window_is_reported_unconfirmed() -> None:
     _, report = watch(series(500, slow_after=420), WindowSpec(steps=100)).finish()
     slower = [c for c in report.changes if c.kind == "slower"]

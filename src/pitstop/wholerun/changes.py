@@ -132,17 +132,20 @@ class ChangeDetector:
             found += self._rate(current, baseline, recent_steps or [])
             found += self._findings(current, baseline, recent_steps or [])
         seen = {_key(c) for c in found}
+        rate_keys = {("slower", None), ("faster", None)}
+        seen_rate, held_rate = seen & rate_keys, {_key(h) for h in self._held} & rate_keys
         if not self._level_kept(current):
-            seen -= {("slower", None), ("faster", None)}
+            seen -= rate_keys
         confirmed = [c for c in self._held if _key(c) in seen]
         fresh = [c for c in found if _key(c) not in {_key(h) for h in confirmed}]
         if any(c.kind in ("slower", "faster") for c in confirmed):
             self.phase = []  # the new phase starts with this window
             fresh = []  # measured against the old phase: void now
-        elif self._held_window is not None and not confirmed:
+        elif self._held_window is not None and not confirmed and not (seen_rate & held_rate):
             self.phase.append(self._held_window)  # what it showed was noise: part of the phase after all
-        # (a held window whose change was confirmed holds the change's onset: part before, part after; it
-        # stays out of the baseline, where it would only widen the noise)
+        # (a held window whose change was confirmed holds the change's onset, part before and part after; one
+        # whose rate change goes on at another level holds a burst before a drop, or an onset: either stays
+        # out of the baseline, where it would pull the old level toward the new one and hide the change)
         self._held = fresh
         self._held_window = current if fresh else None
         if not fresh:
