@@ -132,20 +132,27 @@ class ChangeDetector:
             found += self._rate(current, baseline, recent_steps or [])
             found += self._findings(current, baseline, recent_steps or [])
         seen = {_key(c) for c in found}
-        rate_keys = {("slower", None), ("faster", None)}
-        seen_rate, held_rate = seen & rate_keys, {_key(h) for h in self._held} & rate_keys
-        if not self._level_kept(current):
-            seen -= rate_keys
-        confirmed = [c for c in self._held if _key(c) in seen]
-        fresh = [c for c in found if _key(c) not in {_key(h) for h in confirmed}]
-        if any(c.kind in ("slower", "faster") for c in confirmed):
-            self.phase = []  # the new phase starts with this window
-            fresh = []  # measured against the old phase: void now
-        elif self._held_window is not None and not confirmed and not (seen_rate & held_rate):
+        held = {_key(h) for h in self._held}
+        rate_kinds = ("slower", "faster")
+        # A held rate change is confirmed by the same kind of change in this window, and told from this window
+        # (placed over both windows' steps, measured from the old phase): when a burst of load in the held
+        # window is followed by a real drop, the drop is the change, not the burst. A finding keeps the held
+        # window's version, where it first showed.
+        confirmed = [
+            self._placed(c, recent_steps or []) for c in found if c.kind in rate_kinds and _key(c) in held
+        ]
+        confirmed += [c for c in self._held if c.kind not in rate_kinds and _key(c) in seen]
+        fresh = [c for c in found if _key(c) not in held]
+        if any(c.kind in rate_kinds for c in confirmed):
+            # the new phase starts with this window; what else it shows against the old phase is part of the
+            # change: a finding new with it is told now (in the new phase it would never be new again)
+            confirmed += [c for c in fresh if c.kind == "new_finding"]
+            self.phase = []
+            fresh = []
+        elif self._held_window is not None and not confirmed:
             self.phase.append(self._held_window)  # what it showed was noise: part of the phase after all
-        # (a held window whose change was confirmed holds the change's onset, part before and part after; one
-        # whose rate change goes on at another level holds a burst before a drop, or an onset: either stays
-        # out of the baseline, where it would pull the old level toward the new one and hide the change)
+        # (a held window whose change was confirmed holds the change's onset, part before and part after: it
+        # stays out of the baseline, where it would pull the old level toward the new one)
         self._held = fresh
         self._held_window = current if fresh else None
         if not fresh:
@@ -157,16 +164,14 @@ class ChangeDetector:
         self.changes += confirmed
         return confirmed
 
-    def _level_kept(self, current: WindowSummary) -> bool:
-        """Whether this window runs at the held window's rate, within the noise: only then does it confirm the
-        held window's rate change. A burst of load that a real drop follows is two levels, not one change: the
-        burst's window was noise, and the drop is held in turn, to be confirmed by the window after it."""
-        if self._held_window is None:
-            return False
-        held, now = rate(self._held_window), rate(current)
-        if not held or not now:
-            return False
-        return abs(now / held - 1.0) <= self.threshold(current)
+    def _placed(self, change: Change, steps: list[StepRecord]) -> Change:
+        """This window's rate change at the shift inside the held and this window's steps, or at the held
+        change's step when the two windows run level (the onset was at the held window's start)."""
+        shift = change_point(steps, change.kind == "slower")
+        if shift is None:
+            shift = next(h.step for h in self._held if h.kind == change.kind)
+        text = change.text.replace(f"from step {change.step:,} ", f"from step {shift:,} ", 1)
+        return dataclasses.replace(change, step=shift, text=text)
 
     def finish(self) -> list[Change]:
         """The run ended: what its last window showed is reported, unconfirmed (no window came after it)."""
