@@ -203,7 +203,7 @@ def _slowest_part(slow: RankComm, others: list[RankComm]) -> tuple[str, str]:
         ]
         detail = (
             f"its {REASONS[part]} takes {getattr(slow, part) * 1000:.0f} ms per step vs "
-            f"{(theirs_s or 0.0) * 1000:.0f} ms on the other ranks"
+            f"{(theirs_s or 0.0) * 1000:.0f} ms on the other rank{'s (median)' if len(others) > 1 else ''}"
         )
     return reason, detail
 
