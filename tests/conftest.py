@@ -23,6 +23,22 @@ def sigint_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def start_as_at_a_terminal(
+    cmd: list[str], env: dict[str, str], merge_stderr: bool = False, **popen: Any
+) -> subprocess.Popen[str]:
+    """A child the test will signal: text pipes, run from the repository, SIGINT at its default."""
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        preexec_fn=sigint_as_at_a_terminal,
+        **popen,
+    )
+
+
 SHARED = Path(os.environ.get("PITSTOP_SHARED_DATA") or ROOT.parent / "shared" / "data")  # or where it lies
 
 

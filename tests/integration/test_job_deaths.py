@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import ROOT, SCRIPTS, run_pitstop, sigint_as_at_a_terminal
+from tests.conftest import ROOT, SCRIPTS, run_pitstop, start_as_at_a_terminal
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(SCRIPTS / "dying_loop.py")
@@ -91,15 +91,7 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
         "PITSTOP_CACHE": str(ROOT / ".pytest_cache" / "pitstop-cache"),
         "COLUMNS": "120",
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pitstop", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        preexec_fn=sigint_as_at_a_terminal,
-    )
+    proc = start_as_at_a_terminal([sys.executable, "-m", "pitstop", *args], env)
     _STARTED.append(proc)
     return proc
 

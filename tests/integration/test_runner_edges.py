@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SCRIPTS, doctor, doctor_json, run_pitstop, sigint_as_at_a_terminal
+from tests.conftest import ROOT, SCRIPTS, doctor, doctor_json, run_pitstop, start_as_at_a_terminal
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +126,7 @@ def test_a_failing_probe_never_takes_the_run_down() -> None:
 def test_ctrl_c_ends_the_whole_process_group() -> None:
     marker = f"--seed={424242 + os.getpid()}"  # this run's own: other checkouts may run this test at once
     env = {**os.environ, "PITSTOP_CACHE": str(ROOT / ".pytest_cache" / "pitstop-cache")}
-    pitstop = subprocess.Popen(
+    pitstop = start_as_at_a_terminal(
         [
             sys.executable,
             "-m",
@@ -144,12 +144,7 @@ def test_ctrl_c_ends_the_whole_process_group() -> None:
             "1",
             marker,
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        preexec_fn=sigint_as_at_a_terminal,
+        env,
     )
     deadline = time.monotonic() + 60
     started = False

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT, SCRIPTS, sigint_as_at_a_terminal
+from tests.conftest import SCRIPTS, start_as_at_a_terminal
 
 pytestmark = pytest.mark.slow
 
@@ -41,15 +40,7 @@ def test_a_change_is_reported_while_the_job_runs(tmp_path: Path) -> None:
         "--slow-after-ms",
         "40",
     ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        preexec_fn=sigint_as_at_a_terminal,
-    )
+    proc = start_as_at_a_terminal(cmd, env, merge_stderr=True)
     seen: list[str] = []
     job_alive_at_change = False
     deadline = time.monotonic() + 300  # the change shows by step ~250: about 20 s on this machine

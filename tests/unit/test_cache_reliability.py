@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from tests.cache_inputs import number_rows, number_tokenizer
-from tests.conftest import sigint_as_at_a_terminal
+from tests.conftest import start_as_at_a_terminal
 
 from pitstop.data import fsops
 from pitstop.data.cache import build_cache, open_cache
@@ -235,7 +235,7 @@ def test_a_stopped_cache_build_ends_its_workers_quietly_and_says_what_it_kept(
     data.write_text(number_rows(100_000))  # five shards of 20,000: far from done when the first one lands
     out = tmp_path / "cache"
     options = ["--out", str(out), "--workers", "2"]
-    proc = subprocess.Popen(
+    proc = start_as_at_a_terminal(
         [
             sys.executable,
             "-m",
@@ -247,12 +247,8 @@ def test_a_stopped_cache_build_ends_its_workers_quietly_and_says_what_it_kept(
             str(tokenizer),
             *options,
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
+        _env(),
         start_new_session=True,  # its own process group, as a terminal gives a foreground job
-        preexec_fn=sigint_as_at_a_terminal,
     )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not list(out.glob("*.partial/shard-*.bin")):
