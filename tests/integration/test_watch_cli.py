@@ -31,6 +31,14 @@ def watch(
     return json.loads(out.read_text()), proc.stdout + proc.stderr
 
 
+def _rates(w: dict[str, Any]) -> list[tuple[int, int, float]]:
+    """Each window's first step and typical rate with its noise: what a failed assertion needs to be read."""
+    return [
+        (x["first_step"], round(x.get("typical_tokens_per_s") or 0), round(x.get("typical_noise") or 0, 3))
+        for x in w["windows"]
+    ]
+
+
 def test_a_dataloader_that_slows_late_is_one_change_at_its_step(tmp_path: Path) -> None:
     # --min-drop 0.5: the planted drop is 80-85% (70% were the machine 2x slower); the machine's own moves
     # are not: a first window 48% slower than the rest (the suite's machine, not the job) was rightly
@@ -48,7 +56,7 @@ def test_a_dataloader_that_slows_late_is_one_change_at_its_step(tmp_path: Path) 
     w = doc["watch"]
     assert w["steps"] == 295  # the whole run after the warm-up: the job was never stopped
     slower = [c for c in w["changes"] if c["kind"] == "slower"]
-    assert len(slower) == 1, w["changes"]
+    assert len(slower) == 1, (w["changes"], _rates(w))
     assert 169 <= slower[0]["step"] <= 173  # reads slow from step 171's batch on
     assert slower[0]["part"] == "data_wait_s"
     assert slower[0]["after"] < 0.7 * slower[0]["before"]
@@ -86,7 +94,7 @@ def test_a_steady_run_has_no_change(tmp_path: Path) -> None:
     doc, text = watch(tmp_path, "--steps", "1000", window=100, extra=("--min-drop", "0.5"))
     w = doc["watch"]
     assert w["steps"] == 995 and len(w["windows"]) == 10
-    assert w["changes"] == [], w["changes"]
+    assert w["changes"] == [], (w["changes"], _rates(w))
     assert w["periodic_stalls"] == []
     assert "no change" in text
 

@@ -245,6 +245,42 @@ def test_a_slowdown_in_two_stages_is_one_change_from_the_old_level() -> None:
     assert change.after / change.before == pytest.approx(0.103 / 0.263, rel=0.1)
 
 
+def test_a_drop_just_past_the_bar_is_confirmed_by_a_window_just_under_it() -> None:
+    # A drop near the bar: 55% against --min-drop 0.5, then 48% as a shared machine's load eases. Asking the
+    # confirming window for the whole bar again lost the drop (only its finding was told) and put a slow window
+    # into the baseline. Confirming asks for three quarters of it.
+    records = series(1000)
+    for r in records[400:]:
+        extra = 0.126 if r.index <= 500 else 0.095  # the rate 55% lower, then 48% lower
+        r.data_wait_s = (r.data_wait_s or 0) + extra
+        r.wall_s += extra
+    _, report = watch(records, WindowSpec(steps=100), min_drop=0.5).finish()
+    slower = [c for c in report.changes if c.kind == "slower"]
+    assert len(slower) == 1, [c.text for c in report.changes]
+    assert 399 <= slower[0].step <= 403 and slower[0].part == "data_wait_s"
+    assert [c.cause for c in report.changes if c.kind == "new_finding"] == ["dataloader_bound"]
+    assert len(report.phases) == 2
+
+
+def test_a_dataloader_drop_after_windows_that_moved_28_percent_is_found() -> None:
+    # CI's failure: the machine ran two windows 28% slower than the two before (a spread of 24% in percent, a
+    # bar of ±96% at four sigmas), then the dataloader's 83% drop was taken for noise and only its finding was
+    # told. As factors, the same windows allow a drop of 62%.
+    records = series(1000)
+    for r in records:
+        if 200 < r.index <= 400:
+            r.forward_s, r.backward_s = (r.forward_s or 0) * 1.45, (r.backward_s or 0) * 1.45
+            r.wall_s += 0.45 * 0.09
+        if r.index > 400:
+            r.data_wait_s = (r.data_wait_s or 0) + 0.5
+            r.wall_s += 0.5
+    _, report = watch(records, WindowSpec(steps=100), min_drop=0.5).finish()
+    slower = [c for c in report.changes if c.kind == "slower"]
+    assert len(slower) == 1, [c.text for c in report.changes]
+    assert 399 <= slower[0].step <= 403 and slower[0].part == "data_wait_s"
+    assert slower[0].after and slower[0].before and slower[0].after < 0.25 * slower[0].before
+
+
 def test_a_slowdown_in_the_last_window_is_reported_unconfirmed() -> None:
     _, report = watch(series(500, slow_after=420), WindowSpec(steps=100)).finish()
     slower = [c for c in report.changes if c.kind == "slower"]

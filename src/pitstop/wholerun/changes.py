@@ -5,7 +5,10 @@ The rate compared is the window's *typical* rate (tokens per step over the media
 (an evaluation every 500 steps) moves a window's mean but not its median, so periodic stalls are reported as
 stalls (``periodic.py``), not as changes. The noise is the run's own: the spread of the rate between the windows
 since the last change and the standard error of each window's median; a change must exceed both, by a margin,
-and ``min_drop``.
+and ``min_drop``. Rates are compared as logarithms: noise is a factor, and a drop can never pass 100% (a bar
+of ±92% from a spread measured in percent let an 85% drop pass as noise). A change is reported once the next
+window confirms it, past three quarters of the bar (hysteresis): a drop that shows at 55% against a 50% bar and
+at 48% in the next window is one lasting drop.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pitstop.wholerun.periodic import PART_WORDS
 from pitstop.wholerun.windows import WindowSummary
 
 SIGMAS = 4.0
+CONFIRM_SHARE = 0.75  # the next window confirms a held rate change past this share of the bar (hysteresis)
 BASELINE_WINDOWS = 8  # the most recent windows of the current phase that make the baseline
 WORSE_BY = 0.10
 MIN_SHIFT = 0.08  # a split of the step times must shift them by this much...
@@ -63,11 +67,14 @@ def rate(w: WindowSummary) -> float | None:
     return 1.0 / w.typical_step_s if w.typical_step_s else None
 
 
-def _rel_spread(values: list[float]) -> float:
+def _log_spread(values: list[float]) -> float:
+    """The robust spread (MAD × 1.4826) of the values' logarithms: a rate's noise is a factor, so a window
+    at half the rate and one at twice it are equally far from the typical one."""
     if len(values) < 3:
         return 0.0
-    med = statistics.median(values)
-    return statistics.median(abs(v - med) for v in values) * 1.4826 / med if med else 0.0
+    logs = [math.log(v) for v in values]
+    med = statistics.median(logs)
+    return statistics.median(abs(v - med) for v in logs) * 1.4826
 
 
 def change_point(steps: list[StepRecord], slower: bool = True) -> int | None:
@@ -114,26 +121,30 @@ class ChangeDetector:
     )  # cause -> window its last confirmed change showed in
 
     def threshold(self, current: WindowSummary) -> float:
-        """The relative rate change that counts: beyond the run's own noise and ``min_drop``."""
+        """The change of the log rate that counts: beyond the run's own noise and ``min_drop`` (a drop by 50%
+        is a factor of 2 either way)."""
         rates = [r for r in (rate(w) for w in self.phase[-BASELINE_WINDOWS:]) if r]
         # a window that holds a shift has a wide spread of its own: the baseline's typical window speaks for it
         within = max(
             current.typical_noise, statistics.median(w.typical_noise for w in self.phase[-BASELINE_WINDOWS:])
         )
-        return max(self.min_drop, SIGMAS * _rel_spread(rates), SIGMAS * within)
+        return max(-math.log1p(-min(self.min_drop, 0.99)), SIGMAS * _log_spread(rates), SIGMAS * within)
 
     def add(self, current: WindowSummary, recent_steps: list[StepRecord] | None = None) -> list[Change]:
         """Compare the window that just closed with its phase; ``recent_steps`` (rank 0's steps of the previous
         and this window) place a change at its step. A change is reported once the next window shows it too (a
         burst of load on a shared machine lasting one window is noise, and widens the noise for later)."""
         baseline = self.phase[-BASELINE_WINDOWS:]
+        rate_kinds = ("slower", "faster")
+        held = {_key(h) for h in self._held}
         found: list[Change] = []
         if baseline:
-            found += self._rate(current, baseline, recent_steps or [])
+            limit = self.threshold(current)
+            moved = self._rate(current, baseline, recent_steps or [], limit, CONFIRM_SHARE * limit)
+            if moved is not None and (moved[1] > limit or _key(moved[0]) in held):
+                found.append(moved[0])  # past the bar, or past half of it when confirming its kind
             found += self._findings(current, baseline, recent_steps or [])
         seen = {_key(c) for c in found}
-        held = {_key(h) for h in self._held}
-        rate_kinds = ("slower", "faster")
         # A held rate change is confirmed by the same kind of change in this window, and told from this window
         # (placed over both windows' steps, measured from the old phase): when a burst of load in the held
         # window is followed by a real drop, the drop is the change, not the burst. A finding keeps the held
@@ -184,25 +195,33 @@ class ChangeDetector:
         return last
 
     def _rate(
-        self, current: WindowSummary, baseline: list[WindowSummary], steps: list[StepRecord]
-    ) -> list[Change]:
+        self,
+        current: WindowSummary,
+        baseline: list[WindowSummary],
+        steps: list[StepRecord],
+        limit: float,
+        floor: float,
+    ) -> tuple[Change, float] | None:
+        """The window's rate change against the baseline, with its size (the log of the rates' ratio), when past
+        ``floor``; the text gives ``limit``, the run's noise bar, as the drop or rise it allows."""
         before_rates = [r for r in (rate(w) for w in baseline) if r]
         now = rate(current)
         if not before_rates or not now:
-            return []
+            return None
         before = statistics.median(before_rates)
         relative = now / before - 1.0
-        limit = self.threshold(current)
-        if abs(relative) <= limit:
-            return []
+        moved = abs(math.log(now / before))
+        if moved <= floor:
+            return None
         slower = relative < 0
+        allowed = -math.expm1(-limit) if slower else math.expm1(limit)
         step = change_point(steps, slower) or current.first_step
         unit = "tokens/s" if current.typical_tokens_per_s else "steps/s"
         kind = "slower" if slower else "faster"
         verb = "fell" if slower else "rose"
         text = (
             f"from step {step:,} {unit} {verb} {abs(relative):.0%} ({_num(before)} → {_num(now)}; "
-            f"the run's noise allows ±{limit:.0%})"
+            f"the run's noise allows {allowed:.0%})"
         )
         part = _grown_part(current, baseline) if slower else None
         if part is not None:
@@ -216,7 +235,7 @@ class ChangeDetector:
         cause = new[0].cause if new else None
         if new:
             text += f"; new finding: {new[0].cause} ({new[0].summary})"
-        return [Change(kind, step, current.index, text, cause, before, now, part)]
+        return Change(kind, step, current.index, text, cause, before, now, part), moved
 
     def _findings(
         self, current: WindowSummary, baseline: list[WindowSummary], steps: list[StepRecord]
