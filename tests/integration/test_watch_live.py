@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,22 +43,36 @@ def test_a_change_is_reported_while_the_job_runs(tmp_path: Path) -> None:
         "40",
     ]
     proc = start_as_at_a_terminal(cmd, env, merge_stderr=True)
+    lines: queue.Queue[str] = queue.Queue()
     seen: list[str] = []
     job_alive_at_change = False
     deadline = time.monotonic() + 300  # the change shows by step ~250: about 20 s on this machine
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:
+        # read in a thread: a watch that prints nothing must not block the test past its deadline
+        stdout = proc.stdout
+
+        def read() -> None:
+            for line in stdout:
+                lines.put(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                break
             seen.append(line)
             if "CHANGE (slower)" in line:
                 children = psutil.Process(proc.pid).children(recursive=True)
                 job_alive_at_change = any("plain_loop.py" in " ".join(c.cmdline()) for c in children)
                 break
-            if time.monotonic() > deadline:
-                break
         assert job_alive_at_change, "".join(seen[:12]) + " …\n" + "".join(seen)[-2000:]
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        reader.join(timeout=30)  # the pipe closed with the process: the reader ends
+        rest = "".join(lines.get() for _ in range(lines.qsize()))
     finally:
         if proc.poll() is None:
             proc.kill()
