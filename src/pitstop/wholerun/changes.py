@@ -142,16 +142,14 @@ class ChangeDetector:
             limit = self.threshold(current)
             moved = self._rate(current, baseline, recent_steps or [], limit, CONFIRM_SHARE * limit)
             if moved is not None and (moved[1] > limit or _key(moved[0]) in held):
-                found.append(moved[0])  # past the bar, or past half of it when confirming its kind
+                found.append(moved[0])  # past the bar, or past 3/4 of it when confirming its kind
             found += self._findings(current, baseline, recent_steps or [])
         seen = {_key(c) for c in found}
         # A held rate change is confirmed by the same kind of change in this window, and told from this window
         # (placed over both windows' steps, measured from the old phase): when a burst of load in the held
         # window is followed by a real drop, the drop is the change, not the burst. A finding keeps the held
         # window's version, where it first showed.
-        confirmed = [
-            self._placed(c, recent_steps or []) for c in found if c.kind in rate_kinds and _key(c) in held
-        ]
+        confirmed = [c for c in found if c.kind in rate_kinds and _key(c) in held]
         confirmed += [c for c in self._held if c.kind not in rate_kinds and _key(c) in seen]
         fresh = [c for c in found if _key(c) not in held]
         if any(c.kind in rate_kinds for c in confirmed):
@@ -174,15 +172,6 @@ class ChangeDetector:
                 self._since[c.cause] = current.index  # compared from now on with what it has become
         self.changes += confirmed
         return confirmed
-
-    def _placed(self, change: Change, steps: list[StepRecord]) -> Change:
-        """This window's rate change at the shift inside the held and this window's steps, or at the held
-        change's step when the two windows run level (the onset was at the held window's start)."""
-        shift = change_point(steps, change.kind == "slower")
-        if shift is None:
-            shift = next(h.step for h in self._held if h.kind == change.kind)
-        text = change.text.replace(f"from step {change.step:,} ", f"from step {shift:,} ", 1)
-        return dataclasses.replace(change, step=shift, text=text)
 
     def finish(self) -> list[Change]:
         """The run ended: what its last window showed is reported, unconfirmed (no window came after it)."""
@@ -215,9 +204,12 @@ class ChangeDetector:
             return None
         slower = relative < 0
         allowed = -math.expm1(-limit) if slower else math.expm1(limit)
-        step = change_point(steps, slower) or current.first_step
-        unit = "tokens/s" if current.typical_tokens_per_s else "steps/s"
         kind = "slower" if slower else "faster"
+        # at the shift inside the previous and this window's steps; when they run level, the onset was the
+        # start of the window that first showed it (the held one, when this one confirms it)
+        onset = next((h.step for h in self._held if h.kind == kind), current.first_step)
+        step = change_point(steps, slower) or onset
+        unit = "tokens/s" if current.typical_tokens_per_s else "steps/s"
         verb = "fell" if slower else "rose"
         text = (
             f"from step {step:,} {unit} {verb} {abs(relative):.0%} ({_num(before)} → {_num(now)}; "
