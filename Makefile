@@ -27,12 +27,8 @@ lint: setup
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
-# two workers: most tests wait on a subprocess's sleeps and pipes, so two share this 2-core machine well
-JOBS ?= 2
-PYTEST := $(BIN)/pytest -n $(JOBS) --dist worksteal
-
 test: lint
-	$(PYTEST)
+	$(BIN)/pytest
 
 bench: setup
 	$(BIN)/python bench/probe_overhead.py
@@ -40,7 +36,7 @@ bench: setup
 # the whole suite with two CPU-bound processes beside it (Debian's stress-ng), as on a busy shared machine
 test-busy: lint
 	@command -v stress-ng >/dev/null || { echo "stress-ng is missing: apt-get install stress-ng"; exit 2; }
-	stress-ng --cpu 2 --quiet & pid=$$!; $(PYTEST); rc=$$?; kill $$pid; exit $$rc
+	stress-ng --cpu 2 --quiet & pid=$$!; $(BIN)/pytest; rc=$$?; kill $$pid; exit $$rc
 
 # every GPU path checked on a real GPU, one pass/fail table (skips cleanly without CUDA); not part of CI
 gpu-check: setup
