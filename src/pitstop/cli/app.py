@@ -118,7 +118,12 @@ def watch(
         float | None, typer.Option(min=1, help="... or every this many seconds of steps, if sooner.")
     ] = None,
     min_drop: Annotated[
-        float, typer.Option(min=0.01, max=0.9, help="Smallest tokens/s drop reported (and beyond the noise).")
+        float,
+        typer.Option(
+            min=0.01,
+            max=0.9,
+            help="Smallest tokens/s drop reported, beyond the noise (0.5: to half; a rise: ×2).",
+        ),
     ] = 0.10,
     warmup: Annotated[int, typer.Option(min=0, help="Optimizer steps before watching.")] = 10,
     report_to: Annotated[
