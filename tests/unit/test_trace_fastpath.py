@@ -118,3 +118,27 @@ def test_batches_kept_past_the_next_read_keep_their_values(tmp_path: Path) -> No
     read = [ev.args.input_types() for ev in events if type(ev) is fastevents.Event and ev.args]
     planted = [ev["args"]["Input type"] for ev in doc["traceEvents"] if ev.get("ph") == "X" and "args" in ev]
     assert len(kept) > 2 and read == planted
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_a_view_kept_past_its_read_does_not_stop_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    """The buffer a read fills is cut to what was read, which fails while a view of it lives. A Dask worker's
+    sampling profiler holds frames that outlive their call, with the call's arguments: a busy run failed
+    "BufferError: Existing exports of data". Here every view lent to a read is kept, as such a frame keeps it."""
+    from pitstop.ingest.trace import jsonstream
+
+    path = tmp_path / f"held{suffix}"
+    kr.write(kr.job(2, steps=60, kernels=12, padding_ops=400)[0], path)  # several 1 MiB reads
+    plain = facts(read_columns(path))
+    held: list[memoryview] = []
+    readinto = jsonstream._Text.readinto
+
+    def keeping(self: Any, view: memoryview) -> int:
+        held.append(view)
+        return readinto(self, view)
+
+    monkeypatch.setattr(jsonstream._Text, "readinto", keeping)
+    assert facts(read_columns(path)) == plain
+    assert len(held) > 3

@@ -24,6 +24,7 @@ Limits, each ending in one ``IngestError`` line: one event (or other top-level v
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gc
 import gzip
 import json
@@ -180,6 +181,16 @@ def _unviewed(buf: bytearray) -> bool:
     return True
 
 
+def _trimmed(buf: bytearray, size: int) -> bytearray:
+    """``buf`` cut to ``size`` bytes: in place, or as a copy where something still holds a view of it (C code
+    that kept the buffer it was lent; a memoryview that could not be released)."""
+    try:
+        del buf[size:]
+    except BufferError:
+        return buf[:size]
+    return buf
+
+
 class _Reader:
     def __init__(self, text: _Text, fast: Fast | None = None) -> None:
         self.text = text
@@ -206,9 +217,14 @@ class _Reader:
             buf.extend(bytes(tail + n - len(buf)))
         buf[:tail] = memoryview(self.buf)[start:]  # same length: copied in place
         while True:
-            got = self.text.readinto(memoryview(buf)[tail : tail + n])
+            view = memoryview(buf)[tail : tail + n]
+            try:
+                got = self.text.readinto(view)
+            finally:  # not left to the refcount: a frame that outlives the call (a sampling profiler's,
+                with contextlib.suppress(BufferError):  # as Dask workers run) keeps its argument alive
+                    view.release()
             if got:
-                del buf[tail + got :]
+                buf = _trimmed(buf, tail + got)
                 self.text.check_utf8(buf, got)
                 self.spare = self.buf
                 self.buf, self.base, self.i = buf, self.base + start, self.i - start
