@@ -213,7 +213,7 @@ class ChangeDetector:
         verb = "fell" if slower else "rose"
         text = (
             f"from step {step:,} {unit} {verb} {abs(relative):.0%} ({_num(before)} → {_num(now)}; "
-            f"the run's noise allows {allowed:.0%})"
+            f"the run's noise allows a {allowed:.0%} {'drop' if slower else 'rise'})"
         )
         part = _grown_part(current, baseline) if slower else None
         if part is not None:
