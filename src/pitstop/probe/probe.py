@@ -32,6 +32,7 @@ from pitstop.probe import environment as envmod
 from pitstop.probe.allocator import AllocatorWatch
 from pitstop.probe.batch import count_batch
 from pitstop.probe.config import ProbeConfig
+from pitstop.probe.ending import end_the_job
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.kernels import kernel_facts
 from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
@@ -503,11 +504,7 @@ class Probe:
         if self.on_done is not None:
             self.on_done(profile)
         if profile.stopped_by_probe:
-            if self.config.announce and self.rank == 0:
-                print(f"pitstop: measured {len(profile.steps)} steps; stopping the run", file=sys.stderr)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+            end_the_job(self.config.announce and self.rank == 0, len(profile.steps))
         return profile
 
     def rank_profile(self) -> RankProfile:

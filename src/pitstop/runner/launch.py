@@ -1,8 +1,6 @@
 """Start the user's command unchanged, with the probe injected into every Python process it starts.
 
-Injection: a scratch folder holding pitstop's ``sitecustomize.py`` and a link to the pitstop package is
-put first on PYTHONPATH, so the command's interpreters (torchrun's and accelerate's children included,
-even from another virtual environment) arm the probe at start-up. The command runs in its own process
+Injection is ``runner.inject``'s. The command runs in its own process
 group; Ctrl-C (and SIGTERM / SIGHUP to pitstop) is forwarded to the group as SIGINT, escalating to
 SIGTERM and SIGKILL for a job that ignores it, and whatever is left of the group when the command ends is
 cleaned up. Should pitstop itself die without a chance to clean up (SIGKILL), a small reaper process that
@@ -25,11 +23,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pitstop
 from pitstop.errors import PitstopError
 from pitstop.probe.config import ENV_RUNNER_PID, ProbeConfig
+from pitstop.runner.inject import child_environment, prepare_injection
 
-INJECT_SOURCE = Path(pitstop.__file__).parent / "probe" / "_inject" / "sitecustomize.py"
 GRACE_S = 10.0
 
 
@@ -74,27 +71,6 @@ def _terminate_like_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def prepare_injection(out_dir: Path) -> Path:
-    """Make the folder that goes first on PYTHONPATH: sitecustomize.py plus a link to this pitstop."""
-    inject = out_dir / "inject"
-    inject.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(INJECT_SOURCE, inject / "sitecustomize.py")
-    link = inject / "pitstop"
-    if not link.exists():
-        link.symlink_to(Path(pitstop.__file__).parent, target_is_directory=True)
-    return inject
-
-
-def child_environment(
-    config: ProbeConfig, inject: Path, base: dict[str, str] | None = None
-) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
-    existing = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(inject) + (os.pathsep + existing if existing else "")
-    env.update(config.to_env())
-    return env
 
 
 def resolve(command: list[str]) -> str:
