@@ -50,11 +50,21 @@ def history_file(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     return path
 
 
+def require_shared(part: str = "") -> Path:
+    """``../shared/data`` (or a part of it). Skips where it is absent, except in CI (``CI=true``), which
+    always has it: there a missing folder fails the test instead of skipping it silently."""
+    path = SHARED / part if part else SHARED
+    if not path.exists():
+        reason = f"{path} is not beside this checkout"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason}, and CI always has it")
+        pytest.skip(reason)
+    return path
+
+
 @pytest.fixture
 def shared_data() -> Path:
-    if not SHARED.is_dir():
-        pytest.skip("../shared/data is not beside this checkout")
-    return SHARED
+    return require_shared()
 
 
 def run_pitstop(

@@ -20,7 +20,7 @@ import pytest
 from pitstop.diagnose import diagnose
 from pitstop.profile import GpuSample, RankProfile, RunProfile, StepRecord, TraceStats
 from pitstop.report.html import render_html
-from tests.conftest import ROOT, SCRIPTS, SHARED, run_pitstop
+from tests.conftest import ROOT, SCRIPTS, require_shared, run_pitstop
 from tests.factories import environment
 
 pytestmark = pytest.mark.slow
@@ -105,9 +105,10 @@ def test_demo_run_report(browser: Any, tmp_path: Path) -> None:
     assert seen["errors"] == []
 
 
-@pytest.mark.skipif(not (SHARED / "traces").exists(), reason="needs ../shared/data/traces")
 def test_trace_analysis_report(browser: Any, tmp_path: Path) -> None:
-    trace = SHARED / "traces" / "hta__ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+    trace = (
+        require_shared("traces") / "hta__ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+    )
     out = tmp_path / "trace.html"
     proc = run_pitstop("analyze", str(trace), "--no-history", "--html", str(out))
     assert proc.returncode == 0, proc.stderr
