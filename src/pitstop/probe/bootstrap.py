@@ -20,6 +20,7 @@ from typing import Any
 from pitstop.probe.config import ENV_RUNNER_PID, ProbeConfig
 
 _probe: Any = None
+_armed_via: str | None = None  # the first of the autoload .pth and sitecustomize that armed this process
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -78,7 +79,20 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 def _announce_armed(config: ProbeConfig) -> None:
     if config.out_dir is not None:
         with contextlib.suppress(OSError):
-            (config.out_dir / f"armed-{os.getpid()}").write_text(" ".join(sys.argv)[:2000])
+            text = " ".join(sys.argv)[:2000] + f"\nvia {_armed_via or 'sitecustomize'}\n"
+            (config.out_dir / f"armed-{os.getpid()}").write_text(text)
+
+
+_LAUNCHER_MODULES = ("ray", "deepspeed.launcher")
+
+
+def _note_launchers(config: ProbeConfig) -> None:
+    """At exit, which launcher libraries this process had loaded: a job whose ranks never report is then
+    told apart from one that never stepped (``runner.collect``)."""
+    loaded = [name for name in _LAUNCHER_MODULES if name in sys.modules]
+    if loaded and config.out_dir is not None:
+        with contextlib.suppress(OSError):
+            (config.out_dir / f"launchers-{os.getpid()}").write_text(" ".join(loaded))
 
 
 def _install(config: ProbeConfig) -> None:
@@ -88,6 +102,9 @@ def _install(config: ProbeConfig) -> None:
 
         _probe = Probe(config).install()
         _announce_armed(config)
+        import atexit
+
+        atexit.register(_note_launchers, config)
     except Exception as exc:  # never take the run down
         print(
             f"pitstop: could not install the probe ({type(exc).__name__}: {exc}); run continues",
@@ -111,9 +128,12 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_runner(environ: dict[str, str] | None = None) -> bool:
-    """In the job's top process (the one pitstop started itself), ask Linux to SIGKILL it when pitstop dies:
-    a pitstop killed with SIGKILL cleans up nothing, and the job must not run on unobserved. Returns whether
-    the parent-death signal was set (Linux only; elsewhere the runner's reaper covers the job alone)."""
+    """In the job's top process (the one pitstop started itself), ask Linux to send it SIGINT when pitstop
+    dies: a pitstop killed with SIGKILL cleans up nothing, and the job must not run on unobserved. SIGINT, as
+    the user's Ctrl-C, lets the job's own ``finally:`` and ``atexit`` handlers end what it started; the
+    runner's reaper ends whatever is left after a grace period (SIGTERM, then SIGKILL), the processes that
+    left the job's group included. Returns whether the parent-death signal was set (Linux only; elsewhere
+    the reaper covers the job alone)."""
     env = os.environ if environ is None else environ
     runner = env.get(ENV_RUNNER_PID)
     if not runner or not sys.platform.startswith("linux") or str(os.getppid()) != runner:
@@ -123,18 +143,23 @@ def die_with_runner(environ: dict[str, str] | None = None) -> bool:
         import signal
 
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0) != 0:
             return False
         if str(os.getppid()) != runner:  # pitstop died before the signal was set: nobody would send it
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGINT)
         return True
     except (OSError, AttributeError):
         return False
 
 
-def arm(environ: dict[str, str] | None = None) -> bool:
+def arm(environ: dict[str, str] | None = None, via: str = "sitecustomize") -> bool:
     """Arm the fixes `pitstop tune` asked for, and the probe if the runner asked for it. Returns whether
-    the probe was armed."""
+    the probe was armed. Once per process: the autoload .pth and the PYTHONPATH sitecustomize may both
+    fire, and the second finds the first's work done."""
+    global _armed_via
+    if _armed_via is not None:
+        return ProbeConfig.from_env(environ) is not None
+    _armed_via = via
     from pitstop.trials.request import FixRequest
 
     die_with_runner(environ)
