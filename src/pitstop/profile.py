@@ -15,8 +15,27 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pitstop import schemas
+from pitstop.vocabulary import StrEnum
 
 T = TypeVar("T")
+
+
+class CountSource(StrEnum):
+    """Where a rank's rows and tokens were counted: the batches its DataLoader handed over, or the inputs of
+    the training model's outermost forward (a loop that builds its own batches), or nowhere."""
+
+    DATALOADER = "dataloader batch"
+    MODEL_INPUTS = "model inputs"
+    UNKNOWN = "unknown"
+
+
+class StepBoundary(StrEnum):
+    """What ended a step: the optimizer's ``step()``, or, where the job never calls it once per step
+    (optimizer-in-backward, a hand-written update), the next forward of the outermost training module after
+    its parameters changed."""
+
+    OPTIMIZER_STEP = "optimizer step"
+    MODEL_FORWARD = "model forward"
 
 
 @dataclass
@@ -362,6 +381,9 @@ class RankProfile:
     )  # where the host waited on the GPU, busiest first
     collectives: list[CollectiveRecord] = field(default_factory=list)
     world_rank0_host: str | None = None  # the node that holds global rank 0 (multi-node gather)
+    tokens_counted_from: CountSource | None = None  # None: an older or offline source that does not say
+    steps_delimited_by: StepBoundary | None = None
+    step_boundary_reason: str | None = None  # why steps were not delimited by the optimizer, when not
 
     def total(self, name: str) -> float | None:
         """Sum of one StepRecord field over the measured steps (None if any step lacks it)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pitstop.data.rawtext import looks_like_text
-from pitstop.probe.batch import count_batch
+from pitstop.probe.batch import count_batch, count_model_inputs
 
 torch = pytest.importorskip("torch")
 
@@ -84,3 +84,22 @@ def test_looks_like_text() -> None:
     assert not looks_like_text([{"input_ids": [1, 2, 3]}])
     assert not looks_like_text([{"input_ids": [1, 2], "text": "kept for debugging"}])
     assert not looks_like_text([])
+
+
+def test_model_inputs_positional_x_y_with_targets_ignored_at_minus_one() -> None:
+    x = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]])
+    y = torch.tensor([[-1, -1, 8, 9], [6, 7, 8, 9]])
+    c = count_model_inputs((x, y), {}, ("idx", "targets"))
+    assert (c.samples, c.tokens, c.real_tokens, c.loss_tokens, c.nbytes) == (2, 8, 8, 6, 0)
+
+
+def test_model_inputs_by_name_keyword_or_positional() -> None:
+    ids = torch.ones(2, 5, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    by_position = count_model_inputs((ids, mask), {}, ("input_ids", "attention_mask"))
+    by_keyword = count_model_inputs((), {"input_ids": ids, "attention_mask": mask}, ("self",))
+    assert by_position.real_tokens == by_keyword.real_tokens == 8 and by_position.loss_tokens is None
+    embeds = count_model_inputs((), {"inputs_embeds": torch.zeros(2, 5, 3), "attention_mask": mask}, ())
+    assert (embeds.samples, embeds.tokens, embeds.real_tokens) == (2, 10, 8)
+    images = count_model_inputs((torch.zeros(3, 1, 8, 8),), {}, ("x",))  # no tokens: rows only
+    assert (images.samples, images.tokens) == (3, None)

@@ -8,6 +8,9 @@ token attended: all are real, except a padded tail the labels give away (one id 
 which is what the model would mask itself out of the loss.
 Counting runs on the tensors as the DataLoader hands them over (on the host, as a rule); a batch that is
 already on the GPU is counted there and read once at the end of the window, never with a sync per step.
+A loop that builds its own batches (no DataLoader) is counted the same way from the inputs of the training
+model's outermost forward (``count_model_inputs``). Labels below 0 are ignored: -100 (Hugging Face,
+``CrossEntropyLoss``'s default) and -1 (nanoGPT's ``ignore_index``).
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def packed_tail(ids: Any, positions: Any, labels: Any) -> tuple[int, int]:
             continue  # one example in the row: nothing to tell it from padding
         last = int(starts[-1])
         seg_ids, seg_labels = ids[b, last:], labels[b, last:]
-        if bool((seg_labels == IGNORE_INDEX).all()) and bool((seg_ids == seg_ids[0]).all()):
+        if bool((seg_labels < 0).all()) and bool((seg_ids == seg_ids[0]).all()):
             tokens += ids.shape[1] - last
             rows += 1
     return tokens, rows
@@ -101,15 +104,74 @@ def unmasked_tail(ids: Any, labels: Any) -> int:
     and the ids are one token repeated. Host tensors only (reading device ones would sync every step)."""
     if ids.dim() != 2 or ids.device.type != "cpu" or not _is_int_tensor(labels) or labels.shape != ids.shape:
         return 0
-    ignored = (labels == IGNORE_INDEX).flip(1).cumprod(1).sum(1)
+    ignored = (labels < 0).flip(1).cumprod(1).sum(1)
     repeated = (ids == ids[:, -1:]).flip(1).cumprod(1).sum(1)
     return int(ignored.minimum(repeated).sum())
 
 
-def count_batch(batch: Any, pad_token_id: int | None = None) -> BatchCounts:
+_INPUT_NAMES = ("input_ids", "inputs_embeds", "attention_mask", "labels", "position_ids")
+_LABEL_NAMES = ("labels", "label", "targets", "target", "y")
+
+
+def model_input_fields(
+    args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...]
+) -> dict[str, Any]:
+    """The countable fields of one forward call: its keyword inputs by their Hugging Face names, positional
+    inputs by the forward's parameter ``names`` where they are those, else the first 2-D integer tensor as the
+    tokens and a second one of the same shape (not a mask) as the targets (``model(X, Y)``)."""
+    found = {k: kwargs[k] for k in _INPUT_NAMES if _is_tensor(kwargs.get(k))}
+    for k in _LABEL_NAMES[1:]:
+        if "labels" not in found and _is_int_tensor(kwargs.get(k)):
+            found["labels"] = kwargs[k]
+    unnamed: list[Any] = []
+    for i, value in enumerate(args):
+        name = names[i] if i < len(names) else ""
+        if not _is_tensor(value):
+            continue
+        if name in _INPUT_NAMES:
+            found.setdefault(name, value)
+        elif name in _LABEL_NAMES:
+            found.setdefault("labels", value)
+        elif _is_int_tensor(value) and value.dim() == 2 and "mask" not in name and "type" not in name:
+            unnamed.append(value)
+    if unnamed and "input_ids" not in found and "inputs_embeds" not in found:
+        found["input_ids"] = unnamed.pop(0)
+    ids = found.get("input_ids")
+    same = [x for x in unnamed if ids is not None and x.shape == ids.shape]
+    if same and "labels" not in found:
+        found["labels"] = same[0]
+    return found
+
+
+def count_model_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...], pad_token_id: int | None = None
+) -> BatchCounts:
+    """Count one forward call's inputs as a micro-batch (``inputs_embeds``: rows × positions, real ones from
+    the mask). Nothing is copied to the device or read from it here."""
+    fields = model_input_fields(args, kwargs, names)
+    embeds: Any = fields.get("inputs_embeds")
+    if "input_ids" not in fields and _is_tensor(embeds) and embeds.dim() == 3:
+        counts = BatchCounts(samples=int(embeds.shape[0]), tokens=int(embeds.shape[0] * embeds.shape[1]))
+        counts.seq_len = int(embeds.shape[1])
+        mask: Any = fields.get("attention_mask")
+        labels: Any = fields.get("labels")
+        if _is_tensor(mask) and tuple(mask.shape) == tuple(embeds.shape[:2]):
+            counts.real_tokens = _count(mask != 0)
+        else:
+            counts.real_tokens = counts.tokens
+        if _is_int_tensor(labels) and tuple(labels.shape) == tuple(embeds.shape[:2]):
+            counts.loss_tokens = _count(labels >= 0)
+        return counts
+    if "input_ids" not in fields:
+        first = next((v for v in (*args, *kwargs.values()) if _is_tensor(v) and v.dim() >= 1), None)
+        return BatchCounts(samples=int(first.shape[0]) if first is not None else None)
+    return count_batch(fields, pad_token_id, nbytes=0)
+
+
+def count_batch(batch: Any, pad_token_id: int | None = None, nbytes: int | None = None) -> BatchCounts:
     """Count one micro-batch. Unknown quantities stay None."""
     fields = _fields(batch)
-    counts = BatchCounts(nbytes=_nbytes(batch))
+    counts = BatchCounts(nbytes=_nbytes(batch) if nbytes is None else nbytes)
     ids = fields.get("input_ids")
     if ids is None or not _is_int_tensor(ids):
         first = _first_tensor(batch)
@@ -143,7 +205,7 @@ def count_batch(batch: Any, pad_token_id: int | None = None) -> BatchCounts:
     elif counts.real_tokens is not None:
         counts.examples = rows
     if _is_int_tensor(labels) and labels.shape == ids.shape:
-        counts.loss_tokens = _count(labels != IGNORE_INDEX)
+        counts.loss_tokens = _count(labels >= 0)
     counts.attended = _attended(ids, mask, positions, pad_token_id)
     return counts
 

@@ -1,6 +1,9 @@
 """The places the probe listens at, installed on torch and removed again.
 
-Optimizer steps use torch's own global step hooks. The rest are thin wrappers that call the original
+Optimizer steps use torch's own global step hooks. The training model's outermost forward is found with
+torch's global module hooks (the first call, outside any other module's, with grad enabled, of a module that
+has trainable parameters); those are removed at once and a forward pre-hook on that module alone reports
+each of its calls with its inputs, so the modules inside it keep torch's hook-free fast path. The rest are thin wrappers that call the original
 first-class function unchanged and report to a listener afterwards: the DataLoader iterator's
 ``__next__`` (time blocked, what the batch carried), ``torch.autograd.backward``, SDPA and autocast
 entry (which attention path and dtype ran), and, on a GPU, the calls that block the host on the device.
@@ -50,6 +53,7 @@ class Listener(Protocol):
     def on_collate(self, samples: Any, seconds: float) -> None: ...
     def on_backward(self, starting: bool) -> None: ...
     def on_optimizer(self, optimizer: Any, starting: bool) -> None: ...
+    def on_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None: ...
     def on_sdpa(self, has_mask: bool) -> None: ...
     def on_autocast(self, device_type: str, dtype: Any, enabled: bool) -> None: ...
     def on_checkpoint(self) -> None: ...
@@ -101,6 +105,53 @@ class Hooks:
         self._hook_optimizer(listener, compiling, capturing)
         self._hook_loader(listener)
         self._hook_model(listener, compiling, capturing)
+        self._hook_forward(listener, compiling)
+
+    def _hook_forward(self, listener: Listener, compiling: Callable[[], bool]) -> None:
+        """The outermost training forward: found once by global module hooks (a depth count on each thread),
+        then watched by a pre-hook on that module only."""
+        import torch
+        from torch.nn.modules import module as module_mod
+
+        depth = threading.local()
+        grad_enabled = torch.is_grad_enabled
+        found: list[Any] = []  # the candidate whose first call is under way
+        handles: list[Any] = []
+
+        def report(module: Any, args: Any, kwargs: Any) -> None:
+            if self.active and not compiling() and grad_enabled():
+                listener.guard(listener.on_forward, module, args, kwargs)
+
+        def discovered(module: Any, args: Any, kwargs: Any) -> None:
+            remove_discovery()
+            root = module.register_forward_pre_hook(report, with_kwargs=True)
+            self._restore.append(root.remove)
+            report(module, args, kwargs)  # its first call, counted as it ends (the pre-hook had no kwargs)
+
+        def pre(module: Any, args: Any) -> None:
+            if compiling():
+                return
+            level = getattr(depth, "n", 0)
+            depth.n = level + 1
+            if level == 0 and not found and self.active and grad_enabled() and _trainable(module):
+                found.append(module)
+
+        def post(module: Any, args: Any, *rest: Any) -> None:
+            if compiling():
+                return
+            depth.n = max(0, getattr(depth, "n", 1) - 1)
+            if found and depth.n == 0 and module is found[0]:
+                kwargs = rest[0] if len(rest) == 2 else {}  # an exception's call passes no kwargs
+                listener.guard(discovered, module, args, kwargs)
+
+        handles.append(module_mod.register_module_forward_pre_hook(pre))
+        handles.append(module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True))
+
+        def remove_discovery() -> None:
+            while handles:
+                handles.pop().remove()
+
+        self._restore.append(remove_discovery)
 
     def _hook_optimizer(
         self, listener: Listener, compiling: Callable[[], bool], capturing: Callable[[], bool]
@@ -389,6 +440,10 @@ class Hooks:
             with contextlib.suppress(Exception):  # restoring an attribute does not fail in practice
                 undo()
         self._sync_installed = False
+
+
+def _trainable(module: Any) -> bool:
+    return any(p.requires_grad for p in module.parameters())
 
 
 def graph_capturing() -> Callable[[], bool]:

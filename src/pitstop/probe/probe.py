@@ -6,6 +6,12 @@ device timings, stop samplers, hand the RankProfile over (file and/or callback) 
 process (the zero-code runner's benchmark window). Any internal error disables the probe with one
 warning; the training run goes on untouched.
 
+A step ends at the optimizer's ``step()``. A job that never calls it once per step (the optimizer stepped
+inside backward from per-parameter gradient hooks, or a hand-written update under ``torch.no_grad``) has its
+steps closed instead at the next forward of the outermost training module once that module's parameters
+have changed (their version counters, read on the host: no sync). Rows and tokens come from the DataLoader's
+batches, or, where those carry none (a loop that builds its own batches), from that forward's inputs.
+
 Under the runner every finished step (and the samplers' new readings) is appended to the rank file at
 once (``probe.stream``), so a process killed by a signal still leaves what it measured.
 """
@@ -30,7 +36,7 @@ from pitstop.probe import collectives as collmod
 from pitstop.probe import cpu_threads
 from pitstop.probe import environment as envmod
 from pitstop.probe.allocator import AllocatorWatch
-from pitstop.probe.batch import count_batch
+from pitstop.probe.batch import count_batch, count_model_inputs
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.ending import end_the_job
 from pitstop.probe.hooks import Hooks
@@ -39,13 +45,25 @@ from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_
 from pitstop.probe.saves import install_save_watch, trainer_save_steps
 from pitstop.probe.stopping import WindowTracker
 from pitstop.probe.stream import RankStream, plain_step, window_steps
-from pitstop.probe.timeline import BWD_END, BWD_START, DATA, OPT_START, BatchCounts, HostClock, StepBuilder
+from pitstop.probe.timeline import (
+    BWD_END,
+    BWD_START,
+    DATA,
+    FWD_BOUNDARY,
+    OPT_END,
+    OPT_START,
+    BatchCounts,
+    HostClock,
+    StepBuilder,
+)
 from pitstop.profile import (
     AttentionInfo,
+    CountSource,
     Environment,
     MemoryStats,
     RankProfile,
     SaveStats,
+    StepBoundary,
     StepRecord,
     SyncSite,
     to_jsonable,
@@ -140,6 +158,7 @@ class Probe:
         self._device: Any = None  # where the model computes (torch.device), read at the first step
         self._sync_sites: dict[tuple[str, str], SyncSite] = {}
         self._copies = [0, 0, 0]  # host-to-device copies: all, pinned but blocking, non_blocking
+        self.forward = ForwardWatch()
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def install(self) -> Probe:
@@ -230,14 +249,49 @@ class Probe:
         self.builder.batch(counts)
 
     def on_optimizer(self, optimizer: Any, starting: bool) -> None:
+        watch = self.forward
+        if self._bwd_depth > 0:  # stepped from a gradient hook (on autograd's thread, on a GPU)
+            watch.in_backward = True
+            watch.optimizer = watch.optimizer or optimizer
+            return
+        if not self._on_train_thread():
+            return
+        watch.inside_step = starting
+        if watch.boundary is StepBoundary.MODEL_FORWARD:
+            return
         if self._primary is None:
             self._primary = id(optimizer)
-        if id(optimizer) != self._primary or not self._on_train_thread():
+        if id(optimizer) != self._primary:
             return
         if starting:
             self.builder.mark(OPT_START)
             return
-        record = self.builder.end_step()
+        watch.boundary = StepBoundary.OPTIMIZER_STEP
+        self._close_step(OPT_END, optimizer)
+
+    def on_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The outermost training forward: a step boundary where the optimizer gives none, and the counts
+        of a batch the DataLoader did not hand over."""
+        if self._bwd_depth or not self._on_train_thread():
+            return
+        watch = self.forward
+        if module is not watch.root:
+            watch.adopt(module)
+        if watch.boundary is not StepBoundary.OPTIMIZER_STEP and watch.params_changed():
+            if watch.boundary is None:
+                watch.decide()
+            self._close_step(FWD_BOUNDARY, watch.optimizer)
+        if self._count_source is not CountSource.DATALOADER:
+            self.builder.model_batch(count_model_inputs(args, kwargs, watch.names, self._pad_token_id))
+
+    @property
+    def _count_source(self) -> CountSource | None:
+        """Once a step's DataLoader batches carried tokens, the model's inputs are not counted any more."""
+        sources = self.builder.count_sources
+        return sources.get(self.builder.index) if sources else None
+
+    def _close_step(self, kind: str, optimizer: Any) -> None:
+        record = self.builder.end_step(kind)
         self.collectives.close_step(record)
         self.records.append(record)
         if record.index > self.config.warmup:
@@ -382,12 +436,14 @@ class Probe:
             trainer = self.trainer_hint
             framework = envmod.framework_of(trainer) or framework
         env.framework = framework
-        model = envmod.find_model(optimizer, trainer)
-        params = envmod.optimizer_params(optimizer)
+        model = envmod.find_model(optimizer, trainer) or self.forward.root
+        params = envmod.optimizer_params(optimizer) or [p for p in getattr(model, "parameters", list)()]
         self._device = envmod.compute_device(model, params)
         envmod.device_facts(self._device, env)
         env.model = envmod.model_info(model, optimizer)
         env.kernels = kernel_facts(optimizer, model, trainer)
+        if optimizer is None:
+            env.kernels.optimizer = None
         env.param_dtype = envmod.majority_dtype([p for p in params if p.requires_grad])
         env.attention = AttentionInfo(implementation=envmod.attention_implementation(model))
         env.gradient_checkpointing = envmod.gradient_checkpointing(model, trainer)
@@ -531,7 +587,11 @@ class Probe:
             env.dataloader.h2d_copies_non_blocking = non_blocking
         sites = sorted(self._sync_sites.values(), key=lambda x: (-(x.seconds or 0.0), -x.count))
         steps, warmup = window_steps(self.records, self.config.warmup)
+        sources = [self.builder.count_sources.get(s.index) for s in steps]
         return RankProfile(
+            tokens_counted_from=max(set(sources), key=sources.count) if sources else None,
+            steps_delimited_by=self.forward.boundary,
+            step_boundary_reason=self.forward.reason,
             rank=self.rank,
             local_rank=self.local_rank,
             pid=os.getpid(),
@@ -595,3 +655,55 @@ def _uuid(props: Any) -> str | None:
     """The CUDA device's UUID as text (a MIG slice has its own), to find its NVML handle."""
     uuid = getattr(props, "uuid", None)
     return None if uuid is None else str(uuid)
+
+
+class ForwardWatch:
+    """The outermost training module, its forward's parameter names, and the version counters of two of its
+    trainable parameters (first and last): a change between two forwards without an optimizer step closing a
+    step in between is an update the optimizer hooks did not see."""
+
+    def __init__(self) -> None:
+        self.root: Any = None
+        self.names: tuple[str, ...] = ()
+        self.boundary: StepBoundary | None = None
+        self.reason: str | None = None
+        self.in_backward = False  # an optimizer stepped inside backward (per-parameter gradient hooks)
+        self.inside_step = False  # between an optimizer's step pre- and post-hook (a closure's forwards)
+        self.optimizer: Any = None  # one optimizer stepped inside backward, to read its facts
+        self._watched: list[Any] = []
+        self._versions: tuple[int, ...] | None = None
+
+    def adopt(self, module: Any) -> None:
+        import inspect
+
+        self.root = module
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        self._watched = [trainable[0], trainable[-1]] if trainable else []
+        self._versions = None
+        inner = module
+        for _ in range(4):  # DDP / FSDP / compile wrappers forward *args to the module inside
+            inner = getattr(inner, "module", None) or getattr(inner, "_orig_mod", None) or inner
+        try:
+            params = inspect.signature(inner.forward).parameters.values()
+            self.names = tuple(
+                p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            )
+        except (TypeError, ValueError):
+            self.names = ()
+
+    def params_changed(self) -> bool:
+        """Whether the watched parameters changed since the previous forward (not inside an optimizer step:
+        a closure's forwards belong to its step)."""
+        if self.inside_step:
+            return False
+        versions = tuple(p._version for p in self._watched)
+        before, self._versions = self._versions, versions
+        return before is not None and versions != before
+
+    def decide(self) -> None:
+        self.boundary = StepBoundary.MODEL_FORWARD
+        self.reason = (
+            "the optimizer steps inside backward (per-parameter gradient hooks)"
+            if self.in_backward
+            else "the parameters change without an optimizer step (a hand-written update)"
+        )

@@ -14,16 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pitstop.profile import StepRecord
+from pitstop.profile import CountSource, StepRecord
 
 _COUNT_FIELDS = ("samples", "tokens", "real_tokens", "loss_tokens", "examples", "attended")
-START, DATA, BWD_START, BWD_END, OPT_START, OPT_END = (
+START, DATA, BWD_START, BWD_END, OPT_START, OPT_END, FWD_BOUNDARY = (
     "start",
     "data",
     "bwd_start",
     "bwd_end",
     "opt_start",
     "opt_end",
+    "fwd_boundary",  # a step closed at the next forward (no optimizer step delimits the job's steps)
 )
 
 
@@ -109,8 +110,23 @@ class _OpenStep:
     data_wait_s: float = 0.0
     micro_batches: int = 0
     batches: list[BatchCounts] = field(default_factory=list)
+    model_batches: list[BatchCounts] = field(default_factory=list)  # counted from the model's inputs
     syncs: int = 0
     sync_s: float = 0.0
+
+
+def chosen_counts(
+    batches: list[BatchCounts], model_batches: list[BatchCounts]
+) -> tuple[CountSource, list[BatchCounts]]:
+    """Which of a step's counts stand for it: the DataLoader's batches when they carry tokens, else the
+    model's inputs when those do, else whichever counts rows."""
+    for source, found in ((CountSource.DATALOADER, batches), (CountSource.MODEL_INPUTS, model_batches)):
+        if any(b.tokens is not None for b in found):
+            return source, found
+    for source, found in ((CountSource.DATALOADER, batches), (CountSource.MODEL_INPUTS, model_batches)):
+        if any(b.samples is not None for b in found):
+            return source, found
+    return CountSource.UNKNOWN, []
 
 
 def _add(values: list[Any]) -> Any:
@@ -141,6 +157,7 @@ class StepBuilder:
         self._unresolved: list[tuple[StepRecord, list[tuple[str, Any]]]] = []
         self._lazy: list[StepRecord] = []
         self.resolved: list[StepRecord] = []  # steps whose device spans are known, not yet taken (streamed)
+        self.count_sources: dict[int, CountSource] = {}  # step index -> where its counts came from
 
     def switch_clock(self, clock: Clock) -> None:
         """Use another clock from the next step on (the probe learns at step 1 that the run is on a GPU)."""
@@ -159,14 +176,19 @@ class StepBuilder:
     def batch(self, counts: BatchCounts) -> None:
         self._open.batches.append(counts)
 
+    def model_batch(self, counts: BatchCounts) -> None:
+        """Counts of one forward's inputs: they stand for the step only where its DataLoader's do not."""
+        self._open.model_batches.append(counts)
+
     def sync(self, seconds: float | None) -> None:
         """One host sync; ``seconds`` None when it was detected but could not be timed."""
         self._open.syncs += 1
         self._open.sync_s += seconds or 0.0
 
-    def end_step(self) -> StepRecord:
-        """Close the step at an optimizer-step end and return its record (device spans may follow)."""
-        self.mark(OPT_END)
+    def end_step(self, kind: str = OPT_END) -> StepRecord:
+        """Close the step at an optimizer-step end (or ``FWD_BOUNDARY``: the next step's forward) and return
+        its record (device spans may follow)."""
+        self.mark(kind)
         now = self.now()
         step, self._open = self._open, _OpenStep()
         self.index += 1
@@ -184,7 +206,11 @@ class StepBuilder:
             syncs=step.syncs,
             sync_s=step.sync_s,
         )
-        self._fill_counts(record, step.batches)
+        source, batches = chosen_counts(step.batches, step.model_batches)
+        self.count_sources[record.index] = source
+        self._fill_counts(record, batches)
+        if source is CountSource.MODEL_INPUTS:
+            record.h2d_bytes = None  # the job copied its own batches: not seen
         marks = ([(START, start_mark)] if start_mark is not None else []) + step.marks
         self._unresolved.append((record, marks))
         self.poll()
