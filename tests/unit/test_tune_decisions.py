@@ -13,7 +13,7 @@ from pitstop.profile import AttentionInfo, DataLoaderInfo
 from pitstop.remedies import remedy
 from pitstop.tune.proposals import exclusive, kept_change, propose, tunable
 from pitstop.tune.verdict import judge, losses_match, make_baseline
-from pitstop.tune.window import Window, failure_line, throughput
+from pitstop.tune.window import Window, counted_in, failure_line, throughput
 
 LOSSES = [6.9, 6.8, 6.7]
 
@@ -82,6 +82,22 @@ def test_throughput_and_spread_from_steps() -> None:
     real = p.ranks[0].steps[0].real_tokens
     assert rate == pytest.approx(real / 0.1)
     assert spread == pytest.approx(0.0, abs=1e-9)  # identical steps: no spread
+
+
+def test_steps_per_second_when_nothing_is_counted_judge_only_fixes_that_keep_the_batch_shape() -> None:
+    unknown = steps(n=20, wall=0.1)
+    for s in unknown:
+        s.tokens = s.real_tokens = s.samples = None
+    rate, _ = throughput(diagnose(counted_in(profile("cpu", unknown), "steps")))
+    assert rate == pytest.approx(10.0)  # one step every 0.1 s
+    faster = window(15.0, fix="pin_memory", rate_of="steps")
+    assert judge(remedy("pin_memory"), "pageable_copies", faster, base10(), 1e-3).kept  # type: ignore[arg-type]
+    packed = judge(remedy("pack"), "padding_waste", window(15.0, fix="pack", rate_of="steps"), base10(), 1e-3)  # type: ignore[arg-type]
+    assert packed.status == "not comparable" and not packed.kept and "batch shape" in packed.reason
+
+
+def base10() -> object:
+    return make_baseline([window(10.0, fix="-"), window(10.0, fix="-")], 1e-3)
 
 
 def test_failure_line_prefers_the_exception(tmp_path) -> None:  # type: ignore[no-untyped-def]

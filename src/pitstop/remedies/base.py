@@ -112,6 +112,9 @@ class Remedy:
     preserves_computation: ClassVar[bool] = True  # same examples, same per-token losses up to fp order
     exclusive_with: ClassVar[tuple[RemedyId, ...]] = ()
     helps_with: ClassVar[tuple[RemedyId, ...]] = ()  # its gain may show only on top of these
+    # it changes the rows or lengths of the job's batches: steps/s (tune's rate when the job's tokens and rows
+    # are unknown) does not compare across it
+    changes_batch_shape: ClassVar[bool] = False
     tunable: ClassVar[bool] = False  # tune can apply it from outside the job
     # when tunable and it rewrites DataLoader arguments: its place among the loader remedies (lower first)
     loader_order: ClassVar[int | None] = None

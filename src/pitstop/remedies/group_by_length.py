@@ -53,6 +53,7 @@ class GroupByLength(Remedy):
     preserves_computation = False
     tunable = True
     loader_order = 20
+    changes_batch_shape = True
     helps_with = (RemedyId.TRIM_PADDING,)  # padded to a fixed length, grouping saves nothing until trimmed
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:

@@ -35,6 +35,7 @@ class MicroBatch(Remedy):
     causes = ("small_batch",)
     effect = "same examples per optimizer step"
     tunable = True
+    changes_batch_shape = True
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``micro``/``accum``: today's, when known; ``new_micro``/``new_accum``: the sizes to move to, with

@@ -20,6 +20,7 @@ class Pack(Remedy):
     preserves_computation = False
     tunable = True
     loader_order = 10
+    changes_batch_shape = True
     exclusive_with = (
         RemedyId.PRETOKENIZE,
         RemedyId.TRIM_PADDING,

@@ -25,6 +25,7 @@ class PackBatch(Remedy):
     effect = "same examples per batch; attention kept per example"
     tunable = True
     loader_order = 40
+    changes_batch_shape = True
     exclusive_with = (RemedyId.TRIM_PADDING,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:

@@ -18,6 +18,7 @@ class TrimPadding(Remedy):
     effect = "same examples and labelled tokens"
     tunable = True
     loader_order = 40
+    changes_batch_shape = True
     exclusive_with = (RemedyId.PACK_BATCH,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:

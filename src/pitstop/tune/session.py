@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from pitstop import schemas
 from pitstop.errors import PitstopError
 from pitstop.probe.stopping import WindowRule
+from pitstop.profile import CountSource
 from pitstop.remedies import RemedyId, remedy
 from pitstop.trials.request import FixRequest
 from pitstop.tune.budget import (
@@ -84,6 +85,13 @@ class Best:
         }
 
 
+def counted_from(window: Window) -> str | None:
+    """Where the window's rows and tokens were counted (the lowest rank's word for it)."""
+    diagnosis = window.diagnosis
+    ranks = diagnosis.profile.ranks if diagnosis is not None else []
+    return ranks[0].tokens_counted_from if ranks else None
+
+
 @dataclass
 class TuneResult:
     command: list[str]
@@ -125,6 +133,8 @@ class TuneResult:
                 "drift": b.drift,
                 "losses": b.losses,
                 "losses_reproducible": b.losses_reproducible,
+                "rate_of": self.baseline_window.rate_of,  # what its rate counts: real tokens, tokens, …, steps
+                "counted_from": counted_from(self.baseline_window),
             },
             "candidates": [v.to_dict() for v in self.verdicts],
             "not_tried": [{"fix": f, "reason": r} for f, r in self.not_tried],
@@ -254,7 +264,16 @@ class Session:
             plan=plan.text,
         )
         result.notes += self.combination_notes
-        if scout.rate_of != "real tokens":
+        if counted_from(scout) == CountSource.MODEL_INPUTS:
+            result.notes.append(
+                "the job hands its model batches without a DataLoader: tokens were counted from the model's inputs"
+            )
+        if scout.rate_of == "steps":
+            result.notes.append(
+                "the job's tokens and rows are unknown: windows were compared on steps/s with the same batch "
+                "shape; fixes that change the batch shape were not judged"
+            )
+        elif scout.rate_of != "real tokens":
             result.notes.append(
                 f"the job's real tokens are unknown: windows were compared on {scout.rate_of}/s"
             )

@@ -114,6 +114,13 @@ def judge(candidate: Remedy, why: str, window: Window, base: Baseline, tol: floa
         verdict.status = "not applicable"
         verdict.reason = window.skipped.get(fix, "nothing in the job to apply it to")
         return verdict
+    if window.rate_of == "steps" and candidate.changes_batch_shape:
+        verdict.status = "not comparable"
+        verdict.reason = (
+            "the job's tokens and rows are unknown, so windows compare on steps/s, which holds only for the same "
+            "batch shape; this fix changes it"
+        )
+        return verdict
     rate = window.real_tokens_per_s
     assert rate is not None
     verdict.real_tokens_per_s = rate

@@ -32,7 +32,8 @@ class Window:
     skipped: dict[str, str] = field(default_factory=dict)
     redirected: list[str] = field(default_factory=list)
     error: str | None = None  # why no throughput was measured (crash, out of memory, …)
-    rate_of: str = "real tokens"  # what real_tokens_per_s counts ("tokens" / "samples" when real is unknown)
+    # what real_tokens_per_s counts: "tokens" / "samples" when real tokens are unknown, "steps" when rows are too
+    rate_of: str = "real tokens"
     seconds: float = 0.0
 
     @property
@@ -64,10 +65,13 @@ def failure_line(log: Path | None) -> str:
 
 
 def counted_in(profile: RunProfile, unit: str) -> RunProfile:
-    """A copy of the profile whose steps count ``unit`` (all tokens, or samples) as their real tokens: the rate
-    tune compares when a job's batches do not say which of their tokens are real."""
+    """A copy of the profile whose steps count ``unit`` (all tokens, samples, or each step as one) as their real
+    tokens: the rate tune compares when a job's batches do not say which of their tokens are real."""
     ranks = [
-        replace(r, steps=[replace(s, real_tokens=getattr(s, unit)) for s in r.steps]) for r in profile.ranks
+        replace(
+            r, steps=[replace(s, real_tokens=1 if unit == "steps" else getattr(s, unit)) for s in r.steps]
+        )
+        for r in profile.ranks
     ]
     return replace(profile, ranks=ranks)
 
@@ -123,12 +127,14 @@ def run_window(
             return window
         window.diagnosis = diagnose(profile)
         window.real_tokens_per_s, window.spread = throughput(window.diagnosis)
-        for unit in ("tokens", "samples"):  # one unknown number never stops tune: compare on what is known
+        # one unknown number never stops tune: compare on what is known, down to steps/s (a fix that changes
+        # the batch shape is then not judged: verdict.judge)
+        for unit in ("tokens", "samples", "steps"):
             if window.real_tokens_per_s is None:
                 window.real_tokens_per_s, window.spread = throughput(diagnose(counted_in(profile, unit)))
                 window.rate_of = unit
         if window.real_tokens_per_s is None:
-            window.error = "the job's batches carry neither token ids nor rows pitstop can count"
+            window.error = "no step was measured"
         return window
     finally:
         shutil.rmtree(out, ignore_errors=True)
