@@ -92,6 +92,23 @@ def counted_from(window: Window) -> str | None:
     return ranks[0].tokens_counted_from if ranks else None
 
 
+def rate_notes(scout: Window) -> list[str]:
+    """What the windows' rate counts, when it is not real tokens from the DataLoader's batches."""
+    notes = []
+    if counted_from(scout) == CountSource.MODEL_INPUTS:
+        notes.append(
+            "the job hands its model batches without a DataLoader: tokens were counted from the model's inputs"
+        )
+    if scout.rate_of == "steps":
+        notes.append(
+            "the job's tokens and rows are unknown: windows were compared on steps/s with the same batch shape; "
+            "fixes that change the batch shape were not judged"
+        )
+    elif scout.rate_of != "real tokens":
+        notes.append(f"the job's real tokens are unknown: windows were compared on {scout.rate_of}/s")
+    return notes
+
+
 @dataclass
 class TuneResult:
     command: list[str]
@@ -264,19 +281,7 @@ class Session:
             plan=plan.text,
         )
         result.notes += self.combination_notes
-        if counted_from(scout) == CountSource.MODEL_INPUTS:
-            result.notes.append(
-                "the job hands its model batches without a DataLoader: tokens were counted from the model's inputs"
-            )
-        if scout.rate_of == "steps":
-            result.notes.append(
-                "the job's tokens and rows are unknown: windows were compared on steps/s with the same batch "
-                "shape; fixes that change the batch shape were not judged"
-            )
-        elif scout.rate_of != "real tokens":
-            result.notes.append(
-                f"the job's real tokens are unknown: windows were compared on {scout.rate_of}/s"
-            )
+        result.notes += rate_notes(scout)
         if not baseline.losses:
             result.notes.append(
                 "the job's losses could not be read: fixes meant to preserve them were not checked"
