@@ -104,6 +104,8 @@ def unmasked_tail(ids: Any, labels: Any) -> int:
     and the ids are one token repeated. Host tensors only (reading device ones would sync every step)."""
     if ids.dim() != 2 or ids.device.type != "cpu" or not _is_int_tensor(labels) or labels.shape != ids.shape:
         return 0
+    if not bool((labels[:, -1] < 0).any()):
+        return 0  # a padded tail ends every row it is in with an ignored label; the common case, at once
     ignored = (labels < 0).flip(1).cumprod(1).sum(1)
     repeated = (ids == ids[:, -1:]).flip(1).cumprod(1).sum(1)
     return int(ignored.minimum(repeated).sum())
