@@ -182,3 +182,14 @@ def test_a_trainer_script_written_without_pitstop(tmp_path: Path) -> None:
     for fix in ("pack", "group_by_length"):
         assert fixes[fix]["speedup"] > 1.0, fixes[fix]
     assert fixes["trim_padding"]["loss_max_rel_diff"] < 1e-3
+
+
+def test_a_loop_without_a_dataloader_is_compared_on_tokens_from_its_model_inputs(tmp_path: Path) -> None:
+    """nanoGPT's shape (its own get_batch(), model(X, Y)): tune runs and names what its rate counts."""
+    script = SCRIPTS / "own_batches" / "nanogpt_loop.py"
+    command = ("--", sys.executable, str(script), "--steps", "400")
+    doc, proc = tune(tmp_path, *command, window=("--steps", "6", "--warmup", "2"))
+    baseline = doc["baseline"]
+    assert baseline["real_tokens_per_s"] > 0 and baseline["rate_of"] == "real tokens"
+    assert baseline["counted_from"] == "model inputs"
+    assert "tokens were counted from the model's inputs" in proc.stdout
