@@ -18,6 +18,7 @@ from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.stopping import WindowRule
 from pitstop.report.live import small_window_steps
 from pitstop.report.terminal import render
+from pitstop.runner.inject import blind_spot
 from pitstop.runner.measure import Measurement, StepWindow, measure
 from pitstop.wholerun.run import WholeRun
 from pitstop.wholerun.windows import WindowSpec
@@ -63,6 +64,9 @@ def measure_live(
 ) -> Measurement:
     """``measure`` with the watch's view: a panel on a terminal (the job's lines above it unless quiet),
     plain lines per small window elsewhere (the job's output then passes straight through)."""
+    blind = blind_spot(command)
+    if blind is not None:
+        raise UserError(blind, 2)
     view = make_view(tty, command="doctor", overall="over the window")
     live = isinstance(view, LiveView)
     out = Path(tempfile.mkdtemp(prefix="pitstop-"))

@@ -112,6 +112,56 @@ def _install(config: ProbeConfig) -> None:
         )
 
 
+def _in_ray_worker() -> bool:
+    return "ray" in sys.modules and "/ray/_private/workers/" in (sys.argv[0] if sys.argv else "")
+
+
+def _install_at_first_optimizer(torch: ModuleType, config: ProbeConfig) -> None:
+    """Ray Train imports torch in a worker before it sets RANK (``on_training_start``), and the probe takes
+    its rank when installed: in a Ray worker it is installed when the first optimizer is built, which the
+    training function does after Ray has set the rank."""
+    optimizer = torch.optim.Optimizer
+    original = optimizer.__init__
+
+    def first_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if optimizer.__init__ is first_init:
+            optimizer.__init__ = original
+            _install(config)
+        original(self, *args, **kwargs)
+
+    optimizer.__init__ = first_init
+
+
+def _install_when_ranked(torch: ModuleType, config: ProbeConfig) -> None:
+    if _in_ray_worker() and "RANK" not in os.environ:
+        _install_at_first_optimizer(torch, config)
+    else:
+        _install(config)
+
+
+def _carry_into_ray(ray: ModuleType, environ: dict[str, str]) -> None:
+    """Wrap ``ray.init`` so the job's ``runtime_env`` carries pitstop's variables to every worker: a Ray
+    cluster started before the job (``ray start --head``) starts its workers from its own environment, not
+    the driver's. The job's own ``env_vars`` win where they name the same variable."""
+    original = getattr(ray, "init", None)
+    if original is None or getattr(original, "_pitstop", False):
+        return
+    ours = {k: v for k, v in environ.items() if k.startswith("PITSTOP_") and k != ENV_RUNNER_PID}
+
+    def init(*args: Any, **kwargs: Any) -> Any:
+        runtime_env = kwargs.get("runtime_env")
+        if (
+            runtime_env is None or type(runtime_env) is dict
+        ):  # a RuntimeEnv object is left as the job built it
+            merged = dict(runtime_env or {})
+            merged["env_vars"] = {**ours, **(merged.get("env_vars") or {})}
+            kwargs["runtime_env"] = merged
+        return original(*args, **kwargs)
+
+    init._pitstop = True  # type: ignore[attr-defined]
+    ray.init = init  # type: ignore[attr-defined]
+
+
 def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
     """Run ``callback(module)`` once ``name`` is imported (now, if it already is)."""
     if name in sys.modules:
@@ -132,8 +182,8 @@ def die_with_runner(environ: dict[str, str] | None = None) -> bool:
     dies: a pitstop killed with SIGKILL cleans up nothing, and the job must not run on unobserved. SIGINT, as
     the user's Ctrl-C, lets the job's own ``finally:`` and ``atexit`` handlers end what it started; the
     runner's reaper ends whatever is left after a grace period (SIGTERM, then SIGKILL), the processes that
-    left the job's group included. Returns whether the parent-death signal was set (Linux only; elsewhere
-    the reaper covers the job alone)."""
+    left the job's group included. A process that ignores SIGINT gets SIGKILL instead. Returns whether the
+    parent-death signal was set (Linux only; elsewhere the reaper covers the job alone)."""
     env = os.environ if environ is None else environ
     runner = env.get(ENV_RUNNER_PID)
     if not runner or not sys.platform.startswith("linux") or str(os.getppid()) != runner:
@@ -142,11 +192,14 @@ def die_with_runner(environ: dict[str, str] | None = None) -> bool:
         import ctypes
         import signal
 
+        # a process that ignores SIGINT (started from a script in the background) could not be stopped so
+        ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        sig = signal.SIGKILL if ignored else signal.SIGINT
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0) != 0:
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             return False
         if str(os.getppid()) != runner:  # pitstop died before the signal was set: nobody would send it
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), sig)
         return True
     except (OSError, AttributeError):
         return False
@@ -172,5 +225,8 @@ def arm(environ: dict[str, str] | None = None, via: str = "sitecustomize") -> bo
     config = ProbeConfig.from_env(environ)
     if config is None:
         return False
-    after_import("torch", lambda _module: _install(config))
+    if not _in_ray_worker():
+        env = dict(os.environ if environ is None else environ)
+        after_import("ray", lambda ray: _carry_into_ray(ray, env))
+    after_import("torch", lambda module: _install_when_ranked(module, config))
     return True

@@ -67,6 +67,28 @@ def armed_processes(out_dir: Path) -> int:
     return len(list(out_dir.glob("armed-*")))
 
 
+# modules whose presence in an armed process means the training ran in workers that a launcher started
+_LAUNCHERS = {"ray": "Ray", "deepspeed.launcher": "DeepSpeed's launcher"}
+_LAUNCHER_COMMANDS = {"deepspeed": "DeepSpeed's launcher", "ray": "Ray", "mpirun": "mpirun", "srun": "srun"}
+
+
+def _launcher_without_ranks(launch: Launch) -> str | None:
+    """The launcher whose workers should have reported and did not: named by the command itself
+    (``deepspeed train.py``) or by the modules an armed process had loaded when it ended (Ray's driver)."""
+    first = launch.command[0].rsplit("/", 1)[-1] if launch.command else ""
+    if first in _LAUNCHER_COMMANDS:
+        return _LAUNCHER_COMMANDS[first]
+    for path in launch.out_dir.glob("launchers-*"):
+        try:
+            names = path.read_text().split()
+        except OSError:
+            continue
+        for module, name in _LAUNCHERS.items():
+            if module in names:
+                return name
+    return None
+
+
 def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -178,6 +200,14 @@ def _nothing(launch: Launch, ranks: list[RankProfile], cmd: str, how: str | None
     errors = [e for r in ranks for e in r.probe_errors]
     if errors:
         return Outcome(None, f"the probe failed in `{cmd}`: {errors[0]}", code or 1)
+    launcher = _launcher_without_ranks(launch) if how is None else None  # a failed job says its own error
+    if launcher is not None:
+        return Outcome(
+            None,
+            f"no rank reported: {launcher} did not pass PITSTOP_OUT (and pitstop's other PITSTOP_ variables) "
+            "to its workers; see docs/where-it-runs.md",
+            code or 2,
+        )
     if armed_processes(launch.out_dir) == 0:
         return Outcome(
             None,
