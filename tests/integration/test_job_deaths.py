@@ -186,14 +186,18 @@ def _still_running(processes: list[psutil.Process]) -> list[str]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_the_top_process_carries_a_parent_death_signal(tmp_path: Path) -> None:
-    # a parent (standing in for pitstop) starts a child that arms die_with_runner, then dies by SIGKILL
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_the_top_process_carries_a_parent_death_signal(tmp_path: Path, sigint: str) -> None:
+    # a parent (standing in for pitstop) starts a child that arms die_with_runner, then dies by SIGKILL: the
+    # child gets SIGINT, as the user's Ctrl-C, and its `finally:` runs; one that ignores SIGINT gets SIGKILL
     child_code = (
-        "import os, sys, time; from pitstop.probe.bootstrap import die_with_runner; "
-        "print(die_with_runner(), flush=True); time.sleep(600)"
+        "import os, sys, time; from pitstop.probe.bootstrap import die_with_runner\n"
+        "try:\n    print(die_with_runner(), flush=True)\n    time.sleep(600)\n"
+        "finally:\n    print('cleanup', flush=True)"
     )
     parent_code = (
-        "import os, subprocess, sys, time; "
+        "import os, signal, subprocess, sys, time; "
+        f"signal.signal(signal.SIGINT, signal.{'SIG_DFL' if sigint == 'default' else 'SIG_IGN'}); "
         f"env = dict(os.environ, PITSTOP_RUNNER_PID=str(os.getpid())); "
         f"c = subprocess.Popen([sys.executable, '-c', {child_code!r}], env=env); "
         "print(c.pid, flush=True); time.sleep(600)"
@@ -207,3 +211,5 @@ def test_the_top_process_carries_a_parent_death_signal(tmp_path: Path) -> None:
     parent.wait()
     _, alive = psutil.wait_procs([child], timeout=60)
     assert alive == []
+    said = parent.stdout.read()  # to the end: the child held the pipe until it ended
+    assert ("cleanup" in said) == (sigint == "default"), said

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT, SCRIPTS, run_pitstop, start_as_at_a_terminal
+from tests.conftest import ROOT, SCRIPTS, start_as_at_a_terminal
 
 pytestmark = [
     pytest.mark.slow,
@@ -45,6 +45,13 @@ def _doctor(out: Path, *job_args: str, full: bool = False) -> list[str]:
         JOB,
         *job_args,
     ]
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pitstop to its end, SIGINT at its default as at a terminal (pitstop's window end is a Ctrl-C)."""
+    pitstop = _start(tmp_path, *args)
+    out, err = pitstop.communicate(timeout=300)
+    return subprocess.CompletedProcess(pitstop.args, pitstop.returncode, out, err)
 
 
 def _lines(path: Path) -> list[str]:
@@ -91,7 +98,7 @@ def servers() -> Iterator[list[int]]:
 
 def test_a_job_that_leads_its_own_group_runs_as_without_pitstop(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    proc = run_pitstop(*_doctor(tmp_path / "run.json", "--setpgid", "--marker", str(marker)))
+    proc = _run(tmp_path, *_doctor(tmp_path / "run.json", "--setpgid", "--marker", str(marker)))
     assert proc.returncode == 0, proc.stderr  # was: PermissionError, the command led a session
     assert _lines(marker)[0] == "setpgid: ok, leads True"
     assert json.loads((tmp_path / "run.json").read_text())["metrics"]["steps_measured"] == 4
@@ -99,7 +106,7 @@ def test_a_job_that_leads_its_own_group_runs_as_without_pitstop(tmp_path: Path) 
 
 def test_job_control_in_the_job_keeps_working(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    proc = run_pitstop(*_doctor(tmp_path / "run.json", "--job-control", "--marker", str(marker)))
+    proc = _run(tmp_path, *_doctor(tmp_path / "run.json", "--job-control", "--marker", str(marker)))
     assert proc.returncode == 0, proc.stderr
     assert _lines(marker)[0] == "job control: ok"
 
@@ -109,7 +116,7 @@ def test_the_window_end_runs_the_jobs_cleanup_and_ends_what_left_its_group(
 ) -> None:
     marker = tmp_path / "marker"
     out = tmp_path / "run.json"
-    proc = run_pitstop(*_doctor(out, "--server", str(tmp_path), "--marker", str(marker)))
+    proc = _run(tmp_path, *_doctor(out, "--server", str(tmp_path), "--marker", str(marker)))
     servers += _left_behind(tmp_path)
     assert proc.returncode == 0, proc.stderr  # a job pitstop stopped after its window is a success
     assert _lines(marker)[-2:] == ["finally", "atexit"]  # stopped as Ctrl-C does: its handlers ran

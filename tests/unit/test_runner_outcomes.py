@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 
+from pitstop.probe.ending import MARKER, WAIT_FOR_RANKS_S, window_written
 from pitstop.probe.stream import RankStream, plain_step
-from pitstop.profile import StepRecord
+from pitstop.profile import RankProfile, StepRecord, to_jsonable
 from pitstop.runner.collect import collect, death
 from pitstop.runner.launch import Launch
 
@@ -73,3 +77,39 @@ def test_a_death_before_any_step(tmp_path: Path) -> None:
 def test_a_clean_exit_is_no_death(tmp_path: Path) -> None:
     assert death(Launch(["x"], tmp_path, exit_code=0)) == (None, 0)
     assert death(Launch(["x"], tmp_path, exit_code=3)) == ("exited with code 3", 3)
+
+
+def _marker(out: Path, pid: int, rank: int, ranks_here: int, age_s: float = 0.0) -> None:
+    path = out / f"{MARKER}{pid}"
+    path.write_text(json.dumps({"rank": rank, "ranks_here": ranks_here}))
+    if age_s:
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+
+
+def test_the_job_is_stopped_once_every_rank_of_the_node_wrote_its_window(tmp_path: Path) -> None:
+    assert not window_written(tmp_path)
+    (tmp_path / f"{MARKER}7").write_text('{"rank": 0')  # unreadable: not a rank's word
+    _marker(tmp_path, 8, rank=0, ranks_here=2)
+    assert not window_written(tmp_path)  # rank 1 is still writing its rank file
+    _marker(tmp_path, 9, rank=1, ranks_here=2)
+    assert window_written(tmp_path)
+
+
+def test_a_rank_that_never_writes_its_window_does_not_hold_the_job_forever(tmp_path: Path) -> None:
+    _marker(tmp_path, 8, rank=0, ranks_here=2, age_s=WAIT_FOR_RANKS_S + 1)
+    assert window_written(tmp_path)
+
+
+def test_a_job_stopped_after_its_window_is_a_success(tmp_path: Path) -> None:
+    stream = RankStream(tmp_path)
+    stream.write("start", rank=0, local_rank=0, pid=1, warmup=2)
+    records = [StepRecord(index=i, wall_s=0.1, tokens=64, real_tokens=64) for i in range(1, 9)]
+    profile = RankProfile(rank=0, warmup_steps=2, steps=records[2:], stopped_by_probe=True)
+    stream.write("profile", profile=to_jsonable(profile))
+    stream.close()
+    # as run_observed leaves it: the job ended on pitstop's SIGINT (KeyboardInterrupt: -2)
+    launch = Launch(["x"], tmp_path, exit_code=0, ended_after_window=True, job_exit_code=-2)
+    outcome = collect(launch, 6, 2)
+    assert outcome.exit_code == 0 and outcome.message is None
+    assert outcome.profile is not None and outcome.profile.exit_code == 0
+    assert not any("interrupted" in note or "killed" in note for note in outcome.profile.notes)
