@@ -87,6 +87,9 @@ def test_watch_measures_and_restores_torch() -> None:
         torch.Tensor.item,
     )
     assert after == originals
+    from torch.nn.modules import module as module_mod
+
+    assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
     d = session.diagnosis
     assert d is not None and d.metrics.steps_measured == 8
     rank = d.profile.ranks[0]
@@ -100,6 +103,26 @@ def test_watch_measures_and_restores_torch() -> None:
     assert env.attention.sdpa_calls == 8  # one call per step, counted inside the window
     assert env.dataloader.batch_size == 4 and env.dataloader.num_workers == 0
     assert env.dataloader.examples_are_text is False
+    assert rank.tokens_counted_from == "dataloader batch" and rank.steps_delimited_by == "optimizer step"
+
+
+def test_a_closure_that_runs_several_forwards_is_one_step() -> None:
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Flatten(), torch.nn.Linear(32, 50))
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=4)
+    with watch(steps=None, warmup=0, report=False) as session:
+        for _ in range(5):
+            x, y = torch.randint(0, 50, (6, 4)), torch.randint(0, 50, (6,))
+
+            def closure(x: Any = x, y: Any = y) -> Any:
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+    rank = session.diagnosis.profile.ranks[0]
+    assert len(rank.steps) == 5 and all(s.micro_batches >= 2 for s in rank.steps)
+    assert rank.tokens_counted_from == "model inputs" and rank.steps_delimited_by == "optimizer step"
 
 
 def test_a_failing_probe_disables_itself_and_the_run_goes_on(
