@@ -16,6 +16,10 @@ from pitstop.ingest.nvidia_smi import looks_like_smi
 from pitstop.ingest.readers import head, read_text
 
 TRACE_KEYS = re.compile(rb'"(traceEvents|deviceProperties|schemaVersion|distributedInfo)"\s*:')
+# Trace Event Format's array form: a top-level array of objects, events by their phase key ("ph": "X")
+EVENT_ARRAY_START = re.compile(rb"\[\s*\{")
+EVENT_PHASE = re.compile(rb'"ph"\s*:\s*"')
+UTF8_BOM = b"\xef\xbb\xbf"
 PICKLE_START = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 ZIP_START = b"PK\x03\x04"
 
@@ -88,8 +92,10 @@ def sniff(path: Path) -> tuple[str, Any, list[str]]:
         raise IngestError(f"{path}: empty (or an unreadable gzip)")
     if start.startswith(PICKLE_START) or start.startswith(ZIP_START):
         return "torch_pickle", None, []
-    stripped = start.lstrip()
+    stripped = start.removeprefix(UTF8_BOM).lstrip()
     if stripped.startswith(b"{") and TRACE_KEYS.search(start):
+        return "kineto_trace", None, []
+    if EVENT_ARRAY_START.match(stripped) and EVENT_PHASE.search(stripped):
         return "kineto_trace", None, []
     if b"\x00" in start[:8192]:
         return "binary", None, []  # weights (safetensors), NumPy arrays, images: not text at all

@@ -494,8 +494,71 @@ static PyTypeObject LoopType = {
     .tp_methods = Loop_methods,
 };
 
+
+/* ---- event boundaries: jsonstream.py's _Reader.array cuts the text after the last comma between two items
+of the event array, found by one pass over the bytes with the state a boundary needs (in a string or not,
+after a backslash in one, nesting depth), so the cut never depends on whitespace or line ends. */
+enum { OUT_OF_STRING, IN_STRING, AFTER_BACKSLASH };
+
+static PyObject *scan(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, depth, max_depth;
+    int state;
+    if (!PyArg_ParseTuple(args, "y*nnin", &view, &start, &depth, &state, &max_depth)) return NULL;
+    const unsigned char *data = view.buf;
+    Py_ssize_t end = view.len, p = start < 0 ? 0 : start, cut = -1;
+    while (p < end) {
+        if (state == AFTER_BACKSLASH) {
+            state = IN_STRING;
+            p++;
+            continue;
+        }
+        if (state == IN_STRING) {  /* jump to the closing quote, past escaped characters */
+            const unsigned char *q = memchr(data + p, '"', (size_t)(end - p));
+            Py_ssize_t limit = q ? q - data : end;
+            const unsigned char *b = memchr(data + p, '\\', (size_t)(limit - p));
+            if (b != NULL) {
+                p = b - data + 1;
+                state = AFTER_BACKSLASH;
+                continue;
+            }
+            if (q == NULL) {
+                p = end;
+                break;
+            }
+            p = limit + 1;
+            state = OUT_OF_STRING;
+            continue;
+        }
+        unsigned char c = data[p];
+        if (c == '"') {
+            state = IN_STRING;
+        } else if (c == ',') {
+            if (depth == 0) cut = p;
+        } else if (c == '{' || c == '[') {
+            if (++depth > max_depth) {
+                p++;
+                break;
+            }
+        } else if (c == '}' || c == ']') {
+            if (--depth < 0) break;  /* the array itself ends here */
+        }
+        p++;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("nnni", cut, p, depth, state);
+}
+
+static PyMethodDef module_methods[] = {
+    {"scan", scan, METH_VARARGS,
+     "scan(text, start, depth, state, max_depth) -> (cut, stop, depth, state): the offset of the last comma at "
+     "depth 0 outside strings from start (-1: none), where the scan stopped (the end, the array's closing "
+     "bracket at depth -1, or past max_depth), and the state there."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_eventloop", "The trace reader's event loop in C (see events.py).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_eventloop", "The trace reader's event loop in C (see events.py).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__eventloop(void) {

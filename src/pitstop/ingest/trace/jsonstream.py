@@ -2,22 +2,24 @@
 memory and cost on any input.
 
 Why not a streaming parser per event: profiling ``pitstop analyze`` showed the per-event parser (ijson) at
-~80% of the time. Kineto writes one event per line or per indented block, each followed by ``},\\n``; a
-newline cannot occur inside a JSON string, so a chunk of decompressed bytes cut after such a mark is, when
-it parses, exactly a run of whole events (the chunk starts at an event boundary, and a parse of ``[chunk]``
-that succeeds ends at one). A caller's ``fast`` decoder (events.py passes msgspec's, see fastevents.py)
-takes each chunk first, as bytes; where it declines, the C ``json`` decoder builds a few thousand events
-per call. A chunk that does not parse (another layout, or a mark inside a nested value) is read value by
-value with ``raw_decode``, which is exact for any valid JSON. Both paths give the same objects as any JSON
-parser (ints stay ints, other numbers are floats).
+~80% of the time. The text read so far is cut after the last comma between two items of the event array,
+found by one pass over the bytes that keeps the state a boundary needs (in a string or not, nesting depth;
+boundaries.py, in C where built), so the cut never depends on the layout: Kineto's one event per line, one
+line (``json.dump``'s output, which the earlier cut at ``},\\n`` read value by value, quadratically), any
+indent, CRLF, a BOM, Trace Event Format's bare array of events, gzip members cut mid-event. A chunk so cut
+is exactly a run of whole events, decoded as one array: a caller's ``fast`` decoder (events.py passes
+msgspec's, see fastevents.py) takes it first, as bytes; where it declines, the C ``json`` decoder builds a
+few thousand events per call. A chunk that does not parse (invalid JSON) is read value by value with
+``raw_decode``, which is exact for any valid JSON and says what is wrong. Both paths give the same objects
+as any JSON parser (ints stay ints, other numbers are floats).
 
 Why bytes: decoding the text to ``str`` cost as much as inflating it (~1 s per GiB). The bytes are checked
 to be UTF-8 as they come (``isascii`` for the usual all-ASCII trace) and only what the stdlib decoder reads
 is decoded: a declined chunk, or a window around one value.
 
 Limits, each ending in one ``IngestError`` line: one event (or other top-level value) at most
-``MAX_VALUE`` bytes (a 200 MB kernel name), nesting within the interpreter's recursion limit (about
-1,000; a Kineto event nests 4 deep), at most ``MAX_RATIO`` times more text than gzip bytes once past
+``MAX_VALUE`` bytes (a 200 MB kernel name), nesting within ``MAX_DEPTH`` inside the event array (the
+scan's count; elsewhere the interpreter's recursion limit, about 1,000; a Kineto event nests 3 deep), at most ``MAX_RATIO`` times more text than gzip bytes once past
 ``RATIO_FLOOR`` (a gzip bomb), and no ``NaN`` / ``Infinity`` literals (not JSON).
 """
 
@@ -37,14 +39,16 @@ from typing import IO, Any, cast
 
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.readers import GZIP_MAGIC
+from pitstop.ingest.trace.boundaries import OUT_OF_STRING, scanner
 
 READ_BYTES = 1 << 20  # decompressed bytes per read (~3,000 Kineto events): larger saves no time
 MAX_VALUE = 32 << 20  # bytes in one event or top-level value
 FIRST_WINDOW = 4096  # bytes decoded around a value read on its own, widened while it does not fit
 MAX_RATIO = 200  # decompressed / compressed; Kineto JSON gzips 10-25x, deflate's ceiling is ~1,030x
 RATIO_FLOOR = 64 << 20  # the ratio is checked once this much text came out
+MAX_DEPTH = 512  # nesting of arrays and objects inside the event array; a Kineto event nests 3 deep
+BOM = codecs.BOM_UTF8  # some editors and Windows tools start a UTF-8 file with it
 _WS = re.compile(rb"[ \t\n\r]*")
-_MARK = b"},\n"
 Fast = Callable[[memoryview], "list[Any] | None"]
 
 
@@ -195,6 +199,7 @@ class _Reader:
     def __init__(self, text: _Text, fast: Fast | None = None) -> None:
         self.text = text
         self.fast = fast
+        self.scan = scanner()
         self.path = text.path
         self.buf = bytearray()
         self.spare: bytearray | None = None  # the buffer read before self.buf (see more)
@@ -300,7 +305,13 @@ class _Reader:
     # -- document -------------------------------------------------------------------------------------
     def batches(self) -> Iterator[list[Any]]:
         self.more()
-        self.expect("{")
+        if self.buf.startswith(BOM):
+            self.i = len(BOM)
+        if self.expect("{[") == "[":  # Trace Event Format's array form: the events alone
+            yield from self.array()
+            if self.ws() != "":
+                raise self.fail("text after the array of events")
+            return
         if self.ws() == "}":
             return
         while True:
@@ -317,19 +328,19 @@ class _Reader:
                 return
 
     def chunk(self, cut: int) -> list[Any] | None:
-        """The events from the cursor to the mark at ``cut``, decoded as one array, or None (read them value
+        """The events from the cursor to the comma at ``cut``, decoded as one array, or None (read them value
         by value). The text is not copied: '[' is written over the byte before the cursor (read already) and
-        ']' over the mark's comma, which is put back after the decoding."""
+        ']' over the comma, which is put back after the decoding."""
         buf, i = self.buf, self.i
-        assert i > 0  # the traceEvents' '[' or a consumed mark lies before the cursor; more() keeps a byte
+        assert i > 0  # the array's '[' or a consumed comma lies before the cursor; more() keeps a byte
         buf[i - 1] = 0x5B  # [
-        buf[cut + 1] = 0x5D  # ]
-        chunk = memoryview(buf)[i - 1 : cut + 2]
+        buf[cut] = 0x5D  # ]
+        chunk = memoryview(buf)[i - 1 : cut + 1]
         try:
             batch = self.fast(chunk) if self.fast is not None else None
             return batch if batch is not None else self.exact(chunk)
         finally:
-            buf[cut + 1] = 0x2C  # ,
+            buf[cut] = 0x2C  # ,
 
     def exact(self, chunk: memoryview) -> list[Any] | None:
         """A chunk by the stdlib decoder; None where it is not a JSON array (read value by value)."""
@@ -341,29 +352,37 @@ class _Reader:
             return None
 
     def array(self) -> Iterator[list[Any]]:
-        """The items of an array whose '[' was consumed, in batches."""
+        """The items of an array whose '[' was consumed, in batches cut at the last comma between two items
+        in the text read so far (boundaries.py: one pass over the bytes, whatever the layout)."""
         if self.ws() == "]":
             self.i += 1
             return
         # offsets in the whole text (the buffer is compacted as it is consumed)
-        scanned = self.base + self.i  # where to resume looking for the mark (keeps a giant value linear)
+        scanned, depth, state, ended = self.base + self.i, 0, OUT_OF_STRING, False  # the scan's state there
+        cut_at = -1  # the last boundary the scan found
         exact_until = -1  # after a chunk failed to parse, read value by value up to its cut
         while True:
             self.ws()
-            if self.base + self.i > exact_until:
-                cut = self.buf.rfind(_MARK, max(self.i, scanned - self.base - len(_MARK)))
-                scanned = self.base + len(self.buf)
-                if cut < self.i:
-                    if len(self.buf) - self.i < MAX_VALUE and self.more():
-                        continue
-                else:
-                    batch = self.chunk(cut)
+            here = self.base + self.i
+            if here > scanned:  # values read one by one went past the scan: an item starts here
+                scanned, depth, state, ended = here, 0, OUT_OF_STRING, False
+            if not ended and scanned < self.base + len(self.buf):
+                cut, stop, depth, state = self.scan(self.buf, scanned - self.base, depth, state, MAX_DEPTH)
+                if depth > MAX_DEPTH:
+                    raise IngestError(f"{self.path}: JSON nested too deeply to be a profiler trace")
+                scanned, ended = self.base + stop, depth < 0
+                cut_at = self.base + cut if cut >= 0 else cut_at
+            if here > exact_until:
+                if cut_at > here:
+                    batch = self.chunk(cut_at - self.base)
                     if batch is None:
-                        exact_until = self.base + cut
+                        exact_until = cut_at
                     else:
                         yield batch
-                        self.i = cut + len(_MARK)
+                        self.i = cut_at - self.base + 1
                         continue
+                elif not ended and len(self.buf) - self.i < MAX_VALUE and self.more():
+                    continue
             yield [self.value()]
             if self.expect(",]") == "]":
                 return
