@@ -89,7 +89,7 @@ def test_watch_measures_and_restores_torch() -> None:
     assert after == originals
     from torch.nn.modules import module as module_mod
 
-    assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
+    assert not module_mod._has_any_global_hook()  # torch.compile'd modules warn while one is left
     d = session.diagnosis
     assert d is not None and d.metrics.steps_measured == 8
     rank = d.profile.ranks[0]

@@ -44,6 +44,7 @@ _TENSOR_SYNCS = {
     "__index__": "int",
     "nonzero": "nonzero",
 }
+_COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 _PITSTOP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -147,9 +148,20 @@ class Hooks:
         handles.append(module_mod.register_module_forward_pre_hook(pre))
         handles.append(module_mod.register_module_forward_hook(post, with_kwargs=True, always_call=True))
 
+        # torch.compile'd modules warn at each call while global hooks exist: not the job's warning to see
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING, category=UserWarning)
+        quiet = [warnings.filters[0]]
+
         def remove_discovery() -> None:
             while handles:
-                handles.pop().remove()
+                handle = handles.pop()
+                handle.remove()
+                # torch's handle leaves its id in the with_kwargs table, which keeps _has_any_global_hook() true
+                module_mod._global_forward_hooks_with_kwargs.pop(handle.id, None)
+            while quiet:
+                with contextlib.suppress(ValueError):
+                    warnings.filters.remove(quiet.pop())  # type: ignore[attr-defined]
+                    warnings._filters_mutated()  # type: ignore[attr-defined]
 
         self._restore.append(remove_discovery)
 
