@@ -268,3 +268,105 @@ def test_a_loader_fix_that_fails_leaves_the_loader_as_it_was(restore_dataloader:
     loader = torch.utils.data.DataLoader(data, batch_size=4, collate_fn=refuses_one_example)
     assert loader.dataset is data and "needs a whole batch" in report.skipped["pack"]
     assert next(iter(loader))["input_ids"].shape[0] == 4
+
+
+# How the probe reaches a job's processes (runner.inject, probe.autoload, probe.bootstrap)
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import types  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from pitstop.probe import bootstrap  # noqa: E402
+from pitstop.probe.autoload import PTH_NAME  # noqa: E402
+from pitstop.runner.collect import collect  # noqa: E402
+from pitstop.runner.inject import blind_spot, deepspeed_env_lines, interpreter_flags  # noqa: E402
+from pitstop.runner.launch import Launch  # noqa: E402
+
+PTH = Path(bootstrap.__file__).parent / "_inject" / PTH_NAME
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        (["python", "-I", "t.py"], {"I"}),
+        (["python3.11", "-uE", "t.py", "-S"], {"u", "E"}),  # the script's own -S is not the interpreter's
+        (["python", "-X", "dev", "-S", "t.py"], {"X", "S"}),
+        (["python", "-W", "ignore", "t.py"], {"W"}),
+        (["env", "A=1", "python", "-s", "t.py"], {"s"}),
+        (["python", "-m", "torch.distributed.run", "-S"], set()),
+    ],
+)
+def test_interpreter_flags_are_read_up_to_the_script(command: list[str], flags: set[str]) -> None:
+    found = interpreter_flags(command)
+    assert found is not None and found[1] == flags
+
+
+def test_launchers_and_plain_pythons_have_no_blind_spot() -> None:
+    assert interpreter_flags(["torchrun", "--nproc_per_node", "2", "t.py"]) is None
+    assert blind_spot([sys.executable, "t.py"]) is None
+    # pitstop is installed here, so its .pth arms the probe whatever -I and -E do to PYTHONPATH
+    assert blind_spot([sys.executable, "-I", "t.py"]) is None
+
+
+def test_python_S_is_blind_and_says_what_to_do() -> None:
+    line = blind_spot([sys.executable, "-S", "t.py"])
+    assert line is not None and "-S skips" in line and "pitstop.watch()" in line
+
+
+@pytest.mark.slow
+def test_I_and_E_are_blind_only_in_an_interpreter_without_pitstop(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    for flag in ("-I", "-E"):
+        line = blind_spot([bare, flag, "t.py"])
+        assert line is not None and f"{flag} makes" in line and "where-it-runs.md" in line
+    assert blind_spot([bare, "t.py"]) is None  # PYTHONPATH's sitecustomize reaches it
+
+
+def test_the_pth_is_one_import_line_that_does_nothing_without_pitstops_variable() -> None:
+    lines = PTH.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("import ")  # site runs only lines that start so
+    env: dict[str, str] = {}
+    exec(lines[0].replace("os.environ", "env"), {"env": env})  # no PITSTOP_OUT: nothing imported or armed
+
+
+def test_arming_twice_in_one_process_arms_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(bootstrap, "_armed_via", "pth")
+    seen: list[str] = []
+    monkeypatch.setattr(bootstrap, "after_import", lambda name, _cb: seen.append(name))
+    assert bootstrap.arm({"PITSTOP_OUT": str(tmp_path)}, via="sitecustomize") is True
+    assert seen == []  # the second arming installed nothing
+
+
+def test_an_armed_ray_driver_carries_pitstops_variables_in_runtime_env() -> None:
+    calls: list[dict[str, Any]] = []
+    ray = types.ModuleType("ray")
+    ray.init = lambda **kwargs: calls.append(kwargs)  # type: ignore[attr-defined]
+    env = {"PITSTOP_OUT": "/shared/out", "PITSTOP_STEPS": "9", "PITSTOP_RUNNER_PID": "1", "HOME": "/root"}
+    bootstrap._carry_into_ray(ray, env)
+    ray.init(runtime_env={"env_vars": {"PITSTOP_STEPS": "3"}, "pip": ["x"]})
+    assert calls[0]["runtime_env"] == {
+        "env_vars": {"PITSTOP_OUT": "/shared/out", "PITSTOP_STEPS": "3"},
+        "pip": ["x"],
+    }
+
+
+def test_deepspeeds_launcher_exports_pitstops_prefix_to_other_nodes() -> None:
+    runner = types.ModuleType("deepspeed.launcher.runner")
+    runner.EXPORT_ENVS = ["MLFLOW", "PYTHON"]  # type: ignore[attr-defined]
+    bootstrap._carry_into_deepspeed(runner)
+    bootstrap._carry_into_deepspeed(runner)
+    assert runner.EXPORT_ENVS == ["MLFLOW", "PYTHON", "PITSTOP_"]  # type: ignore[attr-defined]
+    assert deepspeed_env_lines({"PITSTOP_OUT": "/o", "PATH": "/bin"}) == ["PITSTOP_OUT=/o"]
+
+
+def test_a_launchers_workers_that_never_report_are_named(tmp_path: Path) -> None:
+    (tmp_path / "armed-7").write_text("python train_ray.py\nvia pth\n")
+    (tmp_path / "launchers-7").write_text("ray")
+    outcome = collect(Launch(command=["python", "train_ray.py"], out_dir=tmp_path, exit_code=0), 10, 2)
+    assert outcome.profile is None and outcome.exit_code == 2
+    assert outcome.message == (
+        "no rank reported: Ray did not pass PITSTOP_OUT (and pitstop's other PITSTOP_ variables) to its "
+        "workers; see docs/where-it-runs.md"
+    )

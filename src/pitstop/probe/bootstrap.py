@@ -162,6 +162,15 @@ def _carry_into_ray(ray: ModuleType, environ: dict[str, str]) -> None:
     ray.init = init  # type: ignore[attr-defined]
 
 
+def _carry_into_deepspeed(runner: ModuleType) -> None:
+    """DeepSpeed's launcher exports to the other nodes only the variables whose names start with one of
+    ``EXPORT_ENVS`` (and what ``.deepspeed_env`` lists): pitstop's prefix joins that list in the launcher
+    process that pitstop started, so every node's workers arm the probe."""
+    exports = getattr(runner, "EXPORT_ENVS", None)
+    if isinstance(exports, list) and "PITSTOP_" not in exports:
+        exports.append("PITSTOP_")
+
+
 def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
     """Run ``callback(module)`` once ``name`` is imported (now, if it already is)."""
     if name in sys.modules:
@@ -228,5 +237,6 @@ def arm(environ: dict[str, str] | None = None, via: str = "sitecustomize") -> bo
     if not _in_ray_worker():
         env = dict(os.environ if environ is None else environ)
         after_import("ray", lambda ray: _carry_into_ray(ray, env))
+        after_import("deepspeed.launcher.runner", _carry_into_deepspeed)
     after_import("torch", lambda module: _install_when_ranked(module, config))
     return True
