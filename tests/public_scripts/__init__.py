@@ -1,0 +1,1 @@
+"""Support for running public training scripts (written outside pitstop) under ``pitstop doctor``."""
