@@ -50,6 +50,7 @@ from pitstop.probe.timeline import (
     BWD_START,
     DATA,
     FWD_BOUNDARY,
+    FWD_START,
     OPT_END,
     OPT_START,
     BatchCounts,
@@ -282,6 +283,8 @@ class Probe:
                 watch.decide()
             self._close_step(FWD_BOUNDARY, watch.optimizer)
         if self._count_source is not CountSource.DATALOADER:
+            # the loop built its batch itself: forward starts here, not where the previous step ended
+            self.builder.mark(FWD_START)
             self.builder.model_batch(count_model_inputs(args, kwargs, watch.names, self._pad_token_id))
 
     @property

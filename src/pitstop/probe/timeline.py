@@ -26,6 +26,7 @@ START, DATA, BWD_START, BWD_END, OPT_START, OPT_END, FWD_BOUNDARY = (
     "opt_end",
     "fwd_boundary",  # a step closed at the next forward (no optimizer step delimits the job's steps)
 )
+FWD_START = "fwd_start"  # the outermost forward began (a loop without a DataLoader: its batch is ready)
 
 
 class Clock(Protocol):
@@ -60,15 +61,15 @@ class HostClock:
 def phase_spans(kinds: list[str], seconds: list[float]) -> tuple[float, float, float]:
     """Forward, backward and optimizer time from ordered marks (seconds relative to any origin).
 
-    Forward is everything from the latest of {step start, batch ready, previous backward end} up to a
-    backward start; with gradient accumulation the micro-batches add up.
+    Forward is everything from the latest of {step start, batch ready, outermost forward start, previous
+    backward end} up to a backward start; with gradient accumulation the micro-batches add up.
     """
     forward = backward = optimizer = 0.0
     anchor: float | None = None
     bwd_start: float | None = None
     opt_start: float | None = None
     for kind, t in zip(kinds, seconds, strict=True):
-        if kind in (START, DATA):
+        if kind in (START, DATA, FWD_START):
             if bwd_start is None:
                 anchor = t
         elif kind == BWD_START:
