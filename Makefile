@@ -12,11 +12,17 @@ PIP := $(BIN)/pip --disable-pip-version-check
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile src/pitstop/ingest/trace/_eventloop.c
+# DeepSpeed (for the launcher tests) builds from an sdist that imports torch: built against the torch above,
+# with no ops compiled, so pip never fetches a second (CUDA) torch
+DEEPSPEED ?= deepspeed==0.19.8
+
+$(VENV)/.installed: pyproject.toml setup.py Makefile src/pitstop/ingest/trace/_eventloop.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install --quiet -e ".[hf,nvml,dev]"
+	$(PIP) install --quiet wheel
+	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation "$(DEEPSPEED)"
 	touch $@
 
 demo: setup
