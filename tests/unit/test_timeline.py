@@ -10,13 +10,16 @@ from pitstop.probe.timeline import (
     BWD_END,
     BWD_START,
     DATA,
+    FWD_START,
     OPT_END,
     OPT_START,
     START,
     BatchCounts,
     StepBuilder,
+    chosen_counts,
     phase_spans,
 )
+from pitstop.profile import CountSource
 
 
 def test_phase_spans_with_gradient_accumulation() -> None:
@@ -31,6 +34,18 @@ def test_phase_spans_with_gradient_accumulation() -> None:
 def test_forward_without_a_dataloader_starts_at_the_step() -> None:
     fwd, bwd, opt = phase_spans([START, BWD_START, BWD_END, OPT_START, OPT_END], [0.0, 0.25, 0.5, 0.5, 0.6])
     assert (fwd, bwd, opt) == pytest.approx((0.25, 0.25, 0.1))
+    # the probe saw the outermost forward start: the loop's own batch building before it is not forward
+    fwd, _, _ = phase_spans([START, FWD_START, BWD_START, BWD_END], [0.0, 0.15, 0.25, 0.5])
+    assert fwd == pytest.approx(0.1)
+
+
+def test_counts_come_from_the_dataloader_when_it_has_tokens_else_from_the_model_inputs() -> None:
+    loader, model = BatchCounts(samples=4, tokens=None), BatchCounts(samples=4, tokens=64)
+    assert chosen_counts([loader], [model]) == (CountSource.MODEL_INPUTS, [model])
+    counted = BatchCounts(samples=4, tokens=60)
+    assert chosen_counts([counted], [model]) == (CountSource.DATALOADER, [counted])
+    assert chosen_counts([loader], []) == (CountSource.DATALOADER, [loader])
+    assert chosen_counts([], []) == (CountSource.UNKNOWN, [])
 
 
 class LateClock:
