@@ -15,6 +15,7 @@ loop reads the rest of the trace (tests compare both loops bit for bit).
 #include <Python.h>
 #include <structmember.h>
 #include <string.h>
+#include <stdint.h>
 
 /* what an event's category makes of it: events.py's _KERNEL ... _IGNORED, checked at construction */
 enum { KERNEL, MEMCPY, MEMSET, RUNTIME, CPU, STREAM_OTHER, IGNORED, N_ROLES };
@@ -500,53 +501,124 @@ of the event array, found by one pass over the bytes with the state a boundary n
 after a backslash in one, nesting depth), so the cut never depends on whitespace or line ends. */
 enum { OUT_OF_STRING, IN_STRING, AFTER_BACKSLASH };
 
-static PyObject *scan(PyObject *module, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t start, depth, max_depth;
+/* what a byte is to the scan: 1 ends a run inside a string (" \), 2 ends one outside (" , { } [ ]) */
+static unsigned char SCAN_CLASS[256];
+
+static void scan_classes(void) {
+    SCAN_CLASS['"'] = 3;
+    SCAN_CLASS['\\'] = 1;
+    SCAN_CLASS[','] = SCAN_CLASS['{'] = SCAN_CLASS['}'] = SCAN_CLASS['['] = SCAN_CLASS[']'] = 2;
+}
+
+typedef struct {
+    Py_ssize_t cut, depth, max_depth;
     int state;
-    if (!PyArg_ParseTuple(args, "y*nnin", &view, &start, &depth, &state, &max_depth)) return NULL;
-    const unsigned char *data = view.buf;
-    Py_ssize_t end = view.len, p = start < 0 ? 0 : start, cut = -1;
-    while (p < end) {
-        if (state == AFTER_BACKSLASH) {
-            state = IN_STRING;
+} ScanState;
+
+/* the scan byte by byte from p up to stop; returns where it ended: stop, or the byte that ended the array
+   (depth -1), or just past the bracket that went past max_depth */
+static Py_ssize_t scan_bytes(const unsigned char *data, Py_ssize_t p, Py_ssize_t stop, ScanState *s) {
+    while (p < stop) {
+        if (s->state == AFTER_BACKSLASH) {
+            s->state = IN_STRING;
             p++;
             continue;
         }
-        if (state == IN_STRING) {  /* jump to the closing quote, past escaped characters */
-            const unsigned char *q = memchr(data + p, '"', (size_t)(end - p));
-            Py_ssize_t limit = q ? q - data : end;
-            const unsigned char *b = memchr(data + p, '\\', (size_t)(limit - p));
-            if (b != NULL) {
-                p = b - data + 1;
-                state = AFTER_BACKSLASH;
-                continue;
-            }
-            if (q == NULL) {
-                p = end;
-                break;
-            }
-            p = limit + 1;
-            state = OUT_OF_STRING;
+        if (s->state == IN_STRING) {  /* to the closing quote, past escaped characters */
+            while (p < stop && !(SCAN_CLASS[data[p]] & 1)) p++;
+            if (p == stop) break;
+            s->state = data[p] == '"' ? OUT_OF_STRING : AFTER_BACKSLASH;
+            p++;
             continue;
         }
+        while (p < stop && !(SCAN_CLASS[data[p]] & 2)) p++;
+        if (p == stop) break;
         unsigned char c = data[p];
         if (c == '"') {
-            state = IN_STRING;
+            s->state = IN_STRING;
         } else if (c == ',') {
-            if (depth == 0) cut = p;
+            if (s->depth == 0) s->cut = p;
         } else if (c == '{' || c == '[') {
-            if (++depth > max_depth) {
-                p++;
-                break;
-            }
-        } else if (c == '}' || c == ']') {
-            if (--depth < 0) break;  /* the array itself ends here */
+            if (++s->depth > s->max_depth) return p + 1;
+        } else if (--s->depth < 0) {  /* } or ]: at depth -1 the array itself ends here */
+            return p;
         }
         p++;
     }
+    return stop;
+}
+
+#if defined(__SSE2__) && defined(__GNUC__)
+#include <emmintrin.h>
+/* bits of the 64 bytes at data that equal c */
+static inline uint64_t bytes_equal(const unsigned char *data, char c) {
+    __m128i needle = _mm_set1_epi8(c);
+    uint64_t bits = 0;
+    for (int i = 0; i < 4; i++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(data + 16 * i));
+        bits |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(v, needle)) << (16 * i);
+    }
+    return bits;
+}
+
+/* 64 bytes at a time: a block without a backslash (nearly all) has its strings found from its quotes at
+   once (a prefix XOR), and only its commas and brackets outside strings are visited one by one */
+static Py_ssize_t scan_blocks(const unsigned char *data, Py_ssize_t p, Py_ssize_t end, ScanState *s) {
+    while (p + 64 <= end) {
+        if (s->state == AFTER_BACKSLASH || bytes_equal(data + p, '\\')) {
+            Py_ssize_t stop = scan_bytes(data, p, p + 64, s);
+            if (stop != p + 64 || s->depth < 0 || s->depth > s->max_depth) return stop;
+            p = stop;
+            continue;
+        }
+        uint64_t quotes = bytes_equal(data + p, '"'), inside = quotes;
+        inside ^= inside << 1;
+        inside ^= inside << 2;
+        inside ^= inside << 4;
+        inside ^= inside << 8;
+        inside ^= inside << 16;
+        inside ^= inside << 32;
+        if (s->state == IN_STRING) inside = ~inside;
+        uint64_t brackets = bytes_equal(data + p, '{') | bytes_equal(data + p, '[') | bytes_equal(data + p, '}') |
+                            bytes_equal(data + p, ']');
+        uint64_t marks = (brackets | bytes_equal(data + p, ',')) & ~inside & ~quotes;
+        while (marks) {
+            int i = __builtin_ctzll(marks);
+            marks &= marks - 1;
+            unsigned char c = data[p + i];
+            if (c == ',') {
+                if (s->depth == 0) s->cut = p + i;
+            } else if (c == '{' || c == '[') {
+                if (++s->depth > s->max_depth) {
+                    s->state = OUT_OF_STRING;  /* a bracket outside strings */
+                    return p + i + 1;
+                }
+            } else if (--s->depth < 0) {
+                s->state = OUT_OF_STRING;
+                return p + i;
+            }
+        }
+        s->state = inside >> 63 ? IN_STRING : OUT_OF_STRING;
+        p += 64;
+    }
+    return p;
+}
+#endif
+
+static PyObject *scan(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start;
+    ScanState s = {-1, 0, 0, OUT_OF_STRING};
+    if (!PyArg_ParseTuple(args, "y*nnin", &view, &start, &s.depth, &s.state, &s.max_depth)) return NULL;
+    const unsigned char *data = view.buf;
+    Py_ssize_t end = view.len, p = start < 0 ? 0 : start > end ? end : start;
+#if defined(__SSE2__) && defined(__GNUC__)
+    p = scan_blocks(data, p, end, &s);
+    if (s.depth >= 0 && s.depth <= s.max_depth)
+#endif
+        p = scan_bytes(data, p, end, &s);
     PyBuffer_Release(&view);
-    return Py_BuildValue("nnni", cut, p, depth, state);
+    return Py_BuildValue("nnni", s.cut, p, s.depth, s.state);
 }
 
 static PyMethodDef module_methods[] = {
@@ -562,6 +634,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__eventloop(void) {
+    scan_classes();
     if (PyType_Ready(&LoopType) < 0) return NULL;
     STR_USER_ANNOTATION = PyUnicode_InternFromString("user_annotation");
     STR_CUDA_DRIVER = PyUnicode_InternFromString("cuda_driver");

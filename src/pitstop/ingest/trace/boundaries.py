@@ -26,7 +26,8 @@ def scan_python(
     text: bytes | bytearray | memoryview, start: int, depth: int, state: int, max_depth: int
 ) -> tuple[int, int, int, int]:
     """The reference scan (see the module's docstring)."""
-    end, p, cut = len(text), max(start, 0), -1
+    end, cut = len(text), -1
+    p = min(max(start, 0), end)
     while p < end:
         if state == AFTER_BACKSLASH:
             state, p = IN_STRING, p + 1
