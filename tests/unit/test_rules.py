@@ -275,3 +275,19 @@ def test_gpu_samples_outside_the_window_are_ignored() -> None:
         s.t = float(i)
     rank.window_start_t, rank.window_end_t = 5.0, 100.0
     assert diagnose(p).metrics.gpu_util == pytest.approx(0.9)
+
+
+def test_counts_and_steps_from_the_model_forward_are_said_in_the_notes() -> None:
+    from pitstop.profile import CountSource, StepBoundary
+
+    p = profile("cpu", steps())
+    assert not [n for n in diagnose(p).notes if "model's" in n]
+    rank = p.ranks[0]
+    rank.tokens_counted_from, rank.steps_delimited_by = CountSource.MODEL_INPUTS, StepBoundary.MODEL_FORWARD
+    rank.step_boundary_reason = "the optimizer steps inside backward (per-parameter gradient hooks)"
+    notes = diagnose(p).notes
+    assert any(n.startswith("tokens counted from the model's inputs") for n in notes)
+    assert (
+        "steps delimited by the model's forward, not Optimizer.step: the optimizer steps inside backward"
+        in (" ".join(notes))
+    )

@@ -13,7 +13,7 @@ from pitstop.diagnose.metrics import Metrics
 from pitstop.diagnose.ranks import RanksAnalysis, Scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.findings import Finding, rank_findings
-from pitstop.profile import RunProfile, to_jsonable
+from pitstop.profile import CountSource, RunProfile, StepBoundary, to_jsonable
 
 
 @dataclass
@@ -141,6 +141,26 @@ def diagnose(profile: RunProfile) -> Diagnosis:
         notes += [f"rank {rank.rank}: {e}" for e in rank.probe_errors]
     for window in ctx.results.gpus:
         notes += describe_stretches(window)
+    notes += counting_notes(profile)
     return Diagnosis(
         profile, ctx.metrics, rank_findings(ctx.earlier), skipped, notes, ctx.results, ctx.ranks, ctx.scaling
     )
+
+
+def counting_notes(profile: RunProfile) -> list[str]:
+    """Where the lowest measured rank's counts and step boundaries came from, when not the usual places."""
+    rank = next((r for r in profile.ranks if r.steps), None)
+    if rank is None:
+        return []
+    notes = []
+    if rank.tokens_counted_from == CountSource.MODEL_INPUTS:
+        notes.append(
+            "tokens counted from the model's inputs (no DataLoader batch carried them); the loop's own batch "
+            "building is not data wait but 'other'"
+        )
+    elif rank.tokens_counted_from == CountSource.UNKNOWN:
+        notes.append("neither the DataLoader's batches nor the model's inputs carried rows or tokens")
+    if rank.steps_delimited_by == StepBoundary.MODEL_FORWARD:
+        why = f": {rank.step_boundary_reason}" if rank.step_boundary_reason else ""
+        notes.append(f"steps delimited by the model's forward, not Optimizer.step{why}")
+    return notes
