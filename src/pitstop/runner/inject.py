@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pitstop
 from pitstop.probe.autoload import PTH_NAME
-from pitstop.probe.config import ENV_OUT, ProbeConfig
+from pitstop.probe.config import ProbeConfig
 
 DOCS = "docs/where-it-runs.md"
 _PYTHON = re.compile(r"^(python|pypy)(\d+(\.\d+)?)?$")
@@ -112,17 +112,3 @@ def blind_spot(command: Sequence[str], env: dict[str, str] | None = None) -> str
         f"pitstop cannot see inside this job: {why}; call pitstop.watch() in the script, drop the flag, "
         f"or install pitstop in that interpreter (see {DOCS})"
     )
-
-
-def deepspeed_env_lines(env: dict[str, str]) -> list[str]:
-    """The lines of a ``.deepspeed_env`` file (NAME=value, one a line) that carry pitstop to every node of
-    a multi-node ``deepspeed --hostfile`` run: the launcher forwards only some prefixes by itself."""
-    return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("PITSTOP_")]
-
-
-def pitstop_variables(env: dict[str, str]) -> dict[str, str]:
-    """pitstop's variables in an environment (what a launcher must pass to its workers)."""
-    return {k: v for k, v in env.items() if k.startswith("PITSTOP_")}
-
-
-__all__ = ["DOCS", "ENV_OUT", "blind_spot", "child_environment", "deepspeed_env_lines", "prepare_injection"]
