@@ -20,8 +20,6 @@ from typing import Any
 
 from pitstop.probe.timeline import BatchCounts
 
-IGNORE_INDEX = -100
-
 
 def _is_tensor(x: Any) -> bool:
     return hasattr(x, "dtype") and hasattr(x, "shape") and hasattr(x, "numel")
