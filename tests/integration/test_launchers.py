@@ -33,7 +33,9 @@ def test_job_that_resets_pythonpath_and_runs_python_E_is_observed_through_the_pt
     assert ranks(doc) == {0: 6}
 
 
-def test_pth_and_sitecustomize_both_present_arm_the_process_once(tmp_path: Path) -> None:
+def test_pth_and_sitecustomize_both_present_arm_the_process_once_and_python_I_still_arms(
+    tmp_path: Path,
+) -> None:
     from pitstop.runner.inject import prepare_injection
 
     inject = prepare_injection(tmp_path / "run")
@@ -41,6 +43,9 @@ def test_pth_and_sitecustomize_both_present_arm_the_process_once(tmp_path: Path)
     subprocess.run([sys.executable, "-c", "import torch"], env=env, check=True, timeout=120)
     armed = list((tmp_path / "run").glob("armed-*"))
     assert len(armed) == 1 and armed[0].read_text().splitlines()[-1] == "via pth"
+    # -I ignores PYTHONPATH (and so the sitecustomize) but not the environment the .pth reads
+    subprocess.run([sys.executable, "-I", "-c", "import torch"], env=env, check=True, timeout=120)
+    assert [p.read_text().splitlines()[-1] for p in (tmp_path / "run").glob("armed-*")] == ["via pth"] * 2
 
 
 def test_python_S_is_refused_before_the_run_with_what_to_do() -> None:
