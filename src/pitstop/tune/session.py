@@ -239,11 +239,17 @@ class Session:
         self.attn_target = attention_target(env.on_gpu, env.param_dtype, env.autocast_dtype)
         tol = self.tol = LOSS_RTOL_GPU if env.on_gpu else LOSS_RTOL
         proposals = propose(diagnosis, opts.also, opts.only, opts.skip)
+        # steps/s (a job whose tokens and rows are unknown) compares only windows of the same batch shape
+        unfit = [p for p in proposals if scout.rate_of == "steps" and p.remedy.changes_batch_shape]
+        proposals = [p for p in proposals if p not in unfit]
         plan = self._plan(proposals, scout)
         self.total = 2 + len(plan.tried) + len(plan.tried) // BASELINE_EVERY
         baselines: list[tuple[int, Window]] = [(0, scout)]  # (position among the windows, window)
         windows: list[tuple[Proposal, Window, int]] = []
-        not_tried: list[tuple[str, str]] = []
+        not_tried = [
+            (str(p.fix), "it changes the batch shape, and this job's windows compare on steps/s")
+            for p in unfit
+        ]
         for proposal in proposals:
             # a candidate before a closing baseline: drift is measured only with what is left
             if self.left_s() < self.window_s:
