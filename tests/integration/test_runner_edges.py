@@ -123,9 +123,13 @@ def test_a_failing_probe_never_takes_the_run_down() -> None:
     assert proc.returncode == 1
 
 
-def test_ctrl_c_ends_the_whole_process_group() -> None:
+def test_ctrl_c_ends_the_whole_process_group(tmp_path: Path) -> None:
     marker = f"--seed={424242 + os.getpid()}"  # this run's own: other checkouts may run this test at once
-    env = {**os.environ, "PITSTOP_CACHE": str(ROOT / ".pytest_cache" / "pitstop-cache")}
+    env = {
+        **os.environ,
+        "PITSTOP_CACHE": str(ROOT / ".pytest_cache" / "pitstop-cache"),
+        "TMPDIR": str(tmp_path),
+    }
     pitstop = start_as_at_a_terminal(
         [
             sys.executable,
@@ -153,7 +157,7 @@ def test_ctrl_c_ends_the_whole_process_group() -> None:
         ps = subprocess.run(["pgrep", "-f", "--", marker], capture_output=True, text=True)
         started = len(ps.stdout.split()) >= 3  # pitstop, the trainer and its DataLoader worker
     assert started
-    time.sleep(4)  # a few steps in
+    _wait_for_steps(tmp_path, 4)  # a few steps in (the rank file's step lines), however busy the machine
     pitstop.send_signal(signal.SIGINT)
     out, err = pitstop.communicate(timeout=30)
     assert pitstop.returncode == 130, err
@@ -163,6 +167,16 @@ def test_ctrl_c_ends_the_whole_process_group() -> None:
     assert (
         subprocess.run(["pgrep", "-f", "--", marker], capture_output=True).returncode == 1
     )  # nothing left running
+
+
+def _wait_for_steps(tmp_path: Path, steps: int, limit_s: float = 240) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        for path in tmp_path.glob("pitstop-*/rank-*.jsonl"):
+            if path.read_text(errors="replace").count('"kind":"step"') >= steps:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"the job did not reach {steps} steps")
 
 
 def test_causes_command_lists_the_catalogue() -> None:
