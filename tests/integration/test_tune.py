@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SCRIPTS, SHARED, run_pitstop
+from tests.conftest import SCRIPTS, require_shared, run_pitstop
 
 pytestmark = pytest.mark.slow
 
@@ -155,12 +155,12 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         assert message in lines[-1] and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.skipif(not (SHARED / "datasets").exists(), reason="needs ../shared/data/datasets")
 def test_a_trainer_script_written_without_pitstop(tmp_path: Path) -> None:
     """tests/scripts/external/hf_trainer_alpaca.py was written independently: a Trainer with
     DataCollatorForLanguageModeling (padding to each batch's longest). Grouping and packing cut padding.
     Sixteen rows up to 256 tokens are a third padding (est. ×1.5): at the script's defaults (4 × 128,
     13% padding) packing's gain was within a busy machine's noise and once measured ×0.93."""
+    require_shared("datasets")
     doc, _ = tune(
         tmp_path,
         "--",
