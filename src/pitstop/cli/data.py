@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
+from pitstop.report.untrusted import markup
 
 app = typer.Typer(
     help="Pre-tokenize once, pack without cross-contamination, measure padding.", no_args_is_help=True
@@ -123,17 +124,17 @@ def _build(
             workers=workers,
             skip_bad=skip_bad,
             on_progress=lambda n: progress.advance(task, n),
-            on_note=lambda text: progress.console.print(f"[yellow]{text}[/yellow]"),
+            on_note=lambda text: progress.console.print(f"[yellow]{markup(text)}[/yellow]"),
         )
 
 
 def _write_json(path: Path | None, doc: dict[str, object]) -> None:
     if path is None:
         return
-    try:
-        path.write_text(json.dumps(doc, indent=1))
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror or exc}", 1) from None
+    from pitstop.cli.outputs import check_target, write_output
+
+    check_target(path, "--json")
+    write_output(path, json.dumps(doc, indent=1))
 
 
 @app.command()
@@ -214,7 +215,7 @@ def cache(
     m = built.meta
     seconds = time.perf_counter() - started
     Console().print(
-        f"{path}: {m.examples:,} examples, {m.tokens:,} tokens ({m.trained_tokens:,} trained on), "
+        f"{markup(path)}: {m.examples:,} examples, {m.tokens:,} tokens ({m.trained_tokens:,} trained on), "
         f"{m.token_dtype}, {seconds:.1f} s" + (f"; {m.skipped} examples skipped" if m.skipped else "")
     )
 

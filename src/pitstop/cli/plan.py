@@ -9,10 +9,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pitstop.cli.errors import UserError
 from pitstop.plan.build import PlanRequest, build_plan
 from pitstop.plan.memory import GIB, Setup, held_after_forward
 from pitstop.plan.planner import Plan
+from pitstop.report.untrusted import as_text, markup
 
 
 def render_plan(plan: Plan, console: Console | None = None) -> None:
@@ -20,7 +20,7 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
     s = plan.setup
     gib = plan.mem.gib()
     head = (
-        f"[bold]{plan.name}[/bold] on {s.gpus}× {plan.gpu.key} ({plan.gpu.memory_gib:.1f} GiB)"
+        f"[bold]{markup(plan.name)}[/bold] on {s.gpus}× {plan.gpu.key} ({plan.gpu.memory_gib:.1f} GiB)"
         + (f" over {s.nodes} nodes" if s.nodes > 1 else "")
         + f": {s.method} "
         f"fine-tune, {plan.params.total / 1e9:.2f}B params ({plan.params.trainable / 1e6:,.1f}M trained), "
@@ -70,11 +70,15 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
         alt.add_column(col)
     for a in plan.alternatives:
         alt.add_row(
-            a.change, f"{a.memory_gib:.1f}", "yes" if a.fits else "no", f"{a.est_slowdown:.2f}", a.basis
+            as_text(a.change),
+            f"{a.memory_gib:.1f}",
+            "yes" if a.fits else "no",
+            f"{a.est_slowdown:.2f}",
+            as_text(a.basis),
         )
     console.print(alt)
     for note in plan.notes:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {markup(note)}[/dim]")
 
 
 def _sharding_words(s: Setup) -> str:
@@ -136,11 +140,12 @@ def render_comm(comm: dict[str, Any], console: Console) -> None:
 
 
 def run_plan(json_out: Path | None, **kwargs: object) -> int:
+    from pitstop.cli.outputs import check_target, is_stdout, write_output
+
+    if json_out is not None:
+        check_target(json_out, "--json")
     plan = build_plan(PlanRequest(**kwargs))  # type: ignore[arg-type]
     if json_out is not None:
-        try:
-            json_out.write_text(json.dumps(plan.to_dict(), indent=1))
-        except OSError as exc:
-            raise UserError(f"cannot write {json_out}: {exc.strerror or exc}", 1) from None
-    render_plan(plan)
+        write_output(json_out, json.dumps(plan.to_dict(), indent=1))
+    render_plan(plan, Console(stderr=is_stdout(json_out)))
     return 0
