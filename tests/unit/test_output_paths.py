@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-import sys
 import threading
 from pathlib import Path
 
 import pytest
+from tests.inprocess import cli
 
 from pitstop.atomic import target_kind, write_atomic
 from pitstop.cli.errors import UserError
@@ -26,23 +26,6 @@ SMI = "timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.to
     f"2024/01/01 10:00:{s:02d}.000, 0, NVIDIA H100 80GB HBM3, {40 + s} %, 1000 MiB, 81559 MiB\n"
     for s in range(10)
 )
-
-
-def cli(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str
-) -> tuple[int, str, str]:
-    """``pitstop ARGS`` in this process: (exit code, stdout, stderr)."""
-    from pitstop.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["pitstop", *args])
-    monkeypatch.setenv("COLUMNS", "200")
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -11,6 +11,13 @@ from pitstop.cli.outputs import Outputs
 
 
 def read_result(path: Path) -> Any:
+    """The saved document; a FIFO, device or folder is refused before it is opened (a FIFO would hang),
+    and JSON nested beyond Python's recursion limit is one line, not a RecursionError."""
+    from pitstop.ingest.readers import regular_problem
+
+    problem = regular_problem(path) if not path.is_dir() else None
+    if problem is not None:
+        raise UserError(problem)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -23,6 +30,8 @@ def read_result(path: Path) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise UserError(f"{path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply to be a pitstop result") from None
 
 
 def run_report(path: Path, html: Path | None, tensorboard: Path | None) -> int:

@@ -54,7 +54,7 @@ def git_head(start: Path | None = None) -> tuple[str | None, str | None]:
     """
     try:
         git_dir = _git_dir((start or Path.cwd()).resolve())
-        if git_dir is None:
+        if git_dir is None or not (git_dir / "HEAD").is_file():  # is_file: a FIFO would block the read
             return None, None
         head = (git_dir / "HEAD").read_text(errors="replace").strip()
         if head.startswith("ref:"):

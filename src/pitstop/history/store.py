@@ -30,9 +30,11 @@ from pitstop.history.errors import HistoryError
 from pitstop.history.fingerprint import canonical_json, fingerprint_of
 from pitstop.history.gitinfo import git_head, resolve_label
 from pitstop.history.paths import resolve_path
+from pitstop.ingest.readers import regular_problem
 
 APPLICATION_ID = 0x50495453  # "PITS": marks the file as a pitstop history
 BUSY_TIMEOUT_S = 30.0
+MAX_ID = 2**63 - 1  # SQLite's largest integer: a larger id would overflow the query's parameter
 _MAGIC = b"SQLite format 3\x00"
 _HEADER = 100
 
@@ -206,8 +208,13 @@ def _too_new(version: int) -> str:
 
 
 def _check_file(path: Path) -> None:
+    """Refuse, before anything opens it, what is not a regular file: a FIFO would block the open forever
+    (the trace readers' own check), a folder or device is no history."""
     if path.is_dir():
         raise HistoryError(f"{path}: is a folder, not a history file")
+    problem = regular_problem(path, empty_ok=True)
+    if problem is not None:
+        raise HistoryError(f"{problem}; left untouched")
     for attempt in range(3):
         problem = _header_problem(path)
         if problem is None:
@@ -448,7 +455,9 @@ class HistoryStore:
         return RunList(self._record(r) for r in self._query(sql, params))
 
     def get(self, run_id: int) -> RunRecord | None:
-        """One run with its whole document, or ``None``."""
+        """One run with its whole document, or ``None`` (an id beyond SQLite's 64-bit integers included)."""
+        if not 0 <= run_id <= MAX_ID:
+            return None
         rows = self._query(f"SELECT {_SUMMARY_COLUMNS}, result_json FROM runs WHERE id = ?", (run_id,))
         return self._record(rows[0]) if rows else None
 

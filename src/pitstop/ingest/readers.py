@@ -35,17 +35,32 @@ def _file_type(mode: int) -> str:
     return "not a regular file"
 
 
-def check_regular(path: Path) -> os.stat_result:
-    """The file's status (links followed), or a one-line IngestError when it is not a non-empty regular file."""
+def regular_problem(path: Path, *, empty_ok: bool = False) -> str | None:
+    """Why ``path`` (links followed) is not a file pitstop may open for reading, as a one-line message
+    naming it, or ``None``. Every reader asks this first: the history, rank files, configs, saved results.
+    A missing file is ``None`` here (the caller decides what missing means)."""
     try:
         info = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}: cannot open ({exc.strerror or exc})"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path}: {_file_type(info.st_mode)}, not a file pitstop reads"
+    if info.st_size == 0 and not empty_ok:
+        return f"{path}: empty file (or a pseudo-file of /proc or /sys, which reports 0 bytes)"
+    return None
+
+
+def check_regular(path: Path) -> os.stat_result:
+    """The file's status (links followed), or a one-line IngestError when it is not a non-empty regular file."""
+    problem = regular_problem(path)
+    if problem is not None:
+        raise IngestError(problem)
+    try:
+        return path.stat()
     except OSError as exc:
         raise IngestError(f"{path}: cannot open ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise IngestError(f"{path}: {_file_type(info.st_mode)}, not a file pitstop reads")
-    if info.st_size == 0:
-        raise IngestError(f"{path}: empty file (or a pseudo-file of /proc or /sys, which reports 0 bytes)")
-    return info
 
 
 def is_gzip(path: Path) -> bool:
