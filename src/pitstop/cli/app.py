@@ -38,7 +38,10 @@ TimeoutOpt = Annotated[float | None, typer.Option(help="Stop the command after t
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    typer.secho(f"pitstop: {message}", err=True, fg="red")
+    """One line on stderr (control characters from paths or files written out as escapes) and the code."""
+    from pitstop.report.untrusted import shown
+
+    typer.secho(f"pitstop: {shown(message)}", err=True, fg="red")
     return typer.Exit(code)
 
 
@@ -470,19 +473,22 @@ def main() -> None:
             typer.Typer(help="Pre-tokenize once, pack without cross-contamination, measure padding."),
             name="data",
         )
+    from pitstop.report.untrusted import shown
+
     try:
         app()
     except KeyboardInterrupt:
         typer.secho("pitstop: interrupted", err=True, fg="red")
         sys.exit(130)
     except PitstopError as exc:
-        typer.secho(f"pitstop: {exc}", err=True, fg="red")
+        typer.secho(f"pitstop: {shown(exc)}", err=True, fg="red")
         sys.exit(exc.code)
     except Exception as exc:  # a bug in pitstop: one line, unless asked for the traceback
         if os.environ.get("PITSTOP_DEBUG"):
             raise
         typer.secho(
-            f"pitstop: internal error: {type(exc).__name__}: {exc} (PITSTOP_DEBUG=1 shows more)",
+            f"pitstop: internal error: {type(exc).__name__}: {shown(exc, one_line=True)} "
+            "(PITSTOP_DEBUG=1 shows more)",
             err=True,
             fg="red",
         )

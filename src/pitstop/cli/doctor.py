@@ -8,7 +8,6 @@ import tempfile
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from pitstop.cli.errors import UserError
@@ -18,6 +17,7 @@ from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.stopping import WindowRule
 from pitstop.report.live import small_window_steps
 from pitstop.report.terminal import render
+from pitstop.report.untrusted import markup
 from pitstop.runner.inject import blind_spot
 from pitstop.runner.measure import Measurement, StepWindow, measure
 from pitstop.wholerun.run import WholeRun
@@ -53,7 +53,7 @@ def measure_and_diagnose(
         hint = "\n" + "\n".join("  | " + line for line in tail) if tail else ""
         raise UserError((result.message or "nothing measured") + hint, result.exit_code)
     if result.message:
-        console.print(f"[yellow]pitstop: {escape(result.message)}[/yellow]", soft_wrap=True)
+        console.print(f"[yellow]pitstop: {markup(result.message)}[/yellow]", soft_wrap=True)
     diagnosis = diagnose(result.profile)
     diagnosis.profile.exit_code = result.exit_code
     return diagnosis
@@ -110,7 +110,7 @@ def run_doctor(
     diagnosis = _with_single_rank_reference(diagnosis, outputs)
     doc = diagnosis.to_dict()
     outputs.write(doc)
-    render(diagnosis)
+    render(diagnosis, outputs.terminal())
     outputs.remember(doc, "doctor")
     return diagnosis.profile.exit_code or 0
 
@@ -156,15 +156,15 @@ def run_demo(
     doc = slow.to_dict()
     if not fixed:
         outputs.write(doc)
-        render(slow)
+        render(slow, outputs.terminal())
         outputs.remember(doc, "demo")
         return 0
     fast = measure_and_diagnose(demo_command(True), steps, warmup, quiet, "demo: with the fixes")
     comparison = compare(slow, fast)
     outputs.write(doc | {"demo_comparison": comparison, "fixed": fast.to_dict()})
-    render(slow)
+    render(slow, outputs.terminal())
     outputs.remember(doc, "demo")
-    out = Console()
+    out = outputs.terminal()
     left = ", ".join(f"{f.cause} ({f.severity})" for f in fast.findings) or "no finding"
     out.print(
         f"[bold]With the fixes[/bold] (pre-tokenized, packed, SDPA; on a GPU also workers, bf16): {left}."

@@ -13,6 +13,7 @@ import typer
 
 from pitstop.cli.errors import UserError
 from pitstop.history import HistoryError, HistoryStore, RunRecord, open_store
+from pitstop.report.untrusted import as_text, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,7 +34,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a 
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.secho(f"pitstop: {message}", err=True, fg="red")
+    typer.secho(f"pitstop: {shown(message)}", err=True, fg="red")
     return typer.Exit(code)
 
 
@@ -92,11 +93,11 @@ def list_runs(
         typer.echo(json.dumps([r.to_dict() for r in runs], indent=1))
         return
     if not runs:
-        typer.echo(f"no runs recorded in {store.path}")
+        typer.echo(f"no runs recorded in {shown(store.path)}")
         return
     from rich.table import Table
 
-    table = Table(caption=str(store.path), show_edge=False)
+    table = Table(caption=as_text(store.path), show_edge=False)
     table.add_column("id", justify="right", no_wrap=True)
     table.add_column("when", no_wrap=True, min_width=11)
     table.add_column("kind", min_width=6)
@@ -108,11 +109,11 @@ def list_runs(
     for r in runs:
         table.add_row(
             str(r.id),
-            _when(r.created_at, short=True),
-            r.kind,
-            r.label or "–",
-            _short(r.command),
-            r.fingerprint,
+            as_text(_when(r.created_at, short=True)),
+            as_text(r.kind),
+            as_text(r.label or "–"),
+            as_text(_short(r.command), one_line=True),
+            as_text(r.fingerprint),
             format_metric("real_tokens_per_s", r.real_tokens_per_s),
             format_metric("mfu", r.mfu),
         )
@@ -157,7 +158,7 @@ def show(
         fixes = best.get("fixes") or ([best["fix"]] if best.get("fix") else [])
         rows.append(("best", f"×{best['speedup']:.2f} with {', '.join(map(str, fixes)) or '?'}"))
     for field, value in rows:
-        table.add_row(field, value)
+        table.add_row(as_text(field), as_text(value))
     _console().print(table)
 
 
@@ -182,31 +183,38 @@ def compare(
         run_a, run_b = _require(store, a), _require(store, b)
     if json_file is not None:
         doc = {"schema": "pitstop.history/1", "runs": [run_a.to_dict(), run_b.to_dict()]}
+        from pitstop.cli.outputs import check_target, write_output
+
         try:
-            json_file.write_text(json.dumps(doc, indent=1, default=str))
-        except OSError as exc:
-            raise _fail(f"cannot write {json_file}: {exc.strerror or exc}") from None
+            check_target(json_file, "--json")
+            write_output(json_file, json.dumps(doc, indent=1, default=str))
+        except UserError as exc:
+            raise _fail(str(exc), exc.code) from None
     differ = fingerprint_diff(run_a.fingerprint_fields, run_b.fingerprint_fields)
     table = Table(title=f"run #{a} vs run #{b}")
     for name in ("", f"A  #{a}", f"B  #{b}", "B/A"):
         table.add_column(name, justify="left" if not name or name.startswith("A") else "right")
-    table.add_row("kind", run_a.kind, run_b.kind, "")
-    table.add_row("label", run_a.label or "–", run_b.label or "–", "")
-    table.add_row("fingerprint", run_a.fingerprint, run_b.fingerprint, "")
+    table.add_row("kind", as_text(run_a.kind), as_text(run_b.kind), "")
+    table.add_row("label", as_text(run_a.label or "–"), as_text(run_b.label or "–"), "")
+    table.add_row("fingerprint", as_text(run_a.fingerprint), as_text(run_b.fingerprint), "")
     flat_a, flat_b = flatten(run_a.fingerprint_fields), flatten(run_b.fingerprint_fields)
     for key in sorted(set(flat_a) | set(flat_b)):
         style = "bold yellow" if key in differ else None
         mark = "≠" if key in differ else ""
-        table.add_row(f"  {key}", str(flat_a.get(key, "–")), str(flat_b.get(key, "–")), mark, style=style)
+        cells = (as_text(f"  {key}"), as_text(flat_a.get(key, "–")), as_text(flat_b.get(key, "–")))
+        table.add_row(*cells, mark, style=style)
     for row in metric_rows(run_a, run_b):
         ratio = "–" if row.ratio is None else f"×{row.ratio:.2f}"
         table.add_row(
-            METRIC_NAMES[row.name], format_metric(row.name, row.a), format_metric(row.name, row.b), ratio
+            METRIC_NAMES[row.name],
+            as_text(format_metric(row.name, row.a)),
+            as_text(format_metric(row.name, row.b)),
+            ratio,
         )
     _console().print(table)
     if differ:
         typer.secho(
-            f"pitstop: warning: the runs have different setups ({', '.join(differ)} differ); "
+            f"pitstop: warning: the runs have different setups ({shown(', '.join(differ))} differ); "
             "the numbers are not directly comparable",
             err=True,
             fg="yellow",
@@ -251,4 +259,4 @@ def check_run(
         message += f" (note: baseline run #{base.id} has a different setup: {differ})"
     if verdict.regression:
         raise _fail(f"regression: {message}", 1)
-    typer.echo(f"ok: {message}")
+    typer.echo(f"ok: {shown(message)}")

@@ -98,7 +98,9 @@ class Outputs:
             write_output(self.html, html)
             if not is_stdout(self.html):
                 where = escape(shown(str(self.html)))
-                console.print(f"[dim]report written to {where} ({len(html) / 1024:,.0f} KiB)[/dim]")
+                console.print(
+                    f"[dim]report written to {where} ({len(html) / 1024:,.0f} KiB)[/dim]", soft_wrap=True
+                )
         if self.tensorboard is not None:
             from pitstop.report.tensorboard import write_tensorboard
 
@@ -107,7 +109,9 @@ class Outputs:
             except (OverflowError, RecursionError) as exc:
                 raise UserError(_damaged(exc)) from None
             where = escape(shown(str(self.tensorboard)))
-            console.print(f"[dim]{count:,} scalars written for TensorBoard under {where}[/dim]")
+            console.print(
+                f"[dim]{count:,} scalars written for TensorBoard under {where}[/dim]", soft_wrap=True
+            )
 
     def remember(self, doc: dict[str, Any], kind: str) -> int | None:
         """Record the result in the history. Storing it must never cost the result: a history that cannot

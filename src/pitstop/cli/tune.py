@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import TaskID
 from rich.syntax import Syntax
 from rich.table import Table
@@ -13,6 +12,7 @@ from rich.table import Table
 from pitstop.cli.errors import UserError
 from pitstop.cli.outputs import Outputs
 from pitstop.cli.progress import steps_bar
+from pitstop.report.untrusted import markup
 from pitstop.tune.proposals import tunable, unknown_fixes
 from pitstop.tune.session import TuneError, TuneOptions, TuneResult, tune
 from pitstop.tune.window import Window
@@ -65,7 +65,7 @@ class RichProgress:
     def window(self, label: str, index: int, total: int) -> None:
         if self.task is not None:
             self.bar.remove_task(self.task)
-        self.task = self.bar.add_task(f"window {index}/{total}: {label}", total=self.total_steps)
+        self.task = self.bar.add_task(f"window {index}/{total}: {markup(label)}", total=self.total_steps)
 
     def step(self, step: int) -> None:
         if self.task is not None:
@@ -73,15 +73,15 @@ class RichProgress:
 
     def note(self, text: str) -> None:
         """The budget plan, said once the first window has shown the job's pace."""
-        self.console.print(f"  [bold]plan:[/bold] {escape(text)}", soft_wrap=True)
+        self.console.print(f"  [bold]plan:[/bold] {markup(text)}", soft_wrap=True)
 
     def done(self, label: str, window: Window) -> None:
         if window.ok:
             spread = f" ±{window.spread:.1%}" if window.spread is not None else ""
             text = f"{window.real_tokens_per_s:,.0f} real tokens/s{spread} ({window.seconds:.0f} s)"
         else:
-            text = f"[red]{escape(window.error or '')}[/red]"
-        self.console.print(f"  {escape(label)}: {text}", soft_wrap=True)
+            text = f"[red]{markup(window.error or '')}[/red]"
+        self.console.print(f"  {markup(label)}: {text}", soft_wrap=True)
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -130,11 +130,11 @@ def render(result: TuneResult, console: Console | None = None) -> None:
     out.print(result_table(result))
     for v in result.verdicts:
         if not v.kept and v.speedup is None:
-            out.print(f"  [dim]{v.fix}: {v.status}: {escape(v.reason)}[/dim]", soft_wrap=True)
+            out.print(f"  [dim]{v.fix}: {v.status}: {markup(v.reason)}[/dim]", soft_wrap=True)
     for fix, why in result.not_tried:
-        out.print(f"  [dim]{fix}: not tried: {escape(why)}[/dim]", soft_wrap=True)
+        out.print(f"  [dim]{fix}: not tried: {markup(why)}[/dim]", soft_wrap=True)
     for note in result.notes:
-        out.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
+        out.print(f"[yellow]note:[/yellow] {markup(note)}", soft_wrap=True)
     best = result.best
     if best is None:
         out.print(no_gain_verdict(result), soft_wrap=True)
@@ -146,13 +146,13 @@ def render(result: TuneResult, console: Console | None = None) -> None:
         soft_wrap=True,
     )
     for change in best.changes:
-        out.print(f"\n[bold]{change.fix}[/bold]: {escape(change.text)}", soft_wrap=True)
+        out.print(f"\n[bold]{change.fix}[/bold]: {markup(change.text)}", soft_wrap=True)
         out.print(
             Syntax(change.snippet, "python", theme="ansi_dark", background_color="default", word_wrap=True)
         )
     if result.redirected:
         out.print(
-            f"\n[dim]During trials the job's files went to a scratch folder (removed): {escape(result.redirected[0])}[/dim]"
+            f"\n[dim]During trials the job's files went to a scratch folder (removed): {markup(result.redirected[0])}[/dim]"
         )
 
 
@@ -182,7 +182,7 @@ def run_tune(command: list[str], options: TuneOptions, outputs: Outputs) -> Tune
     outputs.check()
     console = Console(stderr=True)
     console.print(
-        f"pitstop tune: {' '.join(command)}\n"
+        f"pitstop tune: {markup(' '.join(command), one_line=True)}\n"
         f"  {window_words(options)}, budget {options.budget_s / 60:.0f} min",
         soft_wrap=True,
     )
@@ -194,6 +194,6 @@ def run_tune(command: list[str], options: TuneOptions, outputs: Outputs) -> Tune
         raise UserError(str(exc), 1) from None
     doc = result.to_dict()
     outputs.write(doc)
-    render(result)
+    render(result, outputs.terminal())
     outputs.remember(doc, "tune")
     return result

@@ -17,6 +17,7 @@ from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
 from pitstop.report.terminal import render
 from pitstop.report.trackers import TrackerError, open_trackers, parse_report_to
+from pitstop.report.untrusted import as_text, markup
 from pitstop.runner.collect import collect
 from pitstop.runner.launch import run_observed
 from pitstop.wholerun.run import WholeRun, WholeRunReport
@@ -76,8 +77,8 @@ def run_watch(command: list[str], options: WatchOptions, outputs: Outputs) -> in
             t.finish(report, diagnosis.findings)
         doc = diagnosis.to_dict() | {"watch": report.to_dict()}
         outputs.write(doc)
-        render(diagnosis)
-        print_report(report)
+        render(diagnosis, outputs.terminal())
+        print_report(report, outputs.terminal())
         outputs.remember(doc, "watch")
         return diagnosis.profile.exit_code or 0
     finally:
@@ -90,7 +91,7 @@ def _diagnosis(launch: object, warmup: int, out: Path) -> Diagnosis:
     if outcome.profile is None:
         raise UserError(outcome.message or "nothing measured", outcome.exit_code)
     if outcome.message:
-        Console(stderr=True).print(f"[yellow]pitstop: {outcome.message}[/yellow]", soft_wrap=True)
+        Console(stderr=True).print(f"[yellow]pitstop: {markup(outcome.message)}[/yellow]", soft_wrap=True)
     diagnosis = diagnose(outcome.profile)
     diagnosis.profile.exit_code = outcome.exit_code
     return diagnosis
@@ -101,4 +102,4 @@ def print_report(report: WholeRunReport, console: Console | None = None) -> None
     out.rule("[bold]Whole run[/bold]", align="left")
     for line in report.lines():
         style = "yellow" if line.startswith(("change", "periodic")) else None
-        out.print(line, style=style, soft_wrap=True, highlight=False)
+        out.print(as_text(line), style=style, soft_wrap=True, highlight=False)

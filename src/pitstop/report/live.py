@@ -15,6 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from pitstop.report.untrusted import as_text, shown
 from pitstop.wholerun.changes import Change
 from pitstop.wholerun.run import Event
 from pitstop.wholerun.windows import WindowSummary
@@ -61,11 +62,11 @@ def window_line(w: WindowSummary, command: str = "watch") -> str:
     if w.mfu is not None:
         parts.append(f"MFU {_pct(w.mfu)}")
     top = w.findings[0].cause if w.findings else "no finding"
-    return f"{prefix(command)} " + ", ".join(parts) + f"; top: {top}"
+    return f"{prefix(command)} " + ", ".join(parts) + f"; top: {shown(top, one_line=True)}"
 
 
 def change_line(c: Change, command: str = "watch") -> str:
-    return f"{prefix(command)} CHANGE ({c.kind}) {c.text}"
+    return f"{prefix(command)} CHANGE ({c.kind}) {shown(c.text, one_line=True)}"
 
 
 class View(Protocol):
@@ -128,9 +129,9 @@ class PanelState:
             if now.gpu_util is not None or now.mfu is not None:
                 grid.add_row("GPU", f"utilization {_pct(now.gpu_util)} · MFU {_pct(now.mfu)}")
             top = now.findings[0] if now.findings else None
-            grid.add_row("top finding", "none" if top is None else f"{top.cause} ({top.severity})")
+            grid.add_row("top finding", as_text("none" if top is None else f"{top.cause} ({top.severity})"))
         if self.latest_change is not None:
-            grid.add_row("last change", Text(self.latest_change.text, style="yellow"))
+            grid.add_row("last change", as_text(self.latest_change.text, style="yellow"))
         return Panel(grid, title=f"pitstop {self.command}", title_align="left", expand=False)
 
     def take(self, events: list[Event]) -> list[Change]:
@@ -170,7 +171,7 @@ class LiveView(PanelState):
 
     def events(self, events: list[Event]) -> None:
         for c in self.take(events):
-            self.live.console.print(Text(change_line(c, self.command), style="yellow"))
+            self.live.console.print(Text(change_line(c, self.command), style="yellow"))  # already shown()
         self.live.update(self._panel())
 
     def job_output(self, text: str) -> None:
