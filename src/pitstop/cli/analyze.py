@@ -20,6 +20,20 @@ def _trace_progress(done: int, total: int, name: str) -> str:
     return f"traces {'█' * filled}{'░' * (width - filled)} {done}/{total} ({name})"
 
 
+DASK_EXTRA = "pip install 'pitstop[dask]'"
+
+
+def _require_dask() -> None:
+    """``--dask`` without the extra: one line naming it, before any file is read."""
+    try:
+        import dask.distributed  # noqa: F401
+    except ImportError as exc:
+        missing = exc.name or "dask.distributed"
+        raise UserError(
+            f"--dask needs dask and distributed ({missing} is not installed): {DASK_EXTRA}", 2
+        ) from None
+
+
 def run_analyze(
     paths: list[Path],
     gpu: str | None,
@@ -31,6 +45,8 @@ def run_analyze(
     dask: str | None = None,
 ) -> int:
     outputs.check()
+    if dask is not None:
+        _require_dask()
     console = Console(stderr=True)
     inputs = Inputs(
         paths=paths, gpu=gpu, gpus=gpus, model=model, configs_only=configs_only, jobs=jobs, dask=dask
@@ -47,7 +63,7 @@ def run_analyze(
     diagnosis = diagnose(profile)
     doc = diagnosis.to_dict() | {"inputs": inputs.kinds}
     outputs.write(doc)
-    render(diagnosis)
+    render(diagnosis, outputs.terminal())
     if diagnosis.metrics.real_tokens_per_s is not None:  # only a measured throughput belongs in the history
         outputs.remember(doc, "analyze")
     return 0

@@ -44,8 +44,21 @@ RANGES = {
     "power": (0.0, 1e5),  # W
     "clock": (0.0, 1e5),  # MHz
 }
-TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S")
+TIME_FORMATS = (
+    "%Y/%m/%d %H:%M:%S.%f",
+    "%Y/%m/%d %H:%M:%S",
+    "%Y-%m-%d %H:%M:%S.%f",
+    "%Y-%m-%d %H:%M:%S",
+    "%d.%m.%Y %H:%M:%S.%f",  # a European log line (date written day first, with dots)
+    "%d.%m.%Y %H:%M:%S",
+)
+TIME_FORMS = (
+    "YYYY/MM/DD HH:MM:SS[.fff], ISO-8601 (YYYY-MM-DDTHH:MM:SS[.fff][Z|±HH:MM]) or DD.MM.YYYY HH:MM:SS"
+)
 MIB = 2**20
+# memory columns in another unit than nvidia-smi's MiB (a converted log, another tool's CSV): to MiB
+MEMORY_UNITS = {"kib": 1 / 1024, "mib": 1.0, "gib": 1024.0, "tib": 1024.0**2, "kb": 1e3 / MIB, "mb": 1e6 / MIB,
+                "gb": 1e9 / MIB, "tb": 1e12 / MIB}  # fmt: skip
 
 
 @dataclass
@@ -103,11 +116,11 @@ def _infer_roles(row: list[str]) -> list[str | None]:
     for value in row:
         v = value.strip()
         role: str | None = None
-        if re.match(r"\d{4}[/-]\d{2}[/-]\d{2} ", v):
+        if re.match(r"\d{4}[/-]\d{2}[/-]\d{2}[ T]|\d{2}\.\d{2}\.\d{4} ", v):
             role = "time"
         elif v.endswith(" %"):
             role = "util" if "util" not in seen else None
-        elif v.endswith(" MiB"):
+        elif re.search(r" [KMGT]i?B$", v):
             role = (
                 "mem_used" if "mem_used" not in seen else ("mem_total" if "mem_total" not in seen else None)
             )
@@ -139,16 +152,42 @@ def _number(value: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def _unit(header: str) -> str | None:
+    """The unit a header names in brackets (``memory.used [GiB]`` -> ``gib``), lower-cased."""
+    m = re.search(r"\[\s*([^\]]*?)\s*\]\s*$", header)
+    return m.group(1).lower() if m else None
+
+
+MEMORY = re.compile(r"(-?\d+(?:\.\d+)?)\s*([KMGT]i?B)?", re.I)
+
+
 class _Bad:
-    """Counts cells whose number is outside what the column can hold."""
+    """Counts cells whose number is outside what the column can hold, and memory in a unit not known."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.units: set[str] = set()  # memory units that could not be converted (the column is then left out)
+
+    def memory(self, value: str, unit: str | None) -> float | None:
+        """MiB, from a value in the unit it carries, else the header's, else nvidia-smi's MiB."""
+        v = value.strip()
+        if not v or v.startswith("[") or v.upper() in ("N/A", "NA"):
+            return None
+        m = MEMORY.fullmatch(v)
+        if m is None:
+            return None
+        name = (m.group(2) or unit or "mib").lower()
+        factor = MEMORY_UNITS.get(name)
+        if factor is None:
+            self.units.add(name)
+            return None
+        return self.ranged(float(m.group(1)) * factor, "mem")
 
     def __call__(self, value: str, what: str) -> float | None:
         number = _number(value)
-        if number is None:
-            return None
+        return None if number is None else self.ranged(number, what)
+
+    def ranged(self, number: float, what: str) -> float | None:
         low, high = RANGES[what]
         if not low <= number <= high:
             self.count += 1
@@ -194,7 +233,10 @@ def _time(value: str) -> float | None:
             return datetime.strptime(v, fmt).timestamp()
         except (ValueError, OverflowError, OSError):
             continue
-    return None
+    try:  # ISO-8601: 2024-01-01T10:00:00.123, with Z or an offset (Python 3.11 reads them all)
+        return datetime.fromisoformat(v).timestamp() if "T" in v else None
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def read_smi(path: Path) -> SmiLog:
@@ -226,27 +268,59 @@ def _columns(path: Path, reader: Iterator[list[str]]) -> tuple[list[str], bool, 
     return first, header, roles
 
 
+@dataclass
+class _Skipped:
+    """Rows left out, by why: too many cells (decimal commas), too few, a timestamp not read, no number."""
+
+    wider: int = 0
+    narrower: int = 0
+    bad_time: int = 0
+    first_bad_time: str = ""
+    no_value: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.wider + self.narrower + self.bad_time + self.no_value
+
+    def reasons(self) -> list[str]:
+        out = []
+        if self.bad_time:
+            out.append(
+                f"{self.bad_time} with a timestamp pitstop cannot read ({self.first_bad_time[:40]!r}; "
+                f"it reads {TIME_FORMS})"
+            )
+        if self.wider:
+            out.append(
+                f"{self.wider} with more cells than the header (a decimal-comma locale? log with LC_ALL=C)"
+            )
+        if self.narrower:
+            out.append(f"{self.narrower} with fewer cells than the header (a truncated line?)")
+        if self.no_value:
+            out.append(f"{self.no_value} with neither a utilization nor a memory number")
+        return out
+
+
 def _log(
     path: Path,
     by_gpu: dict[str, GpuTimeline],
     times: list[float],
-    skipped: int,
+    skipped: _Skipped,
     beyond: int,
-    out_of_range: int,
+    bad: _Bad,
 ) -> SmiLog:
     """The GPUs in index order, the sampling interval, and a note for each kind of row or value left out."""
     gpus = sorted(by_gpu.values(), key=lambda g: (len(g.key), g.key))
+    out_of_range = bad.count
     if not gpus:
-        why = (
-            f" ({skipped} did not match the header: a decimal-comma locale? log with LC_ALL=C)"
-            if skipped
-            else ""
-        )
+        why = f" ({'; '.join(skipped.reasons())})" if skipped.total else ""
         raise IngestError(f"{path}: no readable rows{why}")
-    log = SmiLog(gpus=gpus, interval_s=_interval(times, len(gpus)), skipped_rows=skipped)
-    if skipped:
+    log = SmiLog(gpus=gpus, interval_s=_interval(times, len(gpus)), skipped_rows=skipped.total)
+    if skipped.total:
+        log.notes.append(f"{path.name}: {skipped.total} rows skipped: {'; '.join(skipped.reasons())}")
+    if bad.units:
         log.notes.append(
-            f"{path.name}: {skipped} rows skipped (did not match the columns; a decimal-comma locale?)"
+            f"{path.name}: memory in {', '.join(sorted(bad.units))} is not a unit pitstop converts; "
+            "memory left out (log it in MiB, nvidia-smi's own unit)"
         )
     if out_of_range:
         log.notes.append(
@@ -268,10 +342,13 @@ def _read_smi(path: Path) -> SmiLog:
         text = io.TextIOWrapper(capped, encoding="utf-8", errors="replace", newline="")
         reader = csv.reader(text, skipinitialspace=True)
         first, header, roles = _columns(path, reader)
+        units = [_unit(c) for c in first] if header else [None] * len(roles)
+        mem_unit = units[roles.index("mem_used")] if "mem_used" in roles else None
+        total_unit = units[roles.index("mem_total")] if "mem_total" in roles else None
         rows_iter = reader if header else itertools.chain([first], reader)
         by_gpu: dict[str, GpuTimeline] = {}
         order: dict[float, int] = defaultdict(int)
-        skipped = beyond = 0
+        skipped, beyond = _Skipped(), 0
         times: list[float] = []
         t0: float | None = None
         try:
@@ -279,7 +356,10 @@ def _read_smi(path: Path) -> SmiLog:
                 if not row or all(not c.strip() for c in row):
                     continue
                 if len(row) != len(roles):
-                    skipped += 1
+                    if len(row) > len(roles):
+                        skipped.wider += 1
+                    else:
+                        skipped.narrower += 1
                     continue
                 cells = {role: row[i] for i, role in enumerate(roles) if role}
                 named = (cells.get("index") or cells.get("bus") or cells.get("uuid") or "").strip()[:100]
@@ -288,12 +368,13 @@ def _read_smi(path: Path) -> SmiLog:
                     continue
                 t = _time(cells["time"]) if "time" in cells else None
                 if "time" in cells and t is None:
-                    skipped += 1
+                    skipped.bad_time += 1
+                    skipped.first_bad_time = skipped.first_bad_time or cells["time"].strip()
                     continue
                 util = bad(cells.get("util", ""), "util")
-                mem = bad(cells.get("mem_used", ""), "mem")
+                mem = bad.memory(cells.get("mem_used", ""), mem_unit)
                 if util is None and mem is None:
-                    skipped += 1
+                    skipped.no_value += 1
                     continue
                 key = named
                 if not key:
@@ -311,7 +392,7 @@ def _read_smi(path: Path) -> SmiLog:
                 if t is not None:
                     t0 = t if t0 is None else t0
                     times.append(t)
-                total = bad(cells.get("mem_total", ""), "mem")
+                total = bad.memory(cells.get("mem_total", ""), total_unit)
                 power = bad(cells.get("power", ""), "power")
                 clock = bad(cells.get("sm_clock", ""), "clock")
                 reasons = cells.get("reasons", "").strip()
@@ -331,7 +412,7 @@ def _read_smi(path: Path) -> SmiLog:
             raise IngestError(f"{path}: truncated or corrupt ({exc})") from None
         except csv.Error as exc:
             raise IngestError(f"{path}: not CSV that pitstop can read ({exc})") from None
-    return _log(path, by_gpu, times, skipped, beyond, bad.count)
+    return _log(path, by_gpu, times, skipped, beyond, bad)
 
 
 def _interval(times: list[float], gpus: int) -> float | None:
