@@ -116,29 +116,6 @@ def _in_ray_worker() -> bool:
     return "ray" in sys.modules and "/ray/_private/workers/" in (sys.argv[0] if sys.argv else "")
 
 
-def _install_at_first_optimizer(torch: ModuleType, config: ProbeConfig) -> None:
-    """Ray Train imports torch in a worker before it sets RANK (``on_training_start``), and the probe takes
-    its rank when installed: in a Ray worker it is installed when the first optimizer is built, which the
-    training function does after Ray has set the rank."""
-    optimizer = torch.optim.Optimizer
-    original = optimizer.__init__
-
-    def first_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        if optimizer.__init__ is first_init:
-            optimizer.__init__ = original
-            _install(config)
-        original(self, *args, **kwargs)
-
-    optimizer.__init__ = first_init
-
-
-def _install_when_ranked(torch: ModuleType, config: ProbeConfig) -> None:
-    if _in_ray_worker() and "RANK" not in os.environ:
-        _install_at_first_optimizer(torch, config)
-    else:
-        _install(config)
-
-
 def _carry_into_ray(ray: ModuleType, environ: dict[str, str]) -> None:
     """Wrap ``ray.init`` so the job's ``runtime_env`` carries pitstop's variables to every worker: a Ray
     cluster started before the job (``ray start --head``) starts its workers from its own environment, not
@@ -238,5 +215,7 @@ def arm(environ: dict[str, str] | None = None, via: str = "sitecustomize") -> bo
         env = dict(os.environ if environ is None else environ)
         after_import("ray", lambda ray: _carry_into_ray(ray, env))
         after_import("deepspeed.launcher.runner", _carry_into_deepspeed)
-    after_import("torch", lambda module: _install_when_ranked(module, config))
+    # installed at once, in a Ray worker too: Ray Train sets RANK after torch is imported, and the probe reads it
+    # again at the first step
+    after_import("torch", lambda module: _install(config))
     return True

@@ -312,10 +312,33 @@ def majority_dtype(params: list[Any]) -> str | None:
 
 
 def attention_implementation(model: Any) -> str | None:
+    """What a Hugging Face model's config asks for; None for other models (see ``uses_torch_attention``)."""
     core = unwrap(model)
     cfg = getattr(core, "config", None)
     impl = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
     return str(impl) if impl else None
+
+
+def uses_torch_attention(model: Any) -> bool:
+    """Whether the model attends with torch's own ``nn.MultiheadAttention`` (alone or inside
+    ``nn.Transformer`` / ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``). Read once, at the
+    first step: one pass over the modules, nothing per step."""
+    import torch
+
+    modules = getattr(unwrap(model), "modules", None)
+    if not callable(modules):
+        return False
+    return any(isinstance(m, torch.nn.MultiheadAttention) for m in modules())
+
+
+def torch_attention_path(sdpa_calls: int) -> str:
+    """Which path ``nn.MultiheadAttention`` ran in training, from the SDPA calls the window saw. In training
+    (grad on) it never takes its fused inference fast path: ``F.multi_head_attention_forward`` calls
+    ``scaled_dot_product_attention`` when the caller passes ``need_weights=False`` (as ``nn.Transformer``'s
+    layers do), and otherwise computes the score matrix with matmuls and a softmax (the unfused path)."""
+    if sdpa_calls:
+        return "sdpa (nn.MultiheadAttention)"
+    return "eager (nn.MultiheadAttention with need_weights=True)"
 
 
 def gradient_checkpointing(model: Any, trainer: Any) -> bool | None:

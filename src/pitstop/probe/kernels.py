@@ -39,15 +39,16 @@ def _liger_applied(model: Any) -> bool:
 
 
 def kernel_facts(optimizer: Any, model: Any, trainer: Any) -> KernelFacts:
+    """``optimizer`` None: a loop with no torch optimizer (a hand-written update); its facts stay unknown."""
     defaults = getattr(optimizer, "defaults", {}) or {}
     fused = defaults.get("fused")
     foreach = defaults.get("foreach")
     args = getattr(trainer, "args", None)
     compiled = hasattr(model, "_orig_mod") or bool(getattr(args, "torch_compile", False))
     return KernelFacts(
-        optimizer=type(optimizer).__name__,
+        optimizer=None if optimizer is None else type(optimizer).__name__,
         optimizer_fused=bool(fused) if "fused" in defaults else None,
-        optimizer_foreach=_resolved_foreach(optimizer, fused, foreach),
+        optimizer_foreach=None if optimizer is None else _resolved_foreach(optimizer, fused, foreach),
         liger_installed=importlib.util.find_spec("liger_kernel") is not None,
         liger_applied=_liger_applied(model) or bool(getattr(args, "use_liger_kernel", False)),
         compiled=compiled,

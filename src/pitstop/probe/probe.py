@@ -139,15 +139,18 @@ class Probe:
         self._primary: int | None = None
         self._train_thread: int | None = None
         self._bwd_depth = 0
-        self._pending: list[tuple[int, BatchCounts]] = []
-        self._train_iter: int | None = None
-        self._loaders: dict[int, Any] = {}
+        self._pending: list[tuple[int, BatchCounts]] = []  # (loader key, counts) not yet trained on
+        self._train_loader_key: int | None = None
+        self._loaders: dict[int, Any] = {}  # loader key -> weak reference to the DataLoader
+        self._iter_loader: dict[int, int] = {}  # iterator id -> its loader's key
+        self._grad_enabled: Callable[[], bool] | None = None
         self._pad_token_id: int | None = None
         self._sdpa = [0, 0]  # calls, calls with an explicit mask
         self._autocast: tuple[str, Any] | None = None
         self._checkpoint_calls = 0
         self._saves: SaveStats | None = None  # checkpoint saves in the window, once it starts
-        self._save_step = -1
+        self._open_saves: list[tuple[str, float]] = []  # saves in the step not closed yet
+        self._torch_attention = False  # the model attends with torch's nn.MultiheadAttention
         self._load: cpu_threads.ThreadLoad | None = None
         self._alloc: AllocatorWatch | None = None
         self._collate = [0, 0.0]  # batches, seconds
@@ -211,14 +214,27 @@ class Probe:
         return ident == self._train_thread
 
     def on_iterator(self, iterator: Any, loader: Any) -> None:
-        self._loaders[id(iterator)] = weakref.ref(loader)
+        """Batches are keyed by their DataLoader, not the iterator: a loop that calls ``iter(loader)`` each
+        epoch trains on one loader through many iterators."""
+        self._loaders[id(loader)] = weakref.ref(loader)
+        self._iter_loader[id(iterator)] = id(loader)
 
     def on_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
-        if not self._on_train_thread():
+        if not self._on_train_thread() or self._evaluating():
             return
         self.builder.data_wait(wait_s)
         self.builder.mark(DATA)
-        self._pending.append((id(iterator), count_batch(batch, self._pad_token_id)))
+        key = self._iter_loader.get(id(iterator), id(iterator))
+        self._pending.append((key, count_batch(batch, self._pad_token_id)))
+
+    def _evaluating(self) -> bool:
+        """A batch taken for evaluation: under ``torch.no_grad`` / ``inference_mode``, or while the training
+        model is in another mode than the one it trains in (``model.eval()``)."""
+        if self._grad_enabled is None:
+            import torch
+
+            self._grad_enabled = torch.is_grad_enabled
+        return not self._grad_enabled() or self.forward.evaluating()
 
     def on_collate(self, samples: Any, seconds: float) -> None:
         self._collate[0] += 1
@@ -240,13 +256,19 @@ class Probe:
                 self.builder.mark(BWD_END)
 
     def _commit_batch(self) -> None:
-        """The oldest batch not yet trained on is the one this backward belongs to (FIFO, so loaders that
-        prefetch a batch ahead still line up); batches of other iterators (evaluation) are dropped."""
+        """The oldest batch of the training loader not yet trained on is the one this backward belongs to
+        (FIFO, so loaders that prefetch ahead and loops that take all of a step's micro-batches before the
+        first forward still line up). The training loader is the one trained on before; while it has no batch
+        waiting (the first step, a new loader), the loader the job fetched from last. Batches of other loaders
+        (evaluation that slipped past ``_evaluating``) are dropped."""
         if not self._pending:
             return
-        it_id, counts = self._pending.pop(0)
-        self._train_iter = it_id
-        self._pending = [(i, c) for i, c in self._pending if i == it_id]
+        key = self._train_loader_key
+        if all(k != key for k, _ in self._pending):
+            key = self._train_loader_key = self._pending[-1][0]
+        first = next(i for i, (k, _) in enumerate(self._pending) if k == key)
+        counts = self._pending[first][1]
+        self._pending = [(k, c) for k, c in self._pending[first + 1 :] if k == key]
         self.builder.batch(counts)
 
     def on_optimizer(self, optimizer: Any, starting: bool) -> None:
@@ -278,6 +300,7 @@ class Probe:
         watch = self.forward
         if module is not watch.root:
             watch.adopt(module)
+        watch.note_mode()
         if watch.boundary is not StepBoundary.OPTIMIZER_STEP and watch.params_changed():
             if watch.boundary is None:
                 watch.decide()
@@ -297,6 +320,7 @@ class Probe:
         record = self.builder.end_step(kind)
         self.collectives.close_step(record)
         self.records.append(record)
+        self._count_saves()
         if record.index > self.config.warmup:
             self._measured += 1
         self._tell_listeners()
@@ -322,10 +346,17 @@ class Probe:
         self._checkpoint_calls += 1
 
     def on_save(self, label: str, seconds: float) -> None:
+        """Held until the step the save ran in closes: a save after the last step (the final save at the end
+        of training) stalls no measured step and is not counted."""
         if self._saves is not None and not self.finished:
-            if self._save_step != len(self.records):
-                self._save_step = len(self.records)
-                self._saves.steps_with_saves += 1
+            self._open_saves.append((label, seconds))
+
+    def _count_saves(self) -> None:
+        saves, self._open_saves = self._open_saves, []
+        if self._saves is None or not saves:
+            return
+        self._saves.steps_with_saves += 1
+        for label, seconds in saves:
             self._saves.saves += 1
             self._saves.save_s += seconds
             self._saves.calls[label] = self._saves.calls.get(label, 0) + 1
@@ -353,6 +384,7 @@ class Probe:
     def _after_step(self, record: StepRecord, optimizer: Any) -> None:
         index = record.index
         if index == 1:
+            self.rank, self.local_rank = _ranks(self.rank, self.local_rank)  # Ray Train sets RANK late
             self._emit(
                 "start", rank=self.rank, local_rank=self.local_rank, pid=self._pid, warmup=self.config.warmup
             )
@@ -445,10 +477,9 @@ class Probe:
         envmod.device_facts(self._device, env)
         env.model = envmod.model_info(model, optimizer)
         env.kernels = kernel_facts(optimizer, model, trainer)
-        if optimizer is None:
-            env.kernels.optimizer = None
         env.param_dtype = envmod.majority_dtype([p for p in params if p.requires_grad])
         env.attention = AttentionInfo(implementation=envmod.attention_implementation(model))
+        self._torch_attention = env.attention.implementation is None and envmod.uses_torch_attention(model)
         env.gradient_checkpointing = envmod.gradient_checkpointing(model, trainer)
         env.dataloader = envmod.dataloader_info(self._train_loader())
         envmod.trainer_settings(trainer, env)
@@ -486,7 +517,8 @@ class Probe:
             )
 
     def _train_loader(self) -> Any:
-        ref = self._loaders.get(self._train_iter) if self._train_iter is not None else None
+        key = self._train_loader_key
+        ref = self._loaders.get(key) if key is not None else None
         return ref() if ref is not None else None
 
     def _start_samplers(self, env: Environment) -> None:
@@ -571,6 +603,8 @@ class Probe:
         calls, masked = self._sdpa
         env.attention.sdpa_calls = calls
         env.attention.sdpa_calls_with_mask = masked
+        if self._torch_attention:
+            env.attention.implementation = envmod.torch_attention_path(calls)
         if self._autocast is not None:
             env.autocast_dtype = envmod.dtype_name(self._autocast[1])
         if env.gradient_checkpointing is None and self._checkpoint_calls:
@@ -646,6 +680,15 @@ class Probe:
             self.finish(reason="exit")
 
 
+def _ranks(rank: int, local_rank: int) -> tuple[int, int]:
+    """RANK and LOCAL_RANK as the launcher has set them by now (read again at the first step: Ray Train sets
+    them in a worker after torch was imported, when the probe was installed)."""
+    try:
+        return int(os.environ.get("RANK", rank)), int(os.environ.get("LOCAL_RANK", local_rank))
+    except ValueError:
+        return rank, local_rank
+
+
 def _pci_bus_id(props: Any) -> str | None:
     """NVML's bus id ("00000000:18:00.0") of a CUDA device, when torch exposes the PCI location."""
     bus, device = getattr(props, "pci_bus_id", None), getattr(props, "pci_device_id", None)
@@ -675,6 +718,8 @@ class ForwardWatch:
         self.optimizer: Any = None  # one optimizer stepped inside backward, to read its facts
         self._watched: list[Any] = []
         self._versions: tuple[int, ...] | None = None
+        self._inner: Any = None  # the module inside DDP / FSDP / compile wrappers
+        self._train_mode: bool | None = None  # the mode (``training``) its training forwards ran in
 
     def adopt(self, module: Any) -> None:
         import inspect
@@ -686,6 +731,8 @@ class ForwardWatch:
         inner = module
         for _ in range(4):  # DDP / FSDP / compile wrappers forward *args to the module inside
             inner = getattr(inner, "module", None) or getattr(inner, "_orig_mod", None) or inner
+        self._inner = inner
+        self._train_mode = None
         try:
             params = inspect.signature(inner.forward).parameters.values()
             self.names = tuple(
@@ -693,6 +740,17 @@ class ForwardWatch:
             )
         except (TypeError, ValueError):
             self.names = ()
+
+    def _mode(self) -> bool:
+        return bool(getattr(self.root, "training", True) and getattr(self._inner, "training", True))
+
+    def note_mode(self) -> None:
+        """At a training forward: the mode the model trains in (some jobs train in ``eval()`` mode)."""
+        self._train_mode = self._mode()
+
+    def evaluating(self) -> bool:
+        """Whether the model is now in another mode than the one it trains in (``model.eval()``)."""
+        return self._train_mode is not None and self._mode() != self._train_mode
 
     def params_changed(self) -> bool:
         """Whether the watched parameters changed since the previous forward (not inside an optimizer step:
