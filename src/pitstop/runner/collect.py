@@ -146,7 +146,7 @@ def collect(
 ) -> Outcome:
     cmd = " ".join(launch.command)
     if launch.start_error:
-        return Outcome(None, launch.start_error, 127)
+        return Outcome(None, launch.start_error, 2 if launch.refused else 127)
     files = read_rank_files(launch.out_dir)
     ranks = [f.profile for f in files]
     how, code = death(launch)
@@ -219,7 +219,8 @@ def _nothing(launch: Launch, ranks: list[RankProfile], cmd: str, how: str | None
         return Outcome(None, f"`{cmd}` {how} before its first optimizer step", code)
     return Outcome(
         None,
-        f"`{cmd}` finished without an optimizer step to measure (pitstop times optimizer.step(); "
-        "a script that only evaluates, or steps fewer than 2 times, has none)",
+        f"`{cmd}` finished without a training step to measure (a step ends at optimizer.step(), or at the "
+        "model's next forward once its parameters changed; a script that only evaluates, or trains fewer "
+        "than 2 steps, has none)",
         2,
     )

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from pitstop.errors import PitstopError
 from pitstop.probe.config import ENV_RUNNER_PID, ProbeConfig
 from pitstop.probe.ending import window_written
-from pitstop.runner.inject import child_environment, prepare_injection
+from pitstop.runner.inject import blind_spot, child_environment, prepare_injection
 
 if TYPE_CHECKING:
     import psutil
@@ -50,6 +50,7 @@ class Launch:
     stopped_by: str | None = None  # why pitstop stopped it: "SIGINT", "SIGTERM", "SIGHUP" or "timeout"
     forced: bool = False  # it did not end on SIGINT (and SIGTERM) and had to be killed with SIGKILL
     start_error: str | None = None
+    refused: bool = False  # not started: pitstop could not see inside it (``start_error`` says why)
     # pitstop stopped the job like Ctrl-C once every rank had written its window (the normal end of a window):
     # exit_code is then 0, the code the interrupted job actually ended with is job_exit_code, and
     # window_forced says whether it took SIGKILL
@@ -343,6 +344,10 @@ def run_observed(
         resolve(command)
     except CommandError as exc:
         launch.start_error = str(exc)
+        return launch
+    blind = blind_spot(command)  # doctor, watch and tune alike: `python -S` would run unobserved
+    if blind is not None:
+        launch.start_error, launch.refused = blind, True
         return launch
     env = child_environment(config, prepare_injection(out))
     env.update(extra_env or {})
