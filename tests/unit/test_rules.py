@@ -277,17 +277,22 @@ def test_gpu_samples_outside_the_window_are_ignored() -> None:
     assert diagnose(p).metrics.gpu_util == pytest.approx(0.9)
 
 
-def test_counts_and_steps_from_the_model_forward_are_said_in_the_notes() -> None:
+def test_where_counts_and_steps_came_from_is_one_line() -> None:
+    from pitstop.diagnose import counting_line
     from pitstop.profile import CountSource, StepBoundary
 
     p = profile("cpu", steps())
-    assert not [n for n in diagnose(p).notes if "model's" in n]
+    assert counting_line(p) is None  # a source that does not say (offline inputs, older profiles)
     rank = p.ranks[0]
+    rank.tokens_counted_from, rank.steps_delimited_by = CountSource.DATALOADER, StepBoundary.OPTIMIZER_STEP
+    assert counting_line(p) == "counted from DataLoader batches · steps: optimizer step"
     rank.tokens_counted_from, rank.steps_delimited_by = CountSource.MODEL_INPUTS, StepBoundary.MODEL_FORWARD
     rank.step_boundary_reason = "the optimizer steps inside backward (per-parameter gradient hooks)"
-    notes = diagnose(p).notes
-    assert any(n.startswith("tokens counted from the model's inputs") for n in notes)
-    assert (
-        "steps delimited by the model's forward, not Optimizer.step: the optimizer steps inside backward"
-        in (" ".join(notes))
+    line = diagnose(p).environment_table()["counted"]
+    assert line.startswith("counted from the model's forward inputs")
+    assert line.endswith(
+        "· steps: next forward (the optimizer steps inside backward (per-parameter gradient hooks))"
     )
+    rank.tokens_counted_from = CountSource.UNKNOWN
+    assert "counted from nothing (neither the DataLoader's batches" in (counting_line(p) or "")
+    assert not [n for n in diagnose(p).notes if "model's" in n]  # the line replaces the notes

@@ -47,6 +47,7 @@ class Diagnosis:
             "gpu_count": env.gpu_count,
             "framework": env.framework,
             "attn_implementation": env.attention.implementation,
+            "counted": counting_line(self.profile),
             "attention": vars(env.attention),
             "param_dtype": env.param_dtype,
             "autocast_dtype": env.autocast_dtype,
@@ -141,26 +142,31 @@ def diagnose(profile: RunProfile) -> Diagnosis:
         notes += [f"rank {rank.rank}: {e}" for e in rank.probe_errors]
     for window in ctx.results.gpus:
         notes += describe_stretches(window)
-    notes += counting_notes(profile)
     return Diagnosis(
         profile, ctx.metrics, rank_findings(ctx.earlier), skipped, notes, ctx.results, ctx.ranks, ctx.scaling
     )
 
 
-def counting_notes(profile: RunProfile) -> list[str]:
-    """Where the lowest measured rank's counts and step boundaries came from, when not the usual places."""
+_COUNTED_FROM = {
+    CountSource.DATALOADER: "DataLoader batches",
+    CountSource.MODEL_INPUTS: "the model's forward inputs (the loop builds its own batches: that time is 'other', "
+    "not data wait)",
+    CountSource.UNKNOWN: "nothing (neither the DataLoader's batches nor the model's inputs carried rows or tokens)",
+}
+_DELIMITED_BY = {StepBoundary.OPTIMIZER_STEP: "optimizer step", StepBoundary.MODEL_FORWARD: "next forward"}
+
+
+def counting_line(profile: RunProfile) -> str | None:
+    """Where the lowest measured rank's rows and tokens were counted and what delimited its steps, in one line
+    ("counted from DataLoader batches · steps: optimizer step"); None where the source does not say (offline
+    inputs, older profiles)."""
     rank = next((r for r in profile.ranks if r.steps), None)
-    if rank is None:
-        return []
-    notes = []
-    if rank.tokens_counted_from == CountSource.MODEL_INPUTS:
-        notes.append(
-            "tokens counted from the model's inputs (no DataLoader batch carried them); the loop's own batch "
-            "building is not data wait but 'other'"
-        )
-    elif rank.tokens_counted_from == CountSource.UNKNOWN:
-        notes.append("neither the DataLoader's batches nor the model's inputs carried rows or tokens")
-    if rank.steps_delimited_by == StepBoundary.MODEL_FORWARD:
-        why = f": {rank.step_boundary_reason}" if rank.step_boundary_reason else ""
-        notes.append(f"steps delimited by the model's forward, not Optimizer.step{why}")
-    return notes
+    if rank is None or (rank.tokens_counted_from is None and rank.steps_delimited_by is None):
+        return None
+    source = rank.tokens_counted_from
+    boundary = rank.steps_delimited_by
+    counted = _COUNTED_FROM.get(source, "unknown") if source is not None else "unknown"
+    steps = _DELIMITED_BY.get(boundary, "unknown") if boundary is not None else "unknown"
+    if boundary == StepBoundary.MODEL_FORWARD and rank.step_boundary_reason:
+        steps += f" ({rank.step_boundary_reason})"
+    return f"counted from {counted} · steps: {steps}"

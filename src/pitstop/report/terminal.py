@@ -12,7 +12,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from pitstop.diagnose import Diagnosis
+from pitstop.diagnose import Diagnosis, counting_line
 from pitstop.findings import Finding
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
@@ -228,6 +228,8 @@ def _headline(d: Diagnosis) -> Table:
             if m.step_time_p10_s is not None and m.step_time_p90_s is not None:
                 thr += f" (p10–p90 {m.step_time_p10_s:.3f}–{m.step_time_p90_s:.3f})"
         grid.add_row("Throughput", thr)
+    if (counted := counting_line(d.profile)) is not None:  # where tokens and steps came from
+        grid.add_row("Counted", Text(counted))
     _picture_rows(d, grid)
     if m.forward_frac is not None:
         grid.add_row("Step time", breakdown_bar(d))
