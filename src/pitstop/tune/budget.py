@@ -50,6 +50,12 @@ def windows_cost(candidates: int, window_s: float) -> float:
     return (candidates + between) * window_s
 
 
+def budget_for(candidates: int, window_s: float, first_s: float) -> float:
+    """The budget that measures ``candidates`` fixes: the first window, the candidates with the baselines
+    between them, a closing baseline, and a tenth for starting each."""
+    return (first_s + windows_cost(candidates, window_s) + window_s) * 1.1
+
+
 def budget_plan(proposals: Sequence[Proposal], scout: Window, left_s: float) -> BudgetPlan:
     """Which candidates the rest of the budget covers at the first window's length."""
     window_s = max(scout.seconds, 1.0)
@@ -58,7 +64,7 @@ def budget_plan(proposals: Sequence[Proposal], scout: Window, left_s: float) -> 
     while fit < len(names) and windows_cost(fit + 1, window_s) <= left_s:
         fit += 1
     tried, left_out = names[:fit], names[fit:]
-    needed = (scout.seconds + windows_cost(len(names), window_s) + window_s) * 1.1  # with a closing baseline
+    needed = budget_for(len(names), window_s, scout.seconds)
     step = _step_s(scout)
     pace = (
         f"at {step:.2g} s/step a window takes ~{_duration(window_s)}"

@@ -27,11 +27,13 @@ from pitstop.tune.budget import (
     budget_plan,
     candidate_precision,
 )
+from pitstop.tune.conclusion import Undecided, undecided
 from pitstop.tune.proposals import Change, Proposal, exclusive, kept_change, propose
 from pitstop.tune.verdict import (
     LOSS_RTOL,
     LOSS_RTOL_GPU,
     MIN_GAIN,
+    UNDECIDED,
     Baseline,
     Verdict,
     judge,
@@ -123,6 +125,7 @@ class TuneResult:
     redirected: list[str]
     notes: list[str] = field(default_factory=list)
     plan: str = ""  # what the budget was planned to cover, said after the first window
+    undecided: Undecided | None = None  # fixes a noisy machine left undecided, and what a rerun needs
 
     def _repr_html_(self) -> str:
         """In a notebook, a tune result shows itself as the HTML report."""
@@ -159,6 +162,7 @@ class TuneResult:
             "redirected_outputs": self.redirected,
             "notes": self.notes,
             "plan": self.plan,
+            "undecided": None if self.undecided is None else self.undecided.to_dict(),
             "baseline_run": self.baseline_window.diagnosis.to_dict(),
         }
 
@@ -273,6 +277,8 @@ class Session:
             for p, w, position in windows
         ]
         best = self._best(verdicts, baseline, env.framework)
+        rates = [w.real_tokens_per_s for _, w in baselines if w.ok and w.real_tokens_per_s]
+        noise = undecided(verdicts, baseline, rates, self.window_s, scout.seconds)
         result = TuneResult(
             command=self.command,
             baseline=baseline,
@@ -285,7 +291,10 @@ class Session:
             budget_s=opts.budget_s,
             redirected=self.redirected,
             plan=plan.text,
+            undecided=noise,
         )
+        if noise is not None:
+            result.notes.append(noise.text())
         result.notes += self.combination_notes
         result.notes += rate_notes(scout)
         if not baseline.losses:
@@ -329,7 +338,8 @@ class Session:
             (
                 v
                 for v in verdicts
-                if v.status == "within noise" or (v.status == "slower" and remedy(v.fix).helps_with)
+                if v.status in ("within noise", UNDECIDED)
+                or (v.status == "slower" and remedy(v.fix).helps_with)
             ),
             key=lambda v: -(v.speedup or 0.0),
         )

@@ -10,6 +10,7 @@ from pitstop.remedies import Remedy
 from pitstop.tune.window import Window
 
 MIN_GAIN = 0.03  # below this a fix is not worth a change to the job, however sure the measurement
+UNDECIDED = "undecided"  # within noise on a machine too noisy to tell: neither kept nor ruled out
 LOSS_RTOL = 1e-3  # fp32 on CPU: kernels and summation order move losses by ~1e-6
 LOSS_RTOL_GPU = 2e-2  # TF32 / reduced-precision kernels on a GPU
 
@@ -22,10 +23,30 @@ class Baseline:
     end: float | None
     losses: list[float]
     losses_reproducible: bool | None  # whether the two baseline windows had the same first losses
+    windows: int = 1  # baseline windows that ran
+    disagreement: float | None = None  # (fastest − slowest) / mean of those windows; None with one window
+    own_spread: float = 0.0  # the windows' own relative standard error (rms), drift left out
 
     @property
     def drift(self) -> float | None:
         return None if self.end is None else self.end / self.start - 1.0
+
+    @property
+    def resolvable(self) -> float:
+        """The smallest effect the run can resolve on a steady machine: a fix must beat the baseline by
+        ``MIN_GAIN`` and by twice the uncertainty of two windows of this precision."""
+        return resolvable(self.own_spread)
+
+    @property
+    def noisy(self) -> bool:
+        """Whether identical baseline windows disagreed by more than the smallest effect the run resolves:
+        then a fix that shows no gain was not shown to have none."""
+        return self.disagreement is not None and self.disagreement > self.resolvable
+
+
+def resolvable(own_spread: float) -> float:
+    """``MIN_GAIN`` or twice the uncertainty of a candidate against a baseline of ``own_spread`` each."""
+    return max(MIN_GAIN, 2.0 * math.sqrt(2.0) * own_spread)
 
 
 def make_baseline(windows: list[Window], tol: float) -> Baseline:
@@ -43,7 +64,9 @@ def make_baseline(windows: list[Window], tol: float) -> Baseline:
     if len(with_losses) > 1:
         reproducible = all(losses_match(with_losses[0].losses, w.losses, tol)[0] for w in with_losses[1:])
     end = rates[-1] if len(rates) > 1 else None
-    return Baseline(rate, spread, rates[0], end, ok[0].losses, reproducible)
+    own = math.sqrt(sum(e * e for e in errors) / len(errors))
+    disagreement = (max(rates) - min(rates)) / rate if len(rates) > 1 else None
+    return Baseline(rate, spread, rates[0], end, ok[0].losses, reproducible, len(rates), disagreement, own)
 
 
 def losses_match(a: list[float], b: list[float], rtol: float) -> tuple[bool, float]:
@@ -141,8 +164,22 @@ def judge(candidate: Remedy, why: str, window: Window, base: Baseline, tol: floa
     if gain <= needed:
         verdict.status = "within noise" if gain > -needed else "slower"
         verdict.reason = f"{gain:+.1%}; a fix is kept above +{needed:.1%} (3% or twice the uncertainty)"
+        if verdict.status == "within noise" and base.noisy:
+            undecided(verdict, base)
         return verdict
     verdict.kept = True
     verdict.status = "kept"
     verdict.reason = f"{gain:+.1%}, more than twice its uncertainty (±{verdict.spread:.1%})"
     return verdict
+
+
+def undecided(verdict: Verdict, base: Baseline) -> None:
+    """A fix within the noise of a noisy machine: the baselines around it moved more than the run resolves,
+    so its window neither shows a gain nor rules one out."""
+    assert base.disagreement is not None
+    gain = (verdict.speedup or 1.0) - 1.0
+    verdict.status = UNDECIDED
+    verdict.reason = (
+        f"{gain:+.1%}, but the baseline windows around it disagreed by {base.disagreement:.0%}, more than the "
+        f"{base.resolvable:.0%} this run resolves: the machine was too noisy to tell whether it helps"
+    )

@@ -119,6 +119,13 @@ class ChangeDetector:
     _since: dict[str, int] = field(
         default_factory=dict
     )  # cause -> window its last confirmed change showed in
+    widest: float = 0.0  # the widest bar (log rate) a window was held to: smaller changes could not be seen
+
+    def hidden_below(self) -> float | None:
+        """The rate drop the run's noise could hide when it set the bar above ``min_drop``, else None: a run
+        with no change past that bar was not shown to be steady, only to have changed less than it."""
+        asked = -math.log1p(-min(self.min_drop, 0.99))
+        return -math.expm1(-self.widest) if self.widest > asked * 1.0001 else None
 
     def threshold(self, current: WindowSummary) -> float:
         """The change of the log rate that counts: beyond the run's own noise and ``min_drop`` (a drop by 50%
@@ -140,6 +147,7 @@ class ChangeDetector:
         found: list[Change] = []
         if baseline:
             limit = self.threshold(current)
+            self.widest = max(self.widest, limit)
             moved = self._rate(current, baseline, recent_steps or [], limit, CONFIRM_SHARE * limit)
             if moved is not None and (moved[1] > limit or _key(moved[0]) in held):
                 found.append(moved[0])  # past the bar, or past 3/4 of it when confirming its kind

@@ -40,6 +40,7 @@ class WholeRunReport:
     steps: int
     seconds: float
     series_path: str | None = None
+    hidden_below: float | None = None  # a drop the run's noise could hide (above min_drop), else None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``watch`` section of the run document (see docs/json-schema.md)."""
@@ -52,12 +53,18 @@ class WholeRunReport:
             "periodic_stalls": [s.to_dict() for s in self.stalls],
             "phases": [p.to_dict() for p in self.phases],
             "series": self.series_path,
+            "noise_hides_drops_below": self.hidden_below,
         }
 
     def lines(self) -> list[str]:
         """The report as plain lines (terminal and logs)."""
         out = [f"whole run: {self.steps:,} steps in {self.seconds:,.0f} s, {len(self.windows)} windows"]
-        if not self.changes:
+        if not self.changes and self.hidden_below is not None:
+            out.append(
+                f"no change seen, but the run was too noisy to call it steady: its windows' rates varied so much "
+                f"that a drop of up to {self.hidden_below:.0%} would not have shown"
+            )
+        elif not self.changes:
             out.append("no change: throughput and findings held steady through the run")
         for c in self.changes:
             out.append(f"change ({c.kind}): {c.text}")
@@ -176,6 +183,7 @@ class WholeRun:
             steps=sum(w.steps for w in self.windows),
             seconds=seconds,
             series_path=None if self.store is None else str(self.store.folder),
+            hidden_below=self.detector.hidden_below(),
         )
 
 
