@@ -1,4 +1,5 @@
-"""Run a public script twice, the same way: once under ``pitstop doctor --full`` and once on its own.
+"""Run a public script twice, the same way and at the same time: under ``pitstop doctor --full`` and on its
+own.
 
 ``--full`` lets the script finish (it writes its own logs and state at the end, as it would without
 pitstop); ``--verbose`` passes its output through, so what it prints can be read back. Both runs get the
@@ -51,26 +52,40 @@ def under_pitstop(
     return json.loads(out.read_text()), proc.stdout + proc.stderr
 
 
-def on_its_own(work: Path, command: list[str], env: dict[str, str], timeout: float = 600) -> str:
-    proc = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, **env}, cwd=work, timeout=timeout
+def on_its_own(work: Path, command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """The script on its own, started in the background (it runs beside the observed run: each compares
+    only with itself, so the two need not take turns)."""
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+        cwd=work,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc.stdout + proc.stderr
 
 
 def run_twice(work: Path, command: list[str], warmup: int, env: dict[str, str], between: Any = None) -> Runs:
-    """The script under pitstop in ``work/observed`` and on its own in ``work/plain`` (``between`` may
-    prepare each folder: it gets the folder)."""
-    outputs = {}
+    """The script under pitstop in ``work/observed`` and on its own in ``work/plain``, at the same time
+    (``between`` may prepare each folder: it gets the folder). The timing pitstop is held to is the
+    observed run's own log, so the plain run beside it changes nothing that is compared."""
+    folders = {}
     for name in ("observed", "plain"):
-        folder = work / name
-        folder.mkdir(parents=True, exist_ok=True)
+        folders[name] = work / name
+        folders[name].mkdir(parents=True, exist_ok=True)
         if between is not None:
-            between(folder)
-        cmd = [part.replace("{work}", str(folder)) for part in command]
-        if name == "observed":
-            doc, outputs[name] = under_pitstop(folder, cmd, warmup, env)
-        else:
-            outputs[name] = on_its_own(folder, cmd, env)
-    return Runs(doc, outputs["observed"], outputs["plain"])
+            between(folders[name])
+
+    def cmd(name: str) -> list[str]:
+        return [part.replace("{work}", str(folders[name])) for part in command]
+
+    plain = on_its_own(folders["plain"], cmd("plain"), env)
+    try:
+        doc, observed = under_pitstop(folders["observed"], cmd("observed"), warmup, env)
+        out, err = plain.communicate(timeout=600)
+    finally:
+        if plain.poll() is None:
+            plain.kill()
+            plain.wait()
+    assert plain.returncode == 0, out[-4000:] + err[-4000:]
+    return Runs(doc, observed, out + err)

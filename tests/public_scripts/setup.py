@@ -76,14 +76,15 @@ def alpaca_messages(shared: Path, where: Path, count: int) -> Path:
     return where
 
 
-def hub_shaped(shared: Path, work: Path, non_empty: int) -> None:
+def hub_shaped(shared: Path, work: Path, non_empty: int, model: Path) -> None:
     """The accelerate example hard-codes ``HuggingFaceTB/SmolLM-360M`` and ``Salesforce/wikitext``. Both
     names are looked up as local folders first (``os.path.isdir``), so folders of those names in the
     script's working folder stand in for the Hub, with no edit and no patch: the tiny model with the GPT-2
     tokenizer, and a wikitext-shaped dataset whose ``wikitext-2-v1`` config has 500 training rows (the
     script selects 500) of which ``non_empty`` hold text (the script drops the empty ones, as wikitext has
-    many), so an epoch is short."""
-    model_folder(shared, work / "HuggingFaceTB" / "SmolLM-360M")
+    many), so an epoch is short. ``model``: a ``model_folder`` already built, linked in under the Hub's name."""
+    (work / "HuggingFaceTB").mkdir(parents=True, exist_ok=True)
+    (work / "HuggingFaceTB" / "SmolLM-360M").symlink_to(model, target_is_directory=True)
     data = work / "Salesforce" / "wikitext"
     (data / "wikitext-2-v1").mkdir(parents=True, exist_ok=True)
     texts = gsm8k_texts(shared, non_empty + 2)
