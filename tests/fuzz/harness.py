@@ -11,13 +11,19 @@ process forked from a worker that has imported pitstop once) or through the real
   line (through the CLI: exit 2, one line on stderr);
 * never a traceback, never "internal error", never a hang (a case has ``CASE_GUARD_S`` seconds: a hang
   detector, far above any case's real cost);
-* peak memory under ``RSS_BOUND_MB``.
+* peak memory under ``RSS_BOUND_MB``;
+* no control character of the input in what reaches the terminal (the in-process report is rendered too),
+  and no MarkupError: the ``hostile_strings`` mutator puts markup and escape sequences in every field;
+* ``--json`` of each CLI case names a different kind of path (a file, a link, a dangling link, ``-``, a FIFO,
+  a name with markup or escape codes): the document lands where the user pointed and the path keeps its
+  kind; ``run_output_inprocess`` adds a device node (as root) and a folder (refused, exit 2).
 
 Cases are a pure function of (seed, index), so a failing case is repeated with ``--only INDEX``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -25,9 +31,11 @@ import random
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -196,6 +204,52 @@ def utf16(data: bytes, rng: random.Random) -> bytes:
     return data.decode("utf-8", errors="replace").encode("utf-16")
 
 
+# rich markup and terminal control sequences: none may be read as markup or reach the terminal
+HOSTILE_TEXT = (
+    "[/a]",
+    "[red]x[/red]",
+    "[link=https://evil.example]y[/link]",
+    "[/]",
+    "\\[",
+    "\x1b]8;;https://evil.example\x1b\\click\x1b]8;;\x1b\\",
+    "\x1b[2J\x1b[H",
+    "\x9b31m",
+    "\x07\r\x08",
+    "\u202e",
+)
+GPU_NAME = re.compile(rb"NVIDIA[^,\n]*")
+YAML_VALUE = re.compile(rb"^([ \t]*[\w.-]+:[ \t]+)([A-Za-z/][^\n#\"']*?)[ \t]*$", re.M)
+PLAIN_WORDS = {b"true", b"false", b"null", b"yes", b"no", b"on", b"off", b"auto"}
+
+
+def hostile_strings(data: bytes, rng: random.Random) -> bytes:
+    """Markup and escape strings in every field: each string value gets one appended (JSON's quoted values
+    and YAML's plain ones, written JSON-escaped so the file stays valid and the keys as they were), a CSV's
+    GPU names get them raw."""
+
+    def text() -> str:
+        return "".join(rng.choice(HOSTILE_TEXT) for _ in range(rng.choice((1, 2, 3))))
+
+    def quoted(m: re.Match[bytes]) -> bytes:
+        rest = data[m.end() : m.end() + 40].lstrip()
+        if rest.startswith(b":"):  # a key: kept, so the file is still recognized
+            return m.group(0)
+        return m.group(0)[:-1] + json.dumps(text())[1:-1].encode() + b'"'
+
+    def plain(m: re.Match[bytes]) -> bytes:
+        if m.group(2).lower() in PLAIN_WORDS:
+            return m.group(0)
+        value = m.group(2).decode("utf-8", errors="replace") + text()
+        return m.group(1) + json.dumps(value).encode()
+
+    head = data[:2_000_000]
+    changed = STRING.sub(quoted, head, count=2000)
+    changed = YAML_VALUE.sub(plain, changed, count=2000) + data[2_000_000:]
+    if changed == data:
+        changed = GPU_NAME.sub(lambda m: m.group(0) + text().encode(), data, count=2000)
+    return changed if changed != data else data + json.dumps(text()).encode()
+
+
 MUTATORS: dict[str, Mutator] = {
     f.__name__: f
     for f in (
@@ -209,6 +263,7 @@ MUTATORS: dict[str, Mutator] = {
         many_gpus,
         random_splice,
         utf16,
+        hostile_strings,
     )
 }
 WEIGHTS = {"many_gpus": 0.3, "utf16": 0.3, "random_splice": 0.7}
@@ -413,9 +468,11 @@ def run_inprocess(case: Case) -> Outcome:
     try:
         path = build(case, folder)
         profile = load_run(Inputs(paths=[path], configs_only=case.check))
-        doc = diagnose(profile).to_dict()
+        diagnosis = diagnose(profile)
+        doc = diagnosis.to_dict()
         json.dumps(doc, allow_nan=False)  # nothing non-finite reaches a result
-        status, detail = "result", f"{len(doc.get('findings', []))} findings"
+        leak = terminal_leak(diagnosis)
+        status, detail = ("FAIL", leak) if leak else ("result", f"{len(doc.get('findings', []))} findings")
     except PitstopError as exc:
         message = str(exc)
         status, detail = (
@@ -430,6 +487,24 @@ def run_inprocess(case: Case) -> Outcome:
         signal.signal(signal.SIGALRM, old)
         shutil.rmtree(folder, ignore_errors=True)
     return Outcome(case=case, status=status, detail=detail, seconds=time.perf_counter() - start, rss_mb=0.0)
+
+
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_leak(diagnosis: object) -> str | None:
+    """The terminal report of ``diagnosis`` as rich would print it (to a file: no escape codes of rich's own),
+    and what of the input leaked into it: a control character, or a MarkupError (raised, so a FAIL)."""
+    import io
+
+    from rich.console import Console
+
+    from pitstop.report.terminal import render
+
+    out = io.StringIO()
+    render(diagnosis, Console(file=out, width=120))  # type: ignore[arg-type]
+    found = CONTROL.search(out.getvalue())
+    return None if found is None else f"control character {found.group(0)!r} reached the terminal report"
 
 
 def run_forked(case: Case) -> Outcome:
@@ -471,12 +546,16 @@ def run_cli(case: Case) -> Outcome:
     """``pitstop analyze FILE --json out.json`` (or ``pitstop check FILE``) in a fresh interpreter; its peak
     RSS from os.wait4, which reports the one child's own usage."""
     folder = Path(tempfile.mkdtemp(prefix="pitstop-fuzz-cli-"))
+    (folder / "output").mkdir()
     start = time.perf_counter()
     try:
         path = build(case, folder)
-        out = folder / "out.json"
+        target = output_target(CLI_OUTPUT_SHAPES[case.index % len(CLI_OUTPUT_SHAPES)], folder / "output")
+        assert target is not None  # every CLI shape can be made anywhere
         args = (
-            ["check", str(path)] if case.check else ["analyze", str(path), "--json", str(out), "--no-history"]
+            ["check", str(path)]
+            if case.check
+            else ["analyze", str(path), "--json", target.arg, "--no-history"]
         )
         env = {**os.environ, "COLUMNS": "120", "PITSTOP_HISTORY": str(folder / "history.sqlite3")}
         env.pop("PITSTOP_DEBUG", None)
@@ -486,6 +565,7 @@ def run_cli(case: Case) -> Outcome:
                 stdout=so,
                 stderr=se,
                 env=env,
+                cwd=folder / "output",
                 preexec_fn=_limit_memory,
             )
             deadline = time.monotonic() + CASE_GUARD_S
@@ -500,22 +580,22 @@ def run_cli(case: Case) -> Outcome:
                 time.sleep(0.02)
             proc.returncode = os.waitstatus_to_exitcode(status)
         stderr = (folder / "stderr").read_text(errors="replace").strip()
+        stdout = (folder / "stdout").read_bytes()
         rc, rss = proc.returncode, usage.ru_maxrss / 1024
+        printed = (stderr + stdout.decode(errors="replace")) if target.shape != "stdout" else stderr
+        leak = CONTROL.search(printed)
+        problem = None if case.check else output_problem(target, rc, stdout, stderr)
         if time.monotonic() > deadline:
             result, detail = "FAIL", f"still running after {CASE_GUARD_S} s (a hang?)"
+        elif leak is not None:
+            result, detail = (
+                "FAIL",
+                f"control character {leak.group(0)!r} from the input reached the terminal",
+            )
+        elif problem is not None:
+            result, detail = "FAIL", f"--json {target.shape}: {problem}"
         elif rc == 0:
-            if not case.check and not out.is_file():
-                result, detail = "FAIL", "exit 0 without the --json document"
-            else:
-                try:
-                    if not case.check:
-                        json.loads(out.read_text(), parse_constant=_no_constant)
-                    result, detail = "result", "exit 0"
-                except ValueError as exc:
-                    result, detail = (
-                        "FAIL",
-                        f"the JSON document holds a non-finite number or is invalid: {exc}",
-                    )
+            result, detail = "result", "exit 0"
         elif rc == 2 and _one_line(stderr):
             result, detail = "refused", stderr
         else:
@@ -529,6 +609,142 @@ def run_cli(case: Case) -> Outcome:
 
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} in the document")
+
+
+# --- output paths -----------------------------------------------------------------------------------------------
+
+# what --json may name: each must end with the document where the user pointed, the path's kind unchanged
+CLI_OUTPUT_SHAPES = ("file", "symlink", "stdout", "fifo", "markup_name", "escape_name", "dangling_symlink")
+OUTPUT_SHAPES = (*CLI_OUTPUT_SHAPES, "device", "folder")  # in-process only: a device needs root, a folder
+# is refused before the input is read (it would hide the input's own outcome)
+
+
+@dataclass
+class OutputTarget:
+    """One ``--json`` target made in ``folder``, and what must hold of it after the run."""
+
+    shape: str
+    folder: Path
+    arg: str = ""
+    got: list[bytes] = field(default_factory=list)
+    reader: threading.Thread | None = None
+    rdev: int = 0
+
+    def document(self, stdout: bytes) -> bytes | None:
+        """Where the document should have gone, read back (None: nothing there)."""
+        if self.shape == "stdout":
+            return stdout
+        if self.shape == "fifo":
+            self.finish()
+            return self.got[0] if self.got else None
+        where = Path(os.path.realpath(self.arg))
+        return where.read_bytes() if where.is_file() else None
+
+    def finish(self) -> None:
+        """A FIFO's reader gets its end of file even when pitstop never opened the FIFO."""
+        if self.reader is not None and self.reader.is_alive():
+            with contextlib.suppress(OSError):
+                os.close(os.open(self.arg, os.O_WRONLY | os.O_NONBLOCK))
+            self.reader.join(10)
+
+    def damage(self) -> str | None:
+        """What about the path itself changed that must not have."""
+        path = Path(self.arg)
+        if self.shape in ("symlink", "dangling_symlink") and not path.is_symlink():
+            return "the link was replaced by a file"
+        if self.shape == "fifo" and not stat.S_ISFIFO(path.lstat().st_mode):
+            return "the FIFO was replaced"
+        if self.shape == "device":
+            info = path.lstat()
+            if not stat.S_ISCHR(info.st_mode) or info.st_rdev != self.rdev:
+                return "the device node was replaced"
+        if self.shape == "stdout" and (self.folder / "-").exists():
+            return "a file named '-' was written"
+        leftovers = [p.name for p in self.folder.rglob(".*.tmp")]
+        return f"temporary files left: {leftovers}" if leftovers else None
+
+
+def output_target(shape: str, folder: Path) -> OutputTarget | None:
+    """The target of ``shape`` in ``folder``; None where it cannot be made here (a device node without root,
+    or where such a node cannot be opened)."""
+    t = OutputTarget(shape, folder, str(folder / "out.json"))
+    if shape in ("symlink", "dangling_symlink"):
+        (folder / "real").mkdir()
+        real = folder / "real" / "out.json"
+        if shape == "symlink":
+            real.write_text("old")
+        t.arg = str(folder / "link.json")
+        Path(t.arg).symlink_to(real)
+    elif shape == "markup_name":
+        (folder / "[").mkdir()
+        t.arg = str(folder / "[" / "y][red]x.json")
+    elif shape == "escape_name":
+        t.arg = str(folder / "out\x1b[2J\x1b]8;;x\x07.json")
+    elif shape == "stdout":
+        t.arg = "-"
+    elif shape == "fifo":
+        os.mkfifo(t.arg)
+        t.reader = threading.Thread(target=lambda: t.got.append(Path(t.arg).read_bytes()), daemon=True)
+        t.reader.start()
+    elif shape == "device":
+        if os.geteuid() != 0:
+            return None
+        t.rdev = os.makedev(1, 3)  # the null device's numbers; the node lives in the case's folder
+        os.mknod(t.arg, 0o666 | stat.S_IFCHR, t.rdev)
+        try:
+            os.close(os.open(t.arg, os.O_WRONLY))
+        except OSError:
+            return None
+    elif shape == "folder":
+        os.mkdir(t.arg)
+    return t
+
+
+def output_problem(t: OutputTarget, rc: int, stdout: bytes, stderr: str) -> str | None:
+    """Why the run broke the output property, or None: a folder refused with exit 2 in one line; else the
+    path's kind unchanged and, after exit 0, a valid document where the user pointed."""
+    t.finish()
+    if t.shape == "folder":
+        return None if rc == 2 and _one_line(stderr) and "is a folder" in stderr else f"a folder: exit {rc}"
+    damage = t.damage()
+    if damage:
+        return damage
+    if rc != 0 or t.shape == "device":
+        return None
+    doc = t.document(stdout)
+    try:
+        json.loads(doc or b"", parse_constant=_no_constant)
+    except ValueError as exc:
+        return f"--json {t.shape}: no valid document where it points ({exc})"
+    return None
+
+
+def run_output_inprocess(shape: str, seed: Path = SEEDS / "smi_header.csv") -> str | None:
+    """``pitstop analyze SEED --json <shape>`` through the CLI's ``main()`` in this process; the problem, or
+    None (also None when the shape cannot be made here)."""
+    import contextlib
+    import io
+
+    from pitstop.cli.app import main
+
+    folder = Path(tempfile.mkdtemp(prefix="pitstop-fuzz-out-"))
+    try:
+        target = output_target(shape, folder)
+        if target is None:
+            return None
+        out, err = io.StringIO(), io.StringIO()
+        argv, sys.argv = sys.argv, ["pitstop", "analyze", str(seed), "--json", target.arg, "--no-history"]
+        rc = 0
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                main()
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            sys.argv = argv
+        return output_problem(target, rc, out.getvalue().encode(), err.getvalue())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # --- a run ------------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ CLI = int(os.environ.get("PITSTOP_FUZZ_CLI", "10"))
 SEED = int(os.environ.get("PITSTOP_FUZZ_SEED", "0"))
 
 
+@pytest.mark.slow
 def test_fuzzed_inputs_end_in_a_result_or_one_line() -> None:
     summary = harness.run(CASES, SEED, quick=CASES <= 500, cli_cases=CLI)
     report = "\n".join(summary.lines())
@@ -66,3 +67,45 @@ def test_every_mutator_changes_its_input() -> None:
         outputs = {mutate(data, random.Random(i)) for i in range(5)}
         assert outputs != {data}, name
     assert all(Path(p).is_file() for p in harness.seeds(quick=True))
+
+
+@pytest.mark.parametrize("shape", harness.OUTPUT_SHAPES)
+def test_every_output_shape_keeps_the_path_and_gets_the_document(shape: str) -> None:
+    """``--json`` to a file, a link, a dangling link, standard output, a FIFO, a device node (as root), a name
+    with markup or escape codes in it, and a folder (refused, exit 2), through ``main()`` in-process."""
+    assert harness.run_output_inprocess(shape) is None
+
+
+def test_the_output_check_catches_a_replaced_link(tmp_path: Path) -> None:
+    """Not vacuous: a link replaced by a regular file (what the old rename did) is reported."""
+    target = harness.output_target("symlink", tmp_path)
+    assert target is not None
+    link = Path(target.arg)
+    link.unlink()
+    link.write_text('{"schema": "pitstop.run/1"}')
+    assert harness.output_problem(target, 0, b"", "") == "the link was replaced by a file"
+
+
+def test_hostile_strings_reach_every_field_and_stay_valid_json() -> None:
+    import json
+    import random
+
+    data = (harness.SEEDS / "sft_args.json").read_bytes()
+    mutated = harness.hostile_strings(data, random.Random(1))
+    before, after = json.loads(data), json.loads(mutated)
+    assert set(after) == set(before)  # keys kept: the file is still recognized
+    strings = [k for k, v in before.items() if isinstance(v, str)]
+    assert strings and all(after[k] != before[k] and after[k].startswith(before[k]) for k in strings)
+    assert all(after[k] == v for k, v in before.items() if not isinstance(v, str))
+
+
+def test_a_markup_or_escape_string_in_every_field_prints_as_text() -> None:
+    """Every seed with hostile strings in every field, in-process: a result or one line, and the terminal
+    report with no control character and no MarkupError."""
+    outcomes = [
+        harness.run_inprocess(harness.Case(index=0, seed=str(p), mutators=["hostile_strings"]))
+        for p in harness.seeds(quick=True)
+    ]
+    failures = [f"{o.case.seed}: {o.detail}" for o in outcomes if o.status == "FAIL"]
+    assert not failures, "\n".join(failures)
+    assert sum(o.status == "result" for o in outcomes) >= 3
