@@ -160,7 +160,7 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
         return _padding_in_config(ctx)
     if p < PADDING_MIN:
         return None
-    c = ctx.compute_frac
+    c, share_basis = _token_share(ctx)
     rows = [s.seq_len for r in ctx.profile.ranks for s in r.steps if s.seq_len]
     fixed_length = bool(rows) and len(set(rows)) == 1 and len(rows) > 2
     evidence = {
@@ -185,11 +185,27 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
         evidence=evidence,
         est_speedup=amdahl(c * p, float("inf")),
         speedup_basis=(
-            f"pad tokens are {p:.1%} of all tokens (measured from attention masks); compute takes {c:.0%} of "
-            "the step and scales with tokens: 1/(1 − compute·pad); attention's quadratic part gains more"
+            f"pad tokens are {p:.1%} of all tokens (measured from attention masks); {share_basis}: "
+            "1/(1 − share·pad); attention's quadratic part gains more"
         ),
         fix=advise(ctx.framework, *_padding_uses(fixed_length)),
     )
+
+
+def _token_share(ctx: RuleContext) -> tuple[float, str]:
+    """The share of the step that scales with the tokens computed on, and what it rests on: the forward and
+    backward when the probe timed them (the optimizer step and the data wait do not grow with padding; the
+    backward holds any recompute, which does), else the compute share (a trace's kernels, or 1 − data wait)."""
+    m = ctx.metrics
+    traced = any(t.temporal for t in ctx.traces)
+    if not traced and m.forward_frac is not None and m.backward_frac is not None:
+        share = min(1.0, m.forward_frac + m.backward_frac)
+        return share, (
+            f"forward and backward take {share:.0%} of the step (measured) and scale with the tokens; the "
+            "optimizer step does not"
+        )
+    c = ctx.compute_frac
+    return c, f"compute takes {c:.0%} of the step and scales with tokens"
 
 
 def _padding_in_config(ctx: RuleContext) -> Finding | None:
