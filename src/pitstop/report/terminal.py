@@ -14,6 +14,8 @@ from rich.text import Text
 
 from pitstop.diagnose import Diagnosis, counting_line
 from pitstop.findings import Finding
+from pitstop.report.untrusted import as_text
+from pitstop.report.untrusted import shown as plain
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 # Okabe–Ito colours: distinguishable with the common colour-vision deficiencies
@@ -88,8 +90,10 @@ def _trace_rows(d: Diagnosis, grid: Table) -> None:
             split = ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in t.idle_split.items())
             grid.add_row(
                 "",
-                f"GPU time: idle {t.temporal['idle']:.1%} ({split}) · compute "
-                f"{t.temporal['compute']:.1%} · non-compute {t.temporal['non_compute']:.1%}",
+                as_text(
+                    f"GPU time: idle {t.temporal['idle']:.1%} ({split}) · compute "
+                    f"{t.temporal['compute']:.1%} · non-compute {t.temporal['non_compute']:.1%}"
+                ),
             )
         if len(d.profile.ranks) > 3:
             grid.add_row("", Text(f"(+{len(d.profile.ranks) - 1} more ranks: see Per rank)", style="dim"))
@@ -116,7 +120,7 @@ def _totals_row(d: Diagnosis, grid: Table) -> None:
         parts.append(f"evaluation {m.eval_frac:.0%} of the run")
     elif t.eval_s:
         parts.append(f"{t.evals} evaluations, {t.eval_s / 60:.1f} min")
-    grid.add_row("Trainer", " · ".join(parts) or "no rates in these files")
+    grid.add_row("Trainer", as_text(" · ".join(parts) or "no rates in these files"))
 
 
 def _gpu_log_row(d: Diagnosis, grid: Table) -> None:
@@ -137,7 +141,7 @@ def _gpu_log_row(d: Diagnosis, grid: Table) -> None:
         elif w.active_frac is not None and w.active_frac < 0.95:
             line += f"  computing {w.active_frac:.0%} of the log, {_num(w.active_util, '.0%')} busy then"
         cells.append(line)
-    grid.add_row("GPU log", "\n".join(cells))
+    grid.add_row("GPU log", as_text("\n".join(cells)))
 
 
 def _rank_index(d: Diagnosis, rank: int) -> int:
@@ -182,14 +186,16 @@ def _picture_rows(d: Diagnosis, grid: Table) -> None:
         samples = d.profile.ranks[_rank_index(d, window.gpu)].gpu_samples[window.first : window.last]
         line = Text(sparkline([s.util for s in samples], lo=0.0, hi=100.0), style="#0072B2")
         line.append(
-            f"  min {_num(window.min_util, '.0%')} · mean {_num(window.mean_util, '.0%')} · "
-            f"max {_num(window.max_util, '.0%')}{whose}"
+            plain(
+                f"  min {_num(window.min_util, '.0%')} · mean {_num(window.mean_util, '.0%')} · "
+                f"max {_num(window.max_util, '.0%')}{whose}"
+            )
         )
         grid.add_row("GPU util", line)
     rates, what = series.rate
     if len(rates) >= 2:
         line = Text(sparkline(rates, lo=0.0), style="#009E73")
-        line.append(f"  {min(rates):,.0f}–{max(rates):,.0f} {what} per step{whose}")
+        line.append(plain(f"  {min(rates):,.0f}–{max(rates):,.0f} {what} per step{whose}"))
         grid.add_row("Tokens/s", line)
 
 
@@ -207,15 +213,19 @@ def _headline(d: Diagnosis) -> Table:
     if p.source in ("analyze", "check"):
         grid.add_row(
             "Read",
-            f"{len(p.command or [])} input(s) · {env.framework or 'framework unknown'} on {device}{ranks}",
+            as_text(
+                f"{len(p.command or [])} input(s) · {env.framework or 'framework unknown'} on {device}{ranks}"
+            ),
         )
     else:
         warm = p.ranks[0].warmup_steps if p.ranks else 0
         rule = p.ranks[0].window_rule if p.ranks else None
         grid.add_row(
             "Run",
-            f"{env.framework or 'pytorch'} on {device}{ranks} · {m.steps_measured} steps measured "
-            f"after {warm} warm-up" + (f" (window: {rule})" if rule else ""),
+            as_text(
+                f"{env.framework or 'pytorch'} on {device}{ranks} · {m.steps_measured} steps measured "
+                f"after {warm} warm-up" + (f" (window: {rule})" if rule else "")
+            ),
         )
     if m.tokens_per_s is not None or (m.step_time_s is not None and p.source not in ("analyze", "check")):
         thr = f"{_num(m.real_tokens_per_s)} real tokens/s"
@@ -227,7 +237,7 @@ def _headline(d: Diagnosis) -> Table:
             thr += f" · {m.step_time_s:.3f} s/step"
             if m.step_time_p10_s is not None and m.step_time_p90_s is not None:
                 thr += f" (p10–p90 {m.step_time_p10_s:.3f}–{m.step_time_p90_s:.3f})"
-        grid.add_row("Throughput", thr)
+        grid.add_row("Throughput", as_text(thr))
     if (counted := counting_line(d.profile)) is not None:  # where tokens and steps came from
         grid.add_row("Counted", Text(counted))
     _picture_rows(d, grid)
@@ -237,8 +247,8 @@ def _headline(d: Diagnosis) -> Table:
     _totals_row(d, grid)
     _gpu_log_row(d, grid)
     if env.on_gpu or p.source not in ("analyze", "check"):
-        grid.add_row("Expected", _expected_line(d))
-    grid.add_row("Seen", _seen(d))
+        grid.add_row("Expected", as_text(_expected_line(d)))
+    grid.add_row("Seen", as_text(_seen(d)))
     return grid
 
 
@@ -306,22 +316,24 @@ def _finding_panel(i: int, f: Finding) -> Panel:
     style = SEVERITY_STYLE[f.severity]
     head = Text.assemble(
         (f"{i}. {f.severity.upper()} ", style),
-        (f"{f.cause}", "bold"),
-        f"  {f.title}",
+        (plain(f.cause), "bold"),
+        plain(f"  {f.title}"),
         ("  est. ×" + f"{f.est_speedup:.2f}" if f.est_speedup else "  est. unknown", "bold green"),
         f"  confidence {f.confidence:.0%}",
     )
     evidence = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None)
     body: list = [
-        Text(f.summary),
-        Text.assemble(("evidence  ", "dim"), evidence),
-        Text.assemble(("estimate  ", "dim"), f.speedup_basis),
-        Text.assemble(("fix       ", "dim"), f.fix.text),
+        as_text(f.summary),
+        Text.assemble(("evidence  ", "dim"), plain(evidence)),
+        Text.assemble(("estimate  ", "dim"), plain(f.speedup_basis)),
+        Text.assemble(("fix       ", "dim"), plain(f.fix.text)),
     ]
     snippet = f.fix.snippet
     if snippet:
         lang = "json" if f.fix.framework == "deepspeed" else "python"
-        body.append(Syntax(snippet, lang, theme="ansi_dark", background_color="default", word_wrap=True))
+        body.append(
+            Syntax(plain(snippet), lang, theme="ansi_dark", background_color="default", word_wrap=True)
+        )
     return Panel(Group(*body), title=head, title_align="left", border_style=style, padding=(0, 1))
 
 
@@ -368,10 +380,10 @@ def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
         )
     if diagnosis.skipped_checks:
         names = ", ".join(diagnosis.skipped_checks)
-        console.print(Text(f"Not checked on a CPU run (they need a GPU): {names}", style="dim"))
+        console.print(as_text(f"Not checked on a CPU run (they need a GPU): {names}", style="dim"))
     if diagnosis.profile.source == "check" and not diagnosis.findings:
         console.print(
             Text("The configs raise no flag; measure the run itself with `pitstop doctor`.", style="dim")
         )
     for note in diagnosis.notes + diagnosis.profile.notes:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(as_text(f"note: {note}", style="dim"))
