@@ -103,6 +103,9 @@ def run_doctor(
     auto: bool = False,
 ) -> int:
     outputs.check()
+    quiet = (
+        quiet or outputs.takes_stdout()
+    )  # '-': standard output holds the document alone, not the job's lines
     rule = WindowRule() if auto and not full else None
     diagnosis = measure_and_diagnose(
         command, None if full else steps, warmup, quiet, "measuring", timeout, rule

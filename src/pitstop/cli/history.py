@@ -70,10 +70,10 @@ def _short(text: str | None, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _console() -> Console:
+def _console(stderr: bool = False) -> Console:
     from rich.console import Console
 
-    return Console()
+    return Console(stderr=stderr)
 
 
 @history_app.command("list")
@@ -211,7 +211,7 @@ def compare(
             as_text(format_metric(row.name, row.b)),
             ratio,
         )
-    _console().print(table)
+    _console(stderr=json_file is not None and str(json_file) == "-").print(table)
     if differ:
         typer.secho(
             f"pitstop: warning: the runs have different setups ({shown(', '.join(differ))} differ); "

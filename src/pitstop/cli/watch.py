@@ -59,7 +59,7 @@ def run_watch(command: list[str], options: WatchOptions, outputs: Outputs) -> in
         launch = run_observed(
             command,
             config,
-            quiet=live,  # on a terminal the job's lines are printed above the panel, from its log
+            quiet=live or outputs.takes_stdout(),  # on a terminal the job's lines are printed above the panel
             on_tick=feed.tick,
             out_dir=out,
             timeout_s=options.timeout,
