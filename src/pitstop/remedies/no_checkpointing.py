@@ -1,4 +1,10 @@
-"""Activation checkpointing off where memory allows: no forward recomputed inside the backward."""
+"""Activation checkpointing off where memory allows: no forward recomputed inside the backward.
+
+A trial verifies that it is off before its window counts (issue 27, item 4): every call into
+``torch.utils.checkpoint`` (reentrant or not) is counted up to the first optimizer step; a checkpointed call
+there, or a torch whose checkpoint functions cannot be counted, revokes the fix ("not applied"), since a window
+that still recomputes would otherwise be judged as if checkpointing were off.
+"""
 
 from __future__ import annotations
 
@@ -44,7 +50,28 @@ class NoCheckpointing(Remedy):
         return None
 
     def on_import(self) -> Mapping[str, Any]:
-        return {"transformers.modeling_utils": self._patch_models}
+        return {"transformers.modeling_utils": self._patch_models, "torch.utils.checkpoint": self._verify_off}
+
+    def _verify_off(self, checkpoint: ModuleType, request: FixRequest, report: FixReport) -> None:
+        """Count the checkpointed calls up to the first optimizer step, then say whether it was off."""
+        from torch.optim import optimizer as optim_mod
+
+        calls = checkpoint_counter(checkpoint)
+        checked = False
+
+        def check(optimizer: Any, args: Any, kwargs: Any) -> None:
+            nonlocal checked
+            if checked:
+                return
+            checked = True
+            verdict = off_or_why(calls, self.id in report.applied)
+            if verdict is not None:
+                if self.id in report.applied:
+                    report.revoke(self.id, verdict)
+                else:
+                    report.skip(self.id, verdict)
+
+        optim_mod.register_optimizer_step_pre_hook(check)
 
     def _patch_models(self, modeling_utils: ModuleType, request: FixRequest, report: FixReport) -> None:
         """Checkpointing requests on any transformers model become no-ops."""
@@ -62,3 +89,45 @@ class NoCheckpointing(Remedy):
             if getattr(args, name, False):
                 setattr(args, name, False)
                 report.apply(self.id, f"TrainingArguments({name}=False)")
+
+
+def checkpoint_counter(checkpoint: ModuleType) -> list[int]:
+    """Wrap the two ways ``torch.utils.checkpoint`` recomputes (the reentrant ``CheckpointFunction`` and the
+    non-reentrant generator ``checkpoint()`` calls by name) to count their calls. Returns ``[calls]``, or
+    ``[-1]`` when this torch has neither (nothing can be verified)."""
+    calls = [0]
+    function = getattr(checkpoint, "CheckpointFunction", None)
+    generator = getattr(checkpoint, "_checkpoint_without_reentrant_generator", None)
+    if function is None or generator is None or not callable(getattr(function, "forward", None)):
+        calls[0] = -1
+        return calls
+    forward = function.forward
+
+    def counted_forward(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    def counted_generator(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return generator(*args, **kwargs)
+
+    function.forward = staticmethod(counted_forward)
+    checkpoint._checkpoint_without_reentrant_generator = counted_generator  # type: ignore[attr-defined]
+    return calls
+
+
+def off_or_why(calls: list[int], applied: bool) -> str | None:
+    """None when checkpointing was verified off up to the first optimizer step, else why it was not."""
+    if calls[0] < 0:
+        return "could not verify that checkpointing was off (this torch's checkpoint functions are not countable)"
+    if calls[0] == 0:
+        return None
+    if applied:
+        return (
+            f"checkpointing still ran ({calls[0]} checkpointed calls before the first optimizer step): the job "
+            "enables it some other way than gradient_checkpointing_enable() or the Trainer's argument"
+        )
+    return (
+        f"the job checkpoints through torch.utils.checkpoint directly ({calls[0]} calls before the first "
+        "optimizer step), which tune cannot turn off from outside"
+    )

@@ -75,6 +75,7 @@ class FixReport:
     losses: list[float] = field(default_factory=list)
     redirected: list[str] = field(default_factory=list)
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # fix -> the advice's parameters
+    revoked: dict[str, str] = field(default_factory=dict)  # fix -> why its check found it not in effect
 
     def apply(self, fix: str, what: str, **params: Any) -> None:
         """``params``: what the remedy's advice needs to describe this change (e.g. the new micro-batch)."""
@@ -90,6 +91,7 @@ class FixReport:
         self.applied.pop(fix, None)
         self.params.pop(fix, None)
         self.skipped[fix] = why
+        self.revoked[fix] = why
         self.save()
 
     def skip(self, fix: str, why: str) -> None:
@@ -108,6 +110,7 @@ class FixReport:
             "losses": self.losses,
             "redirected": self.redirected,
             "params": self.params,
+            "revoked": self.revoked,
         }
         with contextlib.suppress(OSError):
             write_atomic(self.path, json.dumps(payload))

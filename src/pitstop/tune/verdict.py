@@ -133,6 +133,10 @@ def judge(candidate: Remedy, why: str, window: Window, base: Baseline, tol: floa
         verdict.status = "out of memory" if (window.error or "").startswith("out of memory") else "failed"
         verdict.reason = f"{window.error}"
         return verdict
+    if fix in window.revoked:
+        verdict.status = "not applied"
+        verdict.reason = window.revoked[fix]
+        return verdict
     if fix not in window.applied:
         verdict.status = "not applicable"
         verdict.reason = window.skipped.get(fix, "nothing in the job to apply it to")

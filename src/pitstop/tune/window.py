@@ -30,6 +30,7 @@ class Window:
     applied: dict[str, str] = field(default_factory=dict)
     applied_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # fix -> its advice's parameters
     skipped: dict[str, str] = field(default_factory=dict)
+    revoked: dict[str, str] = field(default_factory=dict)  # applied, then found not in effect in some process
     redirected: list[str] = field(default_factory=list)
     error: str | None = None  # why no throughput was measured (crash, out of memory, …)
     # what real_tokens_per_s counts: "tokens" / "samples" when real tokens are unknown, "steps" when rows are too
@@ -111,6 +112,9 @@ def run_window(
             window.redirected += report.get("redirected", [])
             for fix, why in report.get("skipped", {}).items():
                 window.skipped.setdefault(fix, why)
+            window.revoked.update(report.get("revoked", {}))
+        for fix in window.revoked:  # one process that did not run the fix makes the whole window not count
+            window.applied.pop(fix, None)
         window.losses = next((r.get("losses", []) for r in reports if r.get("losses")), [])
         profile = result.profile
         if profile is None or (not result.stopped_by_probe and result.exit_code != 0):
