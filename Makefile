@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 PIP := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: setup demo test test-busy lint check bench gpu-check clean
+.PHONY: setup demo test test-slow test-all test-busy lint check bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -33,8 +33,16 @@ lint: setup
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
+# the fast tier: lint, types, every test that starts no process, and one real run per front door (smoke)
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not slow or smoke"
+
+# the rest: every test that starts a process or trains, but the smoke runs `make test` already ran
+test-slow: setup
+	$(BIN)/pytest -m "slow and not smoke"
+
+# everything, each test once (CI runs this)
+test-all: test test-slow
 
 bench: setup
 	$(BIN)/python bench/probe_overhead.py
@@ -42,7 +50,7 @@ bench: setup
 # the whole suite with two CPU-bound processes beside it (Debian's stress-ng), as on a busy shared machine
 test-busy: lint
 	@command -v stress-ng >/dev/null || { echo "stress-ng is missing: apt-get install stress-ng"; exit 2; }
-	stress-ng --cpu 2 --quiet & pid=$$!; $(BIN)/pytest; rc=$$?; kill $$pid; exit $$rc
+	stress-ng --cpu 2 --quiet & pid=$$!; $(BIN)/pytest $(PYTEST_ARGS); rc=$$?; kill $$pid; exit $$rc
 
 # every GPU path checked on a real GPU, one pass/fail table (skips cleanly without CUDA); not part of CI
 gpu-check: setup

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing.util
 import os
 import signal
 import subprocess
@@ -48,6 +49,53 @@ def history_file(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     path = tmp_path_factory.mktemp("history") / "history.sqlite3"
     monkeypatch.setenv("PITSTOP_HISTORY", str(path))
     return path
+
+
+class _Spawns:
+    """What a test started: commands (``subprocess``) and bare forks (``multiprocessing``, ``os.fork``)."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def note(self, what: object) -> None:
+        self.started.append(" ".join(map(str, what)) if isinstance(what, (list, tuple)) else str(what))
+
+
+@pytest.fixture(autouse=True)
+def spawning_needs_the_slow_mark(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A test that starts a process costs seconds and belongs to the slow tier (``make test-all``): one that
+    does so without ``@pytest.mark.slow`` fails, naming what it started, so the fast tier stays fast."""
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    spawns = _Spawns()
+    execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def noted_child(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> Any:
+        spawns.note(args)
+        return execute_child(self, args, *rest, **kw)
+
+    fork = os.fork
+
+    def noted_fork() -> int:
+        spawns.note("os.fork()")
+        return fork()
+
+    spawnv = multiprocessing.util.spawnv_passfds  # how 'spawn' and 'forkserver' start their processes
+
+    def noted_spawnv(path: Any, args: Any, passfds: Any) -> int:
+        spawns.note(args)
+        return spawnv(path, args, passfds)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", noted_child)
+    monkeypatch.setattr(os, "fork", noted_fork)
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", noted_spawnv)
+    yield
+    if spawns.started:
+        pytest.fail(
+            f"started {len(spawns.started)} process(es) without @pytest.mark.slow: {spawns.started[0][:200]}",
+            pytrace=False,
+        )
 
 
 def require_shared(part: str = "") -> Path:
@@ -107,3 +155,20 @@ def doctor_json(
 
 def causes(doc: dict[str, Any]) -> list[str]:
     return [f["cause"] for f in doc["findings"]]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """In CI (``CI=true``) nothing may skip but the GPU tests: CI installs every extra, Chromium and
+    ``../shared/data``, so any other skip means something it should test was not tested."""
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        report.skipped
+        and os.environ.get("CI", "").lower() == "true"
+        and item.get_closest_marker("gpu") is None
+        and not hasattr(report, "wasxfail")
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where nothing but a GPU test may skip: {reason}"

@@ -52,6 +52,7 @@ def _env() -> dict[str, str]:
 # -- 4. a resume with another shard size ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_resume_with_another_shard_size_keeps_every_example(
     data: Path, tokenizer: Path, tmp_path: Path
 ) -> None:
@@ -76,6 +77,7 @@ def test_resume_with_another_shard_size_keeps_every_example(
 # -- 5. every array is checksummed ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mask.bin", "tokens.bin", "offsets.bin"])
 def test_one_flipped_byte_in_any_array_is_caught(
     name: str, data: Path, tokenizer: Path, tmp_path: Path
@@ -102,6 +104,7 @@ def test_one_flipped_byte_in_any_array_is_caught(
         None,
     ],
 )
+@pytest.mark.slow
 def test_a_meta_json_with_wrong_types_is_refused_in_one_line(
     change: dict[str, object] | None, data: Path, tokenizer: Path, tmp_path: Path
 ) -> None:
@@ -281,6 +284,7 @@ def test_a_stopped_cache_build_ends_its_workers_quietly_and_says_what_it_kept(
 # -- what a damaged cache or partial build turns into ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_broken_published_cache_is_rebuilt_by_the_next_build(
     data: Path, tokenizer: Path, tmp_path: Path
 ) -> None:
@@ -308,6 +312,7 @@ def _interrupted(data: Path, tokenizer: Path, out: Path) -> Path:
     return next(out.glob("*.partial"))
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_is_refused_then_redone(data: Path, tokenizer: Path, tmp_path: Path) -> None:
     partial = _interrupted(data, tokenizer, tmp_path / "cache")
     shard = partial / "shard-000001.bin"
@@ -321,6 +326,7 @@ def test_a_damaged_shard_is_refused_then_redone(data: Path, tokenizer: Path, tmp
     assert _files(path) == _files(build_cache(data, tokenizer, tmp_path / "fresh", workers=1, shard_size=5))
 
 
+@pytest.mark.slow
 def test_shards_that_do_not_add_up_to_the_source_are_refused(
     data: Path, tokenizer: Path, tmp_path: Path
 ) -> None:
@@ -349,6 +355,7 @@ def test_the_cli_refuses_a_bad_meta_json_in_one_line(data: Path, tokenizer: Path
         assert "invalid meta.json (examples is [40], not a count)" in line and "internal error" not in line
 
 
+@pytest.mark.slow
 def test_a_build_waits_for_the_lock_holder_and_takes_over_a_dead_ones_lock(
     data: Path, tokenizer: Path, tmp_path: Path
 ) -> None:

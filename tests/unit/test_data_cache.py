@@ -35,6 +35,7 @@ def tokenizer(tmp_path: Path) -> Path:
     return number_tokenizer(tmp_path / "tok", CHAT_TEMPLATE)
 
 
+@pytest.mark.slow
 def test_build_open_and_masks(data: Path, tokenizer: Path, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
 
@@ -50,6 +51,7 @@ def test_build_open_and_masks(data: Path, tokenizer: Path, tmp_path: Path) -> No
     cache.verify()
 
 
+@pytest.mark.slow
 def test_chat_template_trains_only_assistant_turns(tmp_path: Path, tokenizer: Path) -> None:
     from tokenizers import Tokenizer
 
@@ -69,6 +71,7 @@ def test_chat_template_trains_only_assistant_turns(tmp_path: Path, tokenizer: Pa
     assert trained.replace(" ", "").strip() == "Itis5.</s>"  # the assistant header is prompt, not trained on
 
 
+@pytest.mark.slow
 def test_reused_when_unchanged_and_keyed_by_tokenizer(data: Path, tokenizer: Path, tmp_path: Path) -> None:
     first = build_cache(data, tokenizer, tmp_path / "cache", workers=1)
     stamp = (first / "tokens.bin").stat().st_mtime_ns
@@ -81,6 +84,7 @@ def test_reused_when_unchanged_and_keyed_by_tokenizer(data: Path, tokenizer: Pat
     assert third != first  # another tokenizer never reuses the cache
 
 
+@pytest.mark.slow
 def test_resumes_after_a_kill_and_is_never_half_open(data: Path, tokenizer: Path, tmp_path: Path) -> None:
     out = tmp_path / "cache"
     seen: list[int] = []
@@ -105,6 +109,7 @@ def test_resumes_after_a_kill_and_is_never_half_open(data: Path, tokenizer: Path
     assert np.array_equal(a.offsets, b.offsets) and not partial.exists()
 
 
+@pytest.mark.slow
 def test_damage_is_detected(data: Path, tokenizer: Path, tmp_path: Path) -> None:
     path = build_cache(data, tokenizer, tmp_path / "cache", workers=1)
     raw = bytearray((path / "tokens.bin").read_bytes())
@@ -117,6 +122,7 @@ def test_damage_is_detected(data: Path, tokenizer: Path, tmp_path: Path) -> None
         open_cache(path)
 
 
+@pytest.mark.slow
 def test_full_disk_fails_cleanly(
     data: Path, tokenizer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

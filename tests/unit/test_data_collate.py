@@ -49,6 +49,7 @@ CASES = [(a, b) for a in ("llama", "qwen2") for b in ("sdpa", "eager", "flex_att
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("arch", "attn"), CASES)
 def test_packed_forward_equals_each_example_alone(arch: str, attn: str) -> None:
     torch.manual_seed(0)

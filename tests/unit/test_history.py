@@ -441,6 +441,7 @@ print(json.dumps(ids))
 """
 
 
+@pytest.mark.slow
 def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     path = tmp_path / "not" / "yet" / "history.sqlite3"  # the writers also race to create it
     doc_file = tmp_path / "doc.json"
@@ -648,6 +649,7 @@ def _read_on_a_read_only_disk(
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pending_wal", [False, True])
 def test_a_wal_history_on_a_read_only_disk_is_readable(pending_wal: bool, tmp_path: Path) -> None:
     folder = tmp_path / "ro"
@@ -670,6 +672,7 @@ def test_a_wal_history_on_a_read_only_disk_is_readable(pending_wal: bool, tmp_pa
     ("column", "value"),
     [("result_json", "{not json"), ("fingerprint_json", "[1, 2]"), ("result_json", "NaN]")],
 )
+@pytest.mark.slow
 def test_a_damaged_row_is_named_in_one_line(column: str, value: str, tmp_path: Path) -> None:
     path = tmp_path / "history.sqlite3"
     _valid_history(path, runs=2)
@@ -705,6 +708,7 @@ except PitstopError as exc:
 """
 
 
+@pytest.mark.slow
 def test_recording_on_a_read_only_disk_says_so_in_one_line(tmp_path: Path) -> None:
     folder = tmp_path / "ro"
     folder.mkdir()

@@ -75,6 +75,7 @@ def test_long_series_are_bucketed() -> None:
     assert nice_ticks(0) == [0.0, 1.0]
 
 
+@pytest.mark.slow
 def test_report_cli_errors_are_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -192,6 +192,7 @@ def test_a_deep_config_says_the_same_under_a_raised_recursion_limit(tmp_path: Pa
     assert words[0] == words[1] and "nested more than 64 levels" in words[0]
 
 
+@pytest.mark.slow
 def test_cli_model_option_and_files_exit_2_on_bad_model_configs(tmp_path: Path) -> None:
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps(LLAMA | {"num_attention_heads": 0}))
@@ -287,6 +288,7 @@ def test_a_deepspeed_path_outside_the_config_folder_is_not_opened(tmp_path: Path
 # --- 13: a real checkpoint folder ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_analyze_reads_a_checkpoint_folder_and_skips_what_is_not_an_artifact(tmp_path: Path) -> None:
     ckpt = tmp_path / "checkpoint-500"
     ckpt.mkdir()

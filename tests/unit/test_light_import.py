@@ -17,10 +17,12 @@ def _loaded_after(code: str) -> set[str]:
     return {m for m in out.stdout.strip().split(",") if m}
 
 
+@pytest.mark.slow
 def test_import_pitstop_is_light() -> None:
     assert _loaded_after("import pitstop, pitstop.diagnose, pitstop.profile, pitstop.hardware") == set()
 
 
+@pytest.mark.slow
 def test_help_is_light() -> None:
     code = (
         "from typer.testing import CliRunner\nfrom pitstop.cli.app import app\n"
@@ -30,6 +32,7 @@ def test_help_is_light() -> None:
     assert _loaded_after(code) == set()
 
 
+@pytest.mark.slow
 def test_bootstrap_without_torch_import_stays_light() -> None:
     code = (
         "import os; os.environ['PITSTOP_OUT'] = '/tmp'\nfrom pitstop.probe.bootstrap import arm; assert arm()"
@@ -37,6 +40,7 @@ def test_bootstrap_without_torch_import_stays_light() -> None:
     assert _loaded_after(code) == set()  # armed, but waiting for the program to import torch itself
 
 
+@pytest.mark.slow
 def test_analyze_reads_with_one_blas_thread() -> None:
     """numpy's OpenBLAS starts a spin-waiting thread per core; analyze never calls BLAS, so it asks for one
     (a value the user set is kept)."""

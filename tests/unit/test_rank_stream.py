@@ -61,6 +61,7 @@ def test_a_finished_profile_wins_over_the_lines_before_it(tmp_path: Path) -> Non
     assert read_stream(path) == (whole, True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
 def test_a_forked_child_writes_its_own_file(tmp_path: Path) -> None:
     stream = RankStream(tmp_path)

@@ -43,6 +43,7 @@ def test_clock_offsets_between_ranks_are_corrected(tmp_path: Path) -> None:
     assert "straggler" not in _findings(folder, jobs=1)
 
 
+@pytest.mark.slow
 def test_planted_straggler_found_through_the_process_pool(tmp_path: Path) -> None:
     docs = kr.job(16, offsets=(OFFSETS * 2)[:16], straggler=11, extra_host_us=3000)
     folder = kr.write_folder(tmp_path / "t", docs)
@@ -83,6 +84,7 @@ def test_slow_gpu_and_slow_host_are_told_apart(tmp_path: Path) -> None:
     assert "the other rank" in f.summary and "median" not in f.summary  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_a_truncated_trace_among_good_ones_is_reported_and_skipped(tmp_path: Path) -> None:
     folder = kr.write_folder(tmp_path / "t", kr.job(4, steps=40, straggler=3, extra_host_us=3000))
     broken = folder / "rank-2.pt.trace.json.gz"
@@ -154,6 +156,7 @@ def test_rank_numbers_from_names_and_from_the_trace(tmp_path: Path) -> None:
     assert 1 <= default_jobs(sorted(tmp_path.iterdir())) <= 2
 
 
+@pytest.mark.slow
 def test_the_summary_stays_short_at_many_ranks(tmp_path: Path) -> None:
     docs = kr.job(64, steps=3, kernels=4, straggler=40, extra_host_us=2500)
     folder = kr.write_folder(tmp_path / "t", docs)

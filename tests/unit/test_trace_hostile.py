@@ -69,6 +69,7 @@ def _refused(tmp_path: Path, path: Path, message: str, limit_mib: float) -> None
     assert peak < limit_mib, f"peak {peak:.0f} MiB"
 
 
+@pytest.mark.slow
 def test_deep_nesting(tmp_path: Path) -> None:
     """The 138-byte gzip of 40,000 nested brackets that took 4 GB."""
     path = tmp_path / "deep.json.gz"
@@ -84,6 +85,7 @@ def test_deep_nesting(tmp_path: Path) -> None:
         read_columns(inner)
 
 
+@pytest.mark.slow
 def test_giant_string(tmp_path: Path) -> None:
     """A ~200 KB gzip whose one kernel name is 200 MB (it ran past 60 s)."""
     head = b'{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1, "dur": 2, "name": "'
@@ -92,12 +94,14 @@ def test_giant_string(tmp_path: Path) -> None:
     _refused(tmp_path, path, "longer than 32 MiB", 300)
 
 
+@pytest.mark.slow
 def test_gzip_bomb(tmp_path: Path) -> None:
     """Whitespace inside the event list expands ~1,000x: refused once the ratio is past any trace's."""
     path = _gzip_stream(tmp_path / "bomb.json.gz", [(b'{"traceEvents": [', 1), (b" ", 300 << 20), (b"]}", 1)])
     _refused(tmp_path, path, "decompression bomb", 200)
 
 
+@pytest.mark.slow
 def test_non_numbers(tmp_path: Path) -> None:
     nan = tmp_path / "nan.json"
     nan.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": NaN, "dur": 1}]}')
@@ -111,6 +115,7 @@ def test_non_numbers(tmp_path: Path) -> None:
     assert cols.bad_events == 1 and len(cols.steps) == 3
 
 
+@pytest.mark.slow
 def test_worker_memory_stays_flat_as_the_trace_grows(tmp_path: Path) -> None:
     """The same job profiled for 7x more steps: 7x the text, the worker's peak moves by a few MiB."""
     sizes, peaks = [], []
@@ -142,6 +147,7 @@ def test_an_event_whose_category_is_not_a_string_is_counted_as_malformed(tmp_pat
     assert columns.bad_events == 2  # skipped and counted, never an internal error
 
 
+@pytest.mark.slow
 def test_ids_past_64_bits_are_unknown_not_an_internal_error(tmp_path: Path) -> None:
     big = 2**64
     events = [

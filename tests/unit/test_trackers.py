@@ -66,6 +66,7 @@ def test_tensorboard_scalars_and_findings_text(tmp_path: Path) -> None:
     assert any("tokens/s fell" in c for c in changes)
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_holds_the_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -83,6 +84,7 @@ def test_wandb_offline_run_holds_the_windows(tmp_path: Path, monkeypatch: pytest
     assert "dataloader_bound" in table.read_text()
 
 
+@pytest.mark.slow
 def test_wandb_logs_into_the_run_already_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -108,6 +110,7 @@ def file_store(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("file_store")
 def test_mlflow_file_store_inside_the_active_run(tmp_path: Path) -> None:
     mlflow = pytest.importorskip("mlflow")
@@ -176,6 +179,7 @@ print("RESULT" + json.dumps(out, default=str))
 """
 
 
+@pytest.mark.slow
 def test_trackio_local_store_holds_the_windows_and_findings(tmp_path: Path) -> None:
     pytest.importorskip("trackio")
     import json

@@ -302,6 +302,7 @@ def test_interpreter_flags_are_read_up_to_the_script(command: list[str], flags: 
     assert found is not None and found[1] == flags
 
 
+@pytest.mark.slow
 def test_launchers_and_plain_pythons_have_no_blind_spot() -> None:
     assert interpreter_flags(["torchrun", "--nproc_per_node", "2", "t.py"]) is None
     assert blind_spot([sys.executable, "t.py"]) is None

@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from tests.conftest import run_pitstop
 from tests.unit.test_wholerun import series
@@ -132,6 +133,7 @@ def test_the_live_panel_shows_the_run_so_far() -> None:
     assert "dataloader_bound" in text and "CHANGE (slower)" in text and "epoch 1 loss 2.31" in text
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line() -> None:
     proc = run_pitstop("watch", "--report-to", "comet", "--", "python", "-c", "pass")
     assert proc.returncode == 2 and "unknown tracker 'comet'" in proc.stderr
