@@ -52,6 +52,22 @@ def test_a_run_id_beyond_sqlite_is_no_such_run(
     assert _one_line(err).startswith("pitstop: no run #")
 
 
+def test_a_list_limit_beyond_sqlite_lists_them_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.unit.test_history import run_doc
+
+    from pitstop.history import record
+
+    path = tmp_path / "h.db"
+    record(run_doc(), "doctor", path)
+    code, out, err = cli(
+        capsys, monkeypatch, "history", "list", "--limit", "9" * 23, "--json", "--history", str(path)
+    )
+    assert code == 0, err
+    assert [r["id"] for r in json.loads(out)] == [1]
+
+
 def test_report_on_json_nested_beyond_the_recursion_limit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -451,7 +451,7 @@ class HistoryStore:
         sql = f"SELECT {_SUMMARY_COLUMNS} FROM runs{where} ORDER BY id DESC"
         if limit is not None:
             sql += " LIMIT ?"
-            params += (limit,)
+            params += (min(limit, MAX_ID),)  # more than SQLite can count is all of them
         return RunList(self._record(r) for r in self._query(sql, params))
 
     def get(self, run_id: int) -> RunRecord | None:
