@@ -66,6 +66,21 @@ def test_history_list_on_a_fifo_is_one_line_and_exit_2(
     ]
 
 
+def test_analyze_with_a_fifo_history_is_refused_before_reading(
+    fifo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "gpu.csv"
+    log.write_text(
+        "timestamp, index, utilization.gpu [%], memory.used [MiB]\n2024/01/01 10:00:00.000, 0, 50 %, 1000 MiB\n"
+    )
+    code, out, err = within(20, lambda: cli(capsys, monkeypatch, "analyze", str(log), "--history", str(fifo)))
+    assert code == 2 and out == ""  # refused before the log was read and reported
+    assert err.strip().splitlines() == [
+        f"pitstop: history {fifo}: a FIFO (named pipe), not a file pitstop reads; "
+        "record elsewhere with --history PATH, or pass --no-history"
+    ]
+
+
 def test_recording_into_a_fifo_is_refused_without_opening_it(fifo: Path) -> None:
     with pytest.raises(HistoryError, match="a FIFO"):
         within(20, lambda: record(run_doc(), "analyze", fifo))

@@ -73,6 +73,24 @@ class Outputs:
                 check_target(path, option)
         if self.tensorboard is not None and target_kind(self.tensorboard) not in ("missing", "folder"):
             raise UserError(f"--tensorboard {shown(str(self.tensorboard))}: not a folder", 2)
+        if self.record:
+            self._check_history()
+
+    def _check_history(self) -> None:
+        """A history that is a FIFO, a device or a folder can never record: refused before the run (a FIFO
+        would block the open forever). A history that cannot be found is left to ``remember`` (a warning)."""
+        from pitstop.history import HistoryError, resolve_path
+        from pitstop.ingest.readers import regular_problem
+
+        try:
+            where = resolve_path(self.history)
+        except HistoryError:
+            return
+        problem = regular_problem(where, empty_ok=True)
+        if problem is not None:
+            raise UserError(
+                f"history {problem}; record elsewhere with --history PATH, or pass --no-history", 2
+            )
 
     def takes_stdout(self) -> bool:
         return is_stdout(self.json) or is_stdout(self.html)
