@@ -74,3 +74,29 @@ def test_padding_leaves_the_optimizer_step_out_of_the_share_that_scales_with_tok
     share = 0.06 / 0.09
     assert f.est_speedup == pytest.approx(1 / (1 - share * 0.5), rel=0.01)
     assert f.evidence["padding_frac"] == pytest.approx(0.5)
+
+
+def test_tune_records_each_measured_fix_with_what_its_finding_predicted() -> None:
+    from pitstop.remedies import remedy
+    from pitstop.tune.proposals import propose
+    from pitstop.tune.session import predicted_vs_measured
+    from pitstop.tune.verdict import judge, make_baseline
+    from pitstop.tune.window import Window
+
+    p = profile("cpu", steps(wall=0.1, fwd=0.03, bwd=0.06, opt=0.005, real_frac=0.5))
+    proposal = next(x for x in propose(diagnose(p)) if x.fix == "trim_padding")
+    assert proposal.cause == "padding_waste" and proposal.expected and proposal.expected > 1.3
+
+    def window(rate: float, fix: str) -> Window:
+        w = Window(fixes=(fix,), real_tokens_per_s=rate, spread=0.01, losses=[6.9])
+        w.applied = {fix: "done"}
+        return w
+
+    base = make_baseline([window(1000.0, "-"), window(1004.0, "-")], 1e-3)
+    v = judge(remedy("trim_padding"), proposal.why, window(1300.0, "trim_padding"), base, 1e-3)
+    v.cause, v.predicted = proposal.cause, proposal.expected
+    (row,) = predicted_vs_measured([v])
+    assert row["cause"] == "padding_waste" and row["fix"] == "trim_padding" and row["status"] == "kept"
+    assert row["predicted"] == proposal.expected and row["measured"] == pytest.approx(1300 / 1002)
+    v.status = "undecided"
+    assert predicted_vs_measured([v]) == []  # a noisy machine's figure calibrates nothing

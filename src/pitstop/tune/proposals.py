@@ -22,6 +22,7 @@ class Proposal:
     remedy: Remedy
     why: str  # the finding (or the user's request) that put it on the list
     expected: float | None = None  # the speed-up that finding estimates, when it does
+    cause: str | None = None  # the finding's cause, when a finding put it on the list
 
     @property
     def fix(self) -> RemedyId:
@@ -74,7 +75,9 @@ def propose(
     for finding in diagnosis.findings:
         for rid, r in REGISTRY.items():
             if r.tunable and finding.cause in r.causes and rid not in picked and r.cannot_try(facts) is None:
-                picked[rid] = Proposal(r, f"{finding.cause} ({finding.severity})", finding.est_speedup)
+                picked[rid] = Proposal(
+                    r, f"{finding.cause} ({finding.severity})", finding.est_speedup, finding.cause
+                )
     accumulation = env.grad_accum_steps or 1
     micro = remedy(RemedyId.MICRO_BATCH)
     if accumulation >= 2 and RemedyId.MICRO_BATCH not in picked and micro.cannot_try(facts) is None:

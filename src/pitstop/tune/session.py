@@ -163,8 +163,26 @@ class TuneResult:
             "notes": self.notes,
             "plan": self.plan,
             "undecided": None if self.undecided is None else self.undecided.to_dict(),
+            "predicted_vs_measured": predicted_vs_measured(self.verdicts),
             "baseline_run": self.baseline_window.diagnosis.to_dict(),
         }
+
+
+def predicted_vs_measured(verdicts: list[Verdict]) -> list[dict[str, Any]]:
+    """Each measured fix with the speed-up its finding predicted: what the history keeps to calibrate the
+    rules on this user's own jobs (issue 27, item 3). Undecided and unmeasured fixes are left out."""
+    return [
+        {
+            "cause": v.cause,
+            "fix": v.fix,
+            "predicted": v.predicted,
+            "measured": v.speedup,
+            "spread": v.spread,
+            "status": v.status,
+        }
+        for v in verdicts
+        if v.cause and v.predicted and v.speedup and v.status in ("kept", "within noise", "slower")
+    ]
 
 
 class Session:
@@ -276,6 +294,8 @@ class Session:
             judge(p.remedy, p.why, w, bracketing(baselines, position, baseline, tol), tol)
             for p, w, position in windows
         ]
+        for (proposal, _, _), verdict in zip(windows, verdicts, strict=True):
+            verdict.cause, verdict.predicted = proposal.cause, proposal.expected
         best = self._best(verdicts, baseline, env.framework)
         rates = [w.real_tokens_per_s for _, w in baselines if w.ok and w.real_tokens_per_s]
         noise = undecided(verdicts, baseline, rates, self.window_s, scout.seconds)

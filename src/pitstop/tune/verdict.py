@@ -94,6 +94,8 @@ class Verdict:
     status: str = ""  # one or two words for the table: kept, within noise, slower, not applicable, failed…
     window_spread: float | None = None  # the window's own relative standard error, without the baseline's
     applied_params: dict[str, object] = field(default_factory=dict)  # what the remedy's advice needs
+    cause: str | None = None  # the finding that proposed it
+    predicted: float | None = None  # the speed-up that finding estimated (what calibration checks)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -111,6 +113,8 @@ class Verdict:
             "applied": self.applied,
             "loss_max_rel_diff": self.loss_max_rel_diff,
             "applied_params": self.applied_params,
+            "cause": self.cause,
+            "predicted": self.predicted,
         }
 
 
