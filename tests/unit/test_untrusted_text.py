@@ -132,3 +132,36 @@ def test_an_error_naming_a_hostile_path_stays_one_inert_line(
     code, _, err = cli(capsys, monkeypatch, "analyze", str(missing))
     assert code == 2 and "\x1b" not in err and len(err.strip().splitlines()) == 1
     assert "gone\\x1b[2J[/a].csv" in err
+
+
+@pytest.mark.slow
+def test_doctor_of_a_command_with_markup_stores_lists_and_writes_its_html(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's own runs: ``pitstop doctor --html '[/y].html' -- python b.py '[/a]'`` exits with the job's
+    code, writes the page, records the run, and ``history list`` shows the command as written."""
+    import sys
+
+    from tests.conftest import SCRIPTS, run_pitstop
+
+    loop = SCRIPTS / "plain_loop.py"
+    script = tmp_path / "b.py"
+    script.write_text(
+        "import runpy, sys\n"
+        f"sys.argv = [{str(loop)!r}, '--steps', '30', '--batch', '2', '--threads', '1']\n"
+        f"runpy.run_path({str(loop)!r}, run_name='__main__')\n"
+    )
+    (tmp_path / "[").mkdir()
+    history = tmp_path / "h" / "[red]x" / "h.db"
+    proc = run_pitstop(
+        "doctor", "--steps", "6", "--warmup", "2", "--html", "[/y].html", "--history", str(history), "--",
+        sys.executable, str(script), "[/a]",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "internal error" not in proc.stderr and (tmp_path / "[" / "y].html").is_file()
+    assert f"recorded as run 1 in {history}" in proc.stderr and "report written to [/y].html" in proc.stderr
+    code, out, err = cli(capsys, monkeypatch, "history", "list", "--history", str(history))
+    assert code == 0 and "internal error" not in err, err  # the table printed (was: MarkupError)
+    code, out, err = cli(capsys, monkeypatch, "history", "list", "--json", "--history", str(history))
+    assert json.loads(out)[0]["command"].endswith("b.py '[/a]'")  # shell-quoted, as stored
