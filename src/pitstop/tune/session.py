@@ -185,6 +185,26 @@ def predicted_vs_measured(verdicts: list[Verdict]) -> list[dict[str, Any]]:
     ]
 
 
+def baseline_notes(baseline: Baseline, noise: Undecided | None) -> list[str]:
+    """What the baseline windows say about the whole result: losses unread or unreproducible, drift, and the
+    fixes a noisy machine left undecided."""
+    notes: list[str] = []
+    if not baseline.losses:
+        notes.append("the job's losses could not be read: fixes meant to preserve them were not checked")
+    if baseline.losses_reproducible is False:
+        notes.append(
+            "the job's first losses differ between two identical runs (unseeded?): losses were not compared"
+        )
+    if baseline.drift is not None and abs(baseline.drift) > 0.05:
+        notes.append(
+            f"the baseline drifted {baseline.drift:+.1%} during tuning: the machine is noisy; each fix was "
+            "compared with the baselines measured before and after it"
+        )
+    if noise is not None:
+        notes.append(noise.text())
+    return notes
+
+
 class Session:
     def __init__(self, command: list[str], options: TuneOptions, progress: Progress) -> None:
         self.command = command
@@ -313,23 +333,7 @@ class Session:
             plan=plan.text,
             undecided=noise,
         )
-        if noise is not None:
-            result.notes.append(noise.text())
-        result.notes += self.combination_notes
-        result.notes += rate_notes(scout)
-        if not baseline.losses:
-            result.notes.append(
-                "the job's losses could not be read: fixes meant to preserve them were not checked"
-            )
-        if baseline.losses_reproducible is False:
-            result.notes.append(
-                "the job's first losses differ between two identical runs (unseeded?): losses were not compared"
-            )
-        if baseline.drift is not None and abs(baseline.drift) > 0.05:
-            result.notes.append(
-                f"the baseline drifted {baseline.drift:+.1%} during tuning: the machine is noisy; each fix was "
-                "compared with the baselines measured before and after it"
-            )
+        result.notes += self.combination_notes + rate_notes(scout) + baseline_notes(baseline, noise)
         return result
 
     def _plan(self, proposals: list[Proposal], scout: Window) -> BudgetPlan:
