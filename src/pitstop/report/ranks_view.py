@@ -1,13 +1,18 @@
 """The terminal's per-rank view of a multi-rank run with timed collectives: where each rank's step goes
 (data, compute, waiting for peers, communicating), when it arrives at collectives, and the job's bandwidth
-and scaling efficiency. Renders the figures of pitstop.diagnose.ranks; computes nothing."""
+and scaling efficiency. Renders the figures of pitstop.diagnose.ranks; computes nothing.
+
+Host names, collective op names, the clock's name and the scaling source come from rank files and traces:
+they reach the table as ``Text`` with control characters shown as escapes, never as markup."""
 
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
 from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.ranks import RankComm, RanksAnalysis
+from pitstop.report.untrusted import as_text, shown
 
 MAX_ROWS = 16  # beyond this, the slowest, the fastest and the straggler; the full table is in JSON and HTML
 
@@ -37,7 +42,9 @@ def table(d: Diagnosis) -> Table:
     a = d.ranks_analysis
     assert a is not None
     t = Table(
-        title=f"Per rank (ms per step; clocks aligned on collective ends, {a.clock} clock)",
+        title=as_text(
+            f"Per rank (ms per step; clocks aligned on collective ends, {a.clock} clock)", one_line=True
+        ),
         title_justify="left",
         show_edge=False,
     )
@@ -48,7 +55,7 @@ def table(d: Diagnosis) -> Table:
         mark = " ◀" if r.rank == a.straggler and a.persistent else ""
         t.add_row(
             f"{r.rank}{mark}",
-            r.host or "?",
+            as_text(r.host or "?", one_line=True),
             _ms(r.step_s),
             f"{_ms(r.data_s)} ({_share(r.data_s, r.step_s)})",
             f"{_ms(r.compute_s)} ({_share(r.compute_s, r.step_s)})",
@@ -71,16 +78,16 @@ def table(d: Diagnosis) -> Table:
             if b.busbw_gbps is None
             else f"{b.busbw_gbps:,.2f} GB/s bus ({b.algbw_gbps:,.2f} GB/s algorithm)"
         )
-        lines.append(f"{b.op}: {b.bytes_per_step / 1e6:,.1f} MB per step, {bw}")
+        lines.append(f"{shown(b.op, one_line=True)}: {b.bytes_per_step / 1e6:,.1f} MB per step, {bw}")
     s = d.scaling
     if s is not None:
-        lost = ", ".join(f"{k} {v:.0%}" for k, v in s.lost.items() if v >= 0.005)
+        lost = ", ".join(f"{shown(k, one_line=True)} {v:.0%}" for k, v in s.lost.items() if v >= 0.005)
         lines.append(
             f"scaling efficiency {s.efficiency:.0%} of {s.world_size}× one rank's {s.single_rank_tokens_per_s:,.0f} "
-            f"tokens/s ({s.source})" + (f"; lost to {lost}" if lost else "")
+            f"tokens/s ({shown(s.source, one_line=True)})" + (f"; lost to {lost}" if lost else "")
         )
     if d.profile.missing_ranks:
         lines.append(f"missing: ranks {', '.join(map(str, d.profile.missing_ranks))} did not report")
-    t.caption = "\n".join(lines)
+    t.caption = Text("\n".join(lines))  # Text: an op name or source is never read as markup
     t.caption_justify = "left"
     return t
