@@ -9,6 +9,7 @@ import io
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from pitstop.diagnose.ranks import OpBandwidth, RankComm, RanksAnalysis, Scaling
@@ -46,3 +47,22 @@ def test_ranks_view_shows_hosts_ops_clock_and_source_as_text() -> None:
         assert f"{where}[/a][red]x\\x1b]8;;https://e.example/\\x1b\\\\x1b[2J\\x9b1m" in text, where
     assert "[bold]plain" in text  # a markup-looking host is printed as written, not applied
     assert "missing: ranks 3 did not report" in text
+
+
+def test_in_process_watch_prints_a_change_without_its_escape_codes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pitstop.integrations.watching import InProcessWatch
+    from pitstop.wholerun.changes import Change
+    from pitstop.wholerun.run import Event
+    from pitstop.wholerun.windows import WindowSpec
+
+    watch = InProcessWatch(WindowSpec(steps=10), trackers=[])
+    change = Change(kind="new_finding", step=40, window=3, text=f"new: dataloader {HOSTILE}\nsecond line")
+    watch._publish([Event(window=SimpleNamespace(), changes=[change])], rank=0)  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x9b" not in err
+    assert err == (
+        "pitstop watch: CHANGE (new_finding) new: dataloader "
+        "[/a][red]x\\x1b]8;;https://e.example/\\x1b\\\\x1b[2J\\x9b1m\\nsecond line\n"
+    )  # one line, the text as the job wrote it with its control characters shown as escapes

@@ -17,6 +17,7 @@ from typing import Any
 from pitstop.probe.probe import Probe
 from pitstop.profile import StepRecord
 from pitstop.report.trackers import Tracker, open_trackers
+from pitstop.report.untrusted import shown
 from pitstop.wholerun.run import Event, WholeRun, WholeRunReport
 from pitstop.wholerun.windows import WindowSpec
 
@@ -65,8 +66,11 @@ class InProcessWatch:
                 for t in self.trackers:
                     t.log_window(e.window, e.changes)
             if self.print_changes and rank == 0:
-                for c in e.changes:
-                    print(f"pitstop watch: CHANGE ({c.kind}) {c.text}", file=sys.stderr, flush=True)
+                for (
+                    c
+                ) in e.changes:  # a change's text quotes the job (names, notes): no escape code of its own
+                    line = f"pitstop watch: CHANGE ({c.kind}) {c.text}"
+                    print(shown(line, one_line=True), file=sys.stderr, flush=True)
 
     def close(self, probe: Probe | None, findings: list[Any]) -> WholeRunReport:
         if probe is not None:
