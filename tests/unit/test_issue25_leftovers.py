@@ -6,6 +6,8 @@ test's own temporary folder, and every read that could block runs under a watchd
 from __future__ import annotations
 
 import io
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -66,3 +68,31 @@ def test_in_process_watch_prints_a_change_without_its_escape_codes(
         "pitstop watch: CHANGE (new_finding) new: dataloader "
         "[/a][red]x\\x1b]8;;https://e.example/\\x1b\\\\x1b[2J\\x9b1m\\nsecond line\n"
     )  # one line, the text as the job wrote it with its control characters shown as escapes
+
+
+@pytest.mark.parametrize("missing", ["dask", "distributed"])
+def test_dask_without_the_extra_is_one_line_from_the_python_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    from tests import kineto_ranks as kr
+
+    from pitstop.errors import PitstopError
+    from pitstop.ingest.load import Inputs, load_run
+    from pitstop.ingest.trace import fleet
+
+    folder = kr.write_folder(tmp_path / "t", kr.job(2))
+    for name in [m for m in sys.modules if m.split(".")[0] in ("dask", "distributed")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, missing, None)  # the import fails as it would without the package
+    read: list[str] = []
+    monkeypatch.setattr(fleet, "summarize", lambda path, rank: read.append(path))  # nothing may be read
+    for call in (
+        lambda: fleet.read_traces(sorted(folder.iterdir()), jobs=1, dask="local"),
+        lambda: load_run(Inputs(paths=[folder], dask="local")),
+    ):
+        with pytest.raises(PitstopError) as caught:
+            call()
+        message = str(caught.value)
+        assert "\n" not in message and "pip install 'pitstop[dask]'" in message
+        assert f"({missing} is not installed)" in message
+    assert read == []

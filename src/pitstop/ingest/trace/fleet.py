@@ -125,26 +125,39 @@ def _main_script_hidden() -> Iterator[None]:
             sys.modules["__main__"] = main
 
 
-@contextmanager
-def _dask_client(address: str, jobs: int) -> Iterator[Any]:
+DASK_EXTRA = "pip install 'pitstop[dask]'"
+
+
+def dask_api() -> types.SimpleNamespace:
+    """dask.distributed's Client, LocalCluster and as_completed, or one line naming the extra to install.
+    Asked before any trace is read, from the CLI and the Python API alike (a missing dask used to surface
+    as a ModuleNotFoundError from inside the reading loop)."""
     try:
-        from dask.distributed import Client, LocalCluster
-    except ImportError:
-        raise IngestError("--dask needs dask.distributed: pip install 'pitstop[dask]'") from None
+        from dask.distributed import Client, LocalCluster, as_completed
+    except ImportError as exc:
+        missing = (exc.name or "distributed").split(".")[0]
+        raise IngestError(
+            f"reading traces on dask needs dask and distributed ({missing} is not installed): {DASK_EXTRA}"
+        ) from None
+    return types.SimpleNamespace(Client=Client, LocalCluster=LocalCluster, as_completed=as_completed)
+
+
+@contextmanager
+def _dask_client(api: types.SimpleNamespace, address: str, jobs: int) -> Iterator[Any]:
     cluster = None
     try:
         if address == "local":
             with _main_script_hidden():
-                cluster = LocalCluster(
+                cluster = api.LocalCluster(
                     n_workers=jobs,
                     threads_per_worker=1,
                     processes=True,
                     dashboard_address=None,
                     silence_logs=logging.ERROR,
                 )
-            client = Client(cluster)
+            client = api.Client(cluster)
         else:
-            client = Client(address, timeout="20s")
+            client = api.Client(address, timeout="20s")
     except (OSError, TimeoutError) as exc:
         if cluster is not None:
             cluster.close()
@@ -157,13 +170,13 @@ def _dask_client(address: str, jobs: int) -> Iterator[Any]:
             cluster.close()
 
 
-def _dask(tasks: list[tuple[str, int]], address: str, jobs: int) -> Iterator[RankSummary | Failure]:
-    from dask.distributed import as_completed as dask_completed
-
-    with _dask_client(address, jobs) as client:
+def _dask(
+    api: types.SimpleNamespace, tasks: list[tuple[str, int]], address: str, jobs: int
+) -> Iterator[RankSummary | Failure]:
+    with _dask_client(api, address, jobs) as client:
         futures = client.map(summarize, [p for p, _ in tasks], [r for _, r in tasks], pure=False)
         paths = {f.key: p for f, (p, _) in zip(futures, tasks, strict=True)}
-        for future in dask_completed(futures):
+        for future in api.as_completed(futures):
             try:
                 yield future.result()
             except Exception as exc:
@@ -178,10 +191,11 @@ def read_traces(
     ``jobs``: worker processes (default: from cores and free memory); ``dask``: "local" for a LocalCluster or
     a scheduler address, whose workers read the same paths.
     """
+    api = dask_api() if dask else None  # before anything is read
     tasks = _tasks(paths)
     workers = jobs or default_jobs(paths)
-    if dask:
-        results = _dask(tasks, dask, workers)
+    if dask and api is not None:
+        results = _dask(api, tasks, dask, workers)
     elif workers > 1 and len(tasks) > 1:
         results = _pool(tasks, workers)
     else:
