@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "history": 5,
     "runner": 4,
     "probe": 4,
+    "attach": 4,  # pitstop attach: a running job sampled from outside (py-spy), into a RunProfile
     "ingest": 4,
     "wholerun": 4,  # whole-run windows, changes and stalls over the diagnose layer
     "demo": 4,

@@ -463,6 +463,7 @@ def _add_history() -> None:
 
 
 _add_history()
+app.command(name="attach")(__import__("pitstop.cli.attach", fromlist=["attach_command"]).attach_command)
 
 
 def main() -> None:

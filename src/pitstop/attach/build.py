@@ -1,0 +1,178 @@
+"""A JobView -> the RunProfile the rules read. Per-step records come from the samples between step starts
+(each time is samples × the sampling interval); what samples cannot know (tokens, padding, the model, the
+dtype) stays None, unless a trainer_state.json in the job's folder says it."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from pitstop.attach import procs
+from pitstop.attach.classify import Phase
+from pitstop.attach.view import JobView, RankView
+from pitstop.profile import (
+    CpuThreads,
+    Environment,
+    HostSample,
+    RankProfile,
+    RunProfile,
+    RunTotals,
+    SaveStats,
+    StepBoundary,
+    StepRecord,
+)
+
+
+def build_profile(view: JobView, started_at: str | None = None) -> RunProfile:
+    profile = RunProfile(source="attach", started_at=started_at)
+    profile.command = procs.cmdline(view.window.pid) or None
+    for rank in view.ranks:
+        profile.ranks.append(_rank_profile(rank, view))
+    profile.totals = _sampled_totals(view.ranks)
+    state = _trainer_state(view)
+    if state is not None:
+        profile.totals, notes = state
+        profile.notes += notes
+    return profile
+
+
+def _count(phases: Sequence[Phase], phase: Phase) -> int:
+    return sum(1 for p in phases if p is phase)
+
+
+def steps_of(rank: RankView) -> list[StepRecord]:
+    """One StepRecord per counted step; the whole window as one record when no two step starts were seen."""
+    dt = rank.main.interval_s
+    starts = rank.steps.starts
+    bounds = list(itertools.pairwise(starts)) or [(0, len(rank.phases))]
+    out = []
+    for index, (a, b) in enumerate(bounds):
+        seg = rank.phases[a:b]
+        out.append(
+            StepRecord(
+                index=index,
+                wall_s=len(seg) * dt,
+                data_wait_s=_count(seg, Phase.DATA) * dt,
+                forward_s=_count(seg, Phase.FORWARD) * dt,
+                backward_s=_count(seg, Phase.BACKWARD) * dt,
+                optimizer_s=_count(seg, Phase.OPTIMIZER) * dt,
+                collective_blocked_s=_count(seg, Phase.COLLECTIVE) * dt,
+            )
+        )
+    return out
+
+
+def _saves(rank: RankView, steps: int) -> SaveStats:
+    phases = rank.phases
+    entries = [
+        i for i, p in enumerate(phases) if p is Phase.SAVE and (i == 0 or phases[i - 1] is not Phase.SAVE)
+    ]
+    saved = _count(phases, Phase.SAVE)
+    return SaveStats(
+        saves=len(entries), save_s=saved * rank.main.interval_s, steps_with_saves=min(len(entries), steps)
+    )
+
+
+def _rank_profile(rank: RankView, view: JobView) -> RankProfile:
+    steps = steps_of(rank)
+    env = _environment(rank, view)
+    profile = RankProfile(rank=rank.rank, local_rank=rank.local_rank, pid=rank.pid, environment=env)
+    profile.steps = steps
+    profile.window_start_t, profile.window_end_t = 0.0, rank.main.seconds
+    profile.checkpoints = _saves(rank, len(steps))
+    profile.steps_delimited_by = StepBoundary.OPTIMIZER_STEP
+    profile.step_boundary_reason = f"sampled: {rank.steps.method}"
+    if rank.cpu_pct is not None:
+        profile.host_samples = [
+            HostSample(
+                t=0.0,
+                main_cpu_pct=rank.cpu_pct,
+                workers_cpu_pct=rank.workers_cpu_pct or 0.0,
+                workers=len(rank.workers),
+            )
+        ]
+    if not rank.steps.resolved:
+        profile.probe_errors.append(
+            f"steps are shorter than the sampling resolves ({rank.steps.method} seen {rank.steps.steps} times): "
+            "the step count is a lower bound and per-step times are upper bounds; the shares stand"
+        )
+    if len(steps) == 1 and rank.steps.steps < 1:
+        profile.probe_errors.append("no two step starts were sampled: the window is one record, not steps")
+    return profile
+
+
+def _environment(rank: RankView, view: JobView) -> Environment:
+    env = Environment(framework=rank.framework, cpu_count=os.cpu_count(), hostname=os.uname().nodename)
+    env.device = "cuda" if rank.gpus else "cpu"
+    env.gpu_count = len(rank.gpus) or None
+    env.world_size = _world_size(rank, view)
+    if rank.loader == "single":
+        env.dataloader.num_workers = 0
+    elif rank.loader == "multi" and rank.workers:
+        env.dataloader.num_workers = len(rank.workers)
+    runnable = [r.runnable for r in view.ranks if r.runnable is not None]
+    env.cpu = CpuThreads(
+        cores_allowed=rank.cores_allowed,
+        machine_cores=os.cpu_count(),
+        local_ranks=len(view.ranks),
+        launcher=view.launcher,
+        runnable_threads=sum(runnable) if runnable else None,
+    )
+    return env
+
+
+def _world_size(rank: RankView, view: JobView) -> int:
+    value = procs.environ(rank.pid, "WORLD_SIZE").get("WORLD_SIZE")
+    return int(value) if value and value.isdigit() else len(view.ranks)
+
+
+def _sampled_totals(ranks: list[RankView]) -> RunTotals | None:
+    """Evaluation's share as the samples show it (the eval rule reads eval_s over train_s)."""
+    if not ranks or not any(r.shares[Phase.EVAL].hits for r in ranks):
+        return None  # no evaluation seen: the share is not known to be 0 over the run, only in the window
+    rank = max(ranks, key=lambda r: r.shares[Phase.EVAL].hits)
+    evals = [
+        i
+        for i, p in enumerate(rank.phases)
+        if p is Phase.EVAL and (i == 0 or rank.phases[i - 1] is not Phase.EVAL)
+    ]
+    return RunTotals(
+        train_s=rank.main.seconds,
+        eval_s=_count(rank.phases, Phase.EVAL) * rank.main.interval_s,
+        evals=len(evals) or None,
+    )
+
+
+def find_trainer_state(folder: Path) -> Path | None:
+    """The job's newest trainer_state.json: in its folder, an output folder below it, or the newest
+    checkpoint folder of one (a Trainer writes it with each checkpoint)."""
+    found: list[Path] = []
+    for pattern in ("trainer_state.json", "*/trainer_state.json", "*/checkpoint-*/trainer_state.json"):
+        try:
+            found += [p for p in folder.glob(pattern) if p.is_file()]
+        except OSError:
+            continue
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def _trainer_state(view: JobView) -> tuple[RunTotals, list[str]] | None:
+    import json
+
+    from pitstop.ingest.hf_outputs import is_trainer_state, read_trainer_outputs
+    from pitstop.ingest.readers import read_text
+
+    pids = [r.pid for r in view.ranks] + [view.window.pid]
+    folder = next((c for c in map(procs.cwd, pids) if c is not None), None)
+    path = None if folder is None else find_trainer_state(folder)
+    if path is None:
+        return None
+    try:
+        data = json.loads(read_text(path))
+    except (OSError, ValueError, Exception):  # an unreadable or half-written file is a note, not a failure
+        return None
+    if not is_trainer_state(data):
+        return None
+    outputs = read_trainer_outputs(data, path.name)
+    return outputs.totals, [f"read {path}", *outputs.notes]

@@ -1,0 +1,83 @@
+"""The diagnosis of a sampled window says it was sampled: the findings that rest on a share of samples carry
+that share with its 95% interval and the sample count, and their confidence is lowered (a share from
+samples is not a timed measurement; one whose interval reaches below the rule's threshold, more so)."""
+
+from __future__ import annotations
+
+from pitstop.attach.classify import Phase
+from pitstop.attach.view import JobView, RankView
+from pitstop.diagnose import Diagnosis
+from pitstop.findings import capped_by_confidence
+
+SAMPLED = {  # cause -> the phase whose share is its evidence, and the rule's threshold
+    "dataloader_bound": (Phase.DATA, 0.05),
+    "checkpoint_stall": (Phase.SAVE, 0.05),
+    "eval_overhead": (Phase.EVAL, 0.10),
+    "communication_bound": (Phase.COLLECTIVE, 0.10),
+}
+SAMPLED_CONFIDENCE = 0.85  # a share counted from samples, not timed
+BELOW_THRESHOLD = 0.6  # ... whose interval reaches below where the rule would stay quiet
+
+
+def _worst(view: JobView, phase: Phase) -> RankView:
+    return max(view.ranks, key=lambda r: r.shares[phase].value)
+
+
+def annotate(diagnosis: Diagnosis, view: JobView) -> Diagnosis:
+    for finding in diagnosis.findings:
+        finding.evidence["view"] = "sampled"
+        if any(not r.steps.resolved for r in view.ranks):  # a per-step figure from steps that were missed
+            for key in [k for k in finding.evidence if k.endswith("_per_step")]:
+                finding.evidence[key] = None
+        if finding.cause not in SAMPLED or not view.ranks:
+            continue
+        phase, threshold = SAMPLED[finding.cause]
+        rank = _worst(view, phase)
+        share = rank.shares[phase]
+        lo, hi = share.interval
+        finding.evidence |= {
+            "sampled_share": round(share.value, 3),
+            "sampled_ci95": [round(lo, 3), round(hi, 3)],
+            "samples": share.n,
+            "sampled_rank": rank.rank,
+        }
+        factor = SAMPLED_CONFIDENCE * (BELOW_THRESHOLD if lo < threshold else 1.0)
+        finding.confidence = round(finding.confidence * factor, 3)
+        finding.severity = capped_by_confidence(finding.severity, finding.confidence)
+        finding.speedup_basis += f"; sampled: {share.text()} on rank {rank.rank}"
+    diagnosis.notes += notes_of(view)
+    return diagnosis
+
+
+def notes_of(view: JobView) -> list[str]:
+    """What the sampled view saw and what it cannot know, one line each."""
+    w = view.window
+    notes = [
+        f"sampled view: {w.sampler} at {w.rate_hz:g} Hz for {w.seconds:g} s, non-blocking (the job was never "
+        f"paused); {w.dropped} torn samples dropped. Shares carry 95% Wilson intervals from N samples (a floor: "
+        "successive samples are not independent)"
+    ]
+    for r in view.ranks:
+        shown = ", ".join(
+            f"{p.value} {r.shares[p].text()}" for p in Phase if r.shares[p].hits or p is Phase.DATA
+        )
+        rate = "unknown" if r.step_rate is None else f"~{r.step_rate:.2f}/s"
+        if r.step_rate is not None and not r.steps.resolved:
+            rate = f"at least {r.step_rate:.2f}/s (steps shorter than the sampling resolves)"
+        notes.append(
+            f"rank {r.rank} (PID {r.pid}): {shown}; steps: {r.steps.steps} counted from {r.steps.method} "
+            f"(estimate), rate {rate}; threads {r.threads}, CPU {_pct(r.cpu_pct)}, "
+            f"{r.cores_allowed} cores allowed, {len(r.workers)} DataLoader workers"
+            + (f" ({_pct(r.workers_cpu_pct)} CPU)" if r.workers else "")
+        )
+    notes.append(
+        "not seen by sampling: tokens and padding (unless a trainer_state.json logs them), the model's "
+        "size and dtype, attention path, GPU utilization (NVML is not read by attach yet)"
+    )
+    if not view.ranks:
+        notes.append("no process of this PID showed a training loop in its main thread during the window")
+    return notes + view.notes
+
+
+def _pct(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.0f}%"

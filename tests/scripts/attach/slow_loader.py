@@ -1,0 +1,78 @@
+"""A plain CPU training loop with a planted slow input pipeline, started outside pitstop (tests attach to
+it by PID). ``__getitem__`` sleeps, and num_workers=0 keeps the wait in the main process, so a sampled view
+sees the main thread inside ``DataLoader.__next__`` for most of each step.
+
+python slow_loader.py --seconds 20 --sleep 0.001 [--steps-file F]  (prints one loss line per 20 steps)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class SlowDataset(Dataset):
+    def __init__(self, n: int, sleep_s: float) -> None:
+        self.n, self.sleep_s = n, sleep_s
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 64, generator=g)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)  # the planted cause: a slow example read
+        return self.x[i], self.y[i]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=20.0, help="train for this long, then exit 0")
+    ap.add_argument("--sleep", type=float, default=0.001, help="seconds per example in __getitem__")
+    ap.add_argument("--batch", type=int, default=48)
+    ap.add_argument("--width", type=int, default=768)
+    ap.add_argument("--step-times", default=None, help="write each step's wall time here, one a line")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(
+        nn.Linear(64, args.width),
+        nn.ReLU(),
+        nn.Linear(args.width, args.width),
+        nn.ReLU(),
+        nn.Linear(args.width, 4),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(SlowDataset(4096, args.sleep), batch_size=args.batch, shuffle=True, num_workers=0)
+    times: list[float] = []
+    step, end = 0, time.monotonic() + args.seconds
+    print("ready", flush=True)
+    while time.monotonic() < end:
+        for x, y in loader:
+            t0 = time.perf_counter()
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+            times.append(time.perf_counter() - t0)
+            if step % 20 == 0:
+                print(f"step {step} loss {loss.item():.4f}", flush=True)
+            if time.monotonic() >= end:
+                break
+    if args.step_times:
+        with open(args.step_times, "w") as f:
+            f.write("\n".join(f"{t:.6f}" for t in times))
+    print(f"done {step} steps", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
