@@ -6,6 +6,8 @@ test's own temporary folder, and every read that could block runs under a watchd
 from __future__ import annotations
 
 import io
+import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,7 +15,9 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from tests.unit.test_special_files import within
 
+from pitstop.data.cache import CACHE_FORMAT
 from pitstop.diagnose.ranks import OpBandwidth, RankComm, RanksAnalysis, Scaling
 from pitstop.report import ranks_view
 
@@ -96,3 +100,112 @@ def test_dask_without_the_extra_is_one_line_from_the_python_api(
         assert "\n" not in message and "pip install 'pitstop[dask]'" in message
         assert f"({missing} is not installed)" in message
     assert read == []
+
+
+# -- the data layer's files are regular files, checked before the open ------------------------------------
+
+
+def _hand_made_cache(folder: Path) -> Path:
+    """A valid two-example cache written directly (a build starts worker processes)."""
+    import hashlib
+    import zlib
+
+    import numpy as np
+
+    folder.mkdir(parents=True)
+    arrays = {
+        "tokens.bin": np.array([5, 6, 7, 8, 9], dtype=np.uint16).tobytes(),
+        "mask.bin": np.array([0, 1, 0, 1, 1], dtype=np.uint8).tobytes(),
+        "offsets.bin": np.array([0, 2, 5], dtype=np.int64).tobytes(),
+    }
+    for name, data in arrays.items():
+        (folder / name).write_bytes(data)
+    sums = {n: {"crc32": zlib.crc32(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in arrays.items()}
+    meta = {
+        "format": CACHE_FORMAT, "key": folder.name, "examples": 2, "tokens": 5, "trained_tokens": 3,
+        "token_dtype": "uint16", "source": "train.jsonl", "tokenizer": "tok.json", "tokenizer_fingerprint": "x",
+        "template": "plain", "skipped": 0, "layouts": {"text": 2}, "checksums": sums,
+    }  # fmt: skip
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def _one_line_data_error(action: Any, *names: str) -> str:
+    """The DataError ``action`` raises under the watchdog: one line naming what it should."""
+    from pitstop.data.errors import DataError
+
+    with pytest.raises(DataError) as caught:
+        within(10, action)
+    message = str(caught.value)
+    assert "\n" not in message
+    for name in names:
+        assert name in message, (name, message)
+    return message
+
+
+def test_a_fifo_meta_json_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    from pitstop.data.cache import _read_meta, open_cache
+
+    cache = _hand_made_cache(tmp_path / "cache" / "k1")
+    assert len(open_cache(cache)) == 2  # the hand-made cache is valid
+    (cache / "meta.json").unlink()
+    os.mkfifo(cache / "meta.json")
+    # was: "no complete pitstop cache" from open_cache, and a read blocked forever in _read_meta
+    _one_line_data_error(
+        lambda: open_cache(cache), "meta.json: a FIFO (named pipe), not a file pitstop reads"
+    )
+    _one_line_data_error(lambda: _read_meta(cache), "meta.json: a FIFO (named pipe)")
+
+
+@pytest.mark.parametrize("name", ["tokens.bin", "mask.bin", "offsets.bin"])
+def test_a_fifo_in_place_of_an_array_is_a_damaged_cache(tmp_path: Path, name: str) -> None:
+    from pitstop.data.cache import TokenCache, _read_meta, open_cache
+
+    cache = _hand_made_cache(tmp_path / "k1")
+    meta = _read_meta(cache)
+    (cache / name).unlink()
+    os.mkfifo(cache / name)
+    _one_line_data_error(lambda: open_cache(cache), f"{name}: a FIFO (named pipe)", "a damaged cache")
+    _one_line_data_error(lambda: TokenCache(cache, meta), f"{name}: a FIFO (named pipe)")
+
+
+def test_a_fifo_as_the_data_or_the_tokenizer_is_one_line(tmp_path: Path) -> None:
+    from pitstop.data.cache import build_cache
+    from pitstop.data.examples import read_examples
+    from pitstop.data.tokenize import describe_tokenizer
+
+    data = tmp_path / "train.jsonl"
+    os.mkfifo(data)
+    _one_line_data_error(lambda: list(read_examples(data)), "train.jsonl: a FIFO (named pipe)")
+    # refused before the tokenizer is looked at or the source hashed (the hash read blocked forever)
+    _one_line_data_error(
+        lambda: build_cache(data, tmp_path / "none", tmp_path / "out"), "train.jsonl: a FIFO"
+    )
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    os.mkfifo(tok / "tokenizer.json")
+    _one_line_data_error(lambda: describe_tokenizer(tok), "tokenizer.json: a FIFO (named pipe)")
+    (tok / "tokenizer.json").unlink()
+    (tok / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}, "added_tokens": []}')
+    os.mkfifo(tok / "tokenizer_config.json")  # was skipped silently (its template and special tokens lost)
+    _one_line_data_error(lambda: describe_tokenizer(tok), "tokenizer_config.json: a FIFO (named pipe)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_fifo_shard_is_remade_and_a_fifo_lock_refused(tmp_path: Path) -> None:
+    from pitstop.data.cache import _kept, _shard_head
+    from pitstop.data.lock import BuildLock
+
+    partial = tmp_path / "k1.partial"
+    partial.mkdir()
+    os.mkfifo(partial / "shard-000000.bin")
+    assert within(10, lambda: _shard_head(partial / "shard-000000.bin")) is None  # not whole: made again
+    assert within(10, lambda: _kept(partial)) == (0, 0)
+    lock = tmp_path / "k1.lock"
+    os.mkfifo(lock)
+
+    def take() -> None:
+        with BuildLock(lock):
+            pass
+
+    _one_line_data_error(take, "k1.lock: a FIFO (named pipe)", "remove it")

@@ -47,6 +47,7 @@ from pitstop.data import fsops
 from pitstop.data.errors import BuildInterrupted, DataError
 from pitstop.data.examples import Example, ReadReport, read_examples
 from pitstop.data.lock import BuildLock
+from pitstop.data.regular import check_regular, regular_problem
 from pitstop.data.tokenize import Renderer, TokenizerInfo, describe_tokenizer, encode_arrays, load_tokenizer
 
 CACHE_FORMAT = 2
@@ -309,7 +310,10 @@ def _shard_path(partial: Path, index: int) -> Path:
 
 
 def _shard_head(path: Path) -> tuple[int, int, int] | None:
-    """``(examples, tokens, crc)`` of a whole shard file, or ``None`` when it is missing or not whole."""
+    """``(examples, tokens, crc)`` of a whole shard file, or ``None`` when it is missing or not whole (a
+    FIFO or device in its place is not whole: it is never opened, and the shard is made again)."""
+    if regular_problem(path) is not None:
+        return None
     try:
         with path.open("rb") as f:
             head = f.read(_SHARD.size)
@@ -398,6 +402,8 @@ def build_cache(
     source = Path(data)
     if not source.exists():
         raise DataError(f"{source}: no such file or folder")
+    if not source.is_dir():
+        check_regular(source)  # hashed and read below: a FIFO would block the open forever
     if shard_size < 1:
         raise DataError(f"shard_size must be at least 1, not {shard_size}")
     info = describe_tokenizer(tokenizer)
@@ -578,7 +584,7 @@ _checked: dict[tuple[str, int, int, int], int] = {}  # (file, inode, size, mtime
 
 
 def _file_crc(path: Path) -> int:
-    st = path.stat()
+    st = check_regular(path)
     memo = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
     if memo not in _checked:
         crc = 0
@@ -595,6 +601,8 @@ class TokenCache:
     def __init__(self, path: Path, meta: CacheMeta) -> None:
         self.path = path
         self.meta = meta
+        for name in ARRAYS:
+            check_regular(path / name)  # np.memmap / np.fromfile of a FIFO would block forever
         self.tokens = np.memmap(path / "tokens.bin", dtype=meta.token_dtype, mode="r", shape=(meta.tokens,))
         self.mask = np.memmap(path / "mask.bin", dtype=np.uint8, mode="r", shape=(meta.tokens,))
         self.offsets = np.fromfile(path / "offsets.bin", dtype=np.int64)
@@ -614,6 +622,7 @@ class TokenCache:
         """Full check: every array's SHA-256 (reads every byte, as opening does for the CRC-32)."""
         for name in ARRAYS:
             digest = hashlib.sha256()
+            check_regular(self.path / name)
             with (self.path / name).open("rb") as f:
                 for block in iter(lambda: f.read(_BLOCK), b""):
                     digest.update(block)
@@ -624,6 +633,9 @@ class TokenCache:
 
 
 def _read_meta(folder: Path) -> CacheMeta:
+    problem = regular_problem(folder / "meta.json")
+    if problem is not None:
+        raise DataError(f"{problem}; rebuild the cache")
     try:
         raw = json.loads((folder / "meta.json").read_text())
     except (OSError, ValueError) as exc:
@@ -645,6 +657,9 @@ def open_cache(path: str | Path, verify: bool = True) -> TokenCache:
     (once per process and file version), so a flipped byte in the tokens or the loss mask is refused.
     """
     folder = Path(path)
+    problem = regular_problem(folder / "meta.json")
+    if problem is not None:  # a FIFO there used to be called 'no complete cache' (and read, a hang)
+        raise DataError(f"{problem}; rebuild the cache")
     if not (folder / "meta.json").is_file():
         inside = [p for p in folder.iterdir() if (p / "meta.json").is_file()] if folder.is_dir() else []
         if len(inside) == 1:
@@ -668,6 +683,9 @@ def open_cache(path: str | Path, verify: bool = True) -> TokenCache:
         "offsets.bin": (meta.examples + 1) * 8,
     }
     for name, size in expected.items():
+        problem = regular_problem(folder / name)
+        if problem is not None:
+            raise DataError(f"{problem}: a damaged cache")
         actual = (folder / name).stat().st_size if (folder / name).is_file() else -1
         if actual != size:
             shown = "missing" if actual < 0 else f"{actual} bytes"

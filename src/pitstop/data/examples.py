@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.data.errors import DataError
+from pitstop.data.regular import check_regular
 
 ROLE_NAMES = {
     "human": "user",
@@ -188,6 +189,8 @@ def read_examples(path: Path, skip_bad: bool = False, report: ReadReport | None 
     """Examples in file order. A bad one raises ExampleError (with its line), or is counted with skip_bad."""
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
+    if not path.is_dir():
+        check_regular(path)  # a FIFO would block the open forever
     report = report if report is not None else ReadReport()
     report.layouts = report.layouts if report.layouts is not None else {}
     index = 0

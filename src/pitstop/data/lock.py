@@ -16,6 +16,8 @@ from pathlib import Path
 from types import TracebackType
 
 from pitstop.data import fsops
+from pitstop.data.errors import DataError
+from pitstop.data.regular import regular_problem
 
 if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
     import msvcrt
@@ -66,6 +68,9 @@ class BuildLock:
     def __enter__(self) -> BuildLock:
         told = False
         while True:
+            problem = regular_problem(self.path)
+            if problem is not None:  # a FIFO or device there: the lock is a file of the build's own
+                raise DataError(f"{problem}; remove it to build this cache")
             existed = self.path.exists()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:

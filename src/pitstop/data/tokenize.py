@@ -26,6 +26,7 @@ from typing import Any
 
 from pitstop.data.errors import DataError
 from pitstop.data.examples import Example
+from pitstop.data.regular import check_regular, regular_problem
 
 TEMPLATES = ("auto", "alpaca", "chatml", "tokenizer", "plain")
 ALPACA_HEADER = (
@@ -61,11 +62,15 @@ def _token_text(value: Any) -> str | None:
 def describe_tokenizer(spec: str | Path) -> TokenizerInfo:
     path = Path(spec)
     file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
+    if not file.exists():
         raise DataError(f"{spec}: no tokenizer.json there (pass the file, or a folder that holds it)")
+    check_regular(file)  # a FIFO would block the read forever
     data = file.read_bytes()
     config: dict[str, Any] = {}
     config_path = file.with_name("tokenizer_config.json")
+    problem = regular_problem(config_path)
+    if problem is not None:  # refused rather than skipped: its special tokens and template would be lost
+        raise DataError(problem)
     if config_path.is_file():
         try:
             config = json.loads(config_path.read_text())
