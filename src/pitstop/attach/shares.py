@@ -108,7 +108,11 @@ def count_steps(phases: Sequence[Phase], in_step: Sequence[bool]) -> StepCount:
             method="optimizer step",
             optimizer_entries=len(entries),
         )
-    return StepCount(starts=cycles, method="forward/backward cycles", optimizer_entries=len(entries))
+    late = sum(1 for p in phases if p in _LATE)
+    resolved = len(cycles) >= 2 and late >= 2 * len(cycles)
+    return StepCount(
+        starts=cycles, method="forward/backward cycles", optimizer_entries=len(entries), resolved=resolved
+    )
 
 
 def _run_end(in_step: Sequence[bool], i: int) -> int:
