@@ -51,25 +51,27 @@ def main() -> int:
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(SlowDataset(4096, args.sleep), batch_size=args.batch, shuffle=True, num_workers=0)
-    times: list[float] = []
+    times: list[tuple[float, float]] = []  # (wall clock at the step's end, seconds since the last step's end)
     step, end = 0, time.monotonic() + args.seconds
     print("ready", flush=True)
     while time.monotonic() < end:
+        last = time.perf_counter()
         for x, y in loader:
-            t0 = time.perf_counter()
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             step += 1
-            times.append(time.perf_counter() - t0)
+            now = time.perf_counter()
+            times.append((time.time(), now - last))  # the whole step: batch wait included
+            last = now
             if step % 20 == 0:
                 print(f"step {step} loss {loss.item():.4f}", flush=True)
             if time.monotonic() >= end:
                 break
     if args.step_times:
         with open(args.step_times, "w") as f:
-            f.write("\n".join(f"{t:.6f}" for t in times))
+            f.write("\n".join(f"{t:.6f} {dt:.6f}" for t, dt in times))
     print(f"done {step} steps", flush=True)
     return 0
 

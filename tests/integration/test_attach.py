@@ -1,0 +1,90 @@
+"""pitstop attach on a real CPU training job started outside pitstop: the planted slow DataLoader (a sleep in
+``__getitem__``, num_workers=0) is found from sampled stacks with its evidence, and the job runs on to its
+own exit code with its losses printed as before. A PID that is gone is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "tests" / "scripts" / "attach" / "slow_loader.py"
+PY_SPY = Path(sys.executable).parent / "py-spy"
+
+
+def _start_job(seconds: float, tmp: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(JOB), "--seconds", str(seconds), "--step-times", str(tmp / "steps.txt")]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _wait_ready(job: subprocess.Popen[str]) -> list[str]:
+    """Lines up to 'ready' (torch imported, the loop about to start), then a couple of steps."""
+    lines = []
+    assert job.stdout is not None
+    for line in job.stdout:
+        lines.append(line)
+        if line.startswith("ready"):
+            time.sleep(1.0)
+            return lines
+    raise AssertionError("the job ended before it was ready:\n" + "".join(lines))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PY_SPY.exists(), reason="py-spy is not installed (pip install 'pitstop[attach]')")
+def test_attach_finds_the_planted_slow_loader(tmp_path: Path) -> None:
+    job = _start_job(seconds=25, tmp=tmp_path)
+    try:
+        _wait_ready(job)
+        out = tmp_path / "attach.json"
+        cmd = [sys.executable, "-m", "pitstop", "attach", str(job.pid), "--for", "6s", "--json", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(out.read_text())
+        rest, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0  # the job ran on and exited as it would have
+    assert "loss" in rest and "done" in rest  # its losses kept coming during and after the window
+    assert doc["source"] == "attach"
+    findings = {f["cause"]: f for f in doc["findings"]}
+    assert next(iter(findings)) == "dataloader_bound"  # ranked first
+    ev = findings["dataloader_bound"]["evidence"]
+    assert ev["num_workers"] == 0  # seen in the stack: _SingleProcessDataLoaderIter
+    assert ev["view"] == "sampled" and ev["samples"] >= 200
+    assert ev["sampled_share"] > 0.4
+    lo, hi = ev["sampled_ci95"]
+    assert lo <= ev["sampled_share"] <= hi
+    assert doc["environment"]["framework"] == "pytorch" and doc["environment"]["device"] == "cpu"
+    assert "padding_waste" not in findings  # tokens are unknown to a sampled view: nothing guessed
+    steps = [float(line.split()[1]) for line in (tmp_path / "steps.txt").read_text().splitlines()]
+    assert len(steps) > 20
+
+
+@pytest.mark.slow
+def test_attach_to_a_gone_pid_is_one_line_and_exit_2() -> None:
+    probe = subprocess.Popen([sys.executable, "-c", "pass"])
+    probe.wait()
+    done = subprocess.run(
+        [sys.executable, "-m", "pitstop", "attach", str(probe.pid), "--for", "2s"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"pitstop: no process with PID {probe.pid}"
+    bad = subprocess.run(
+        [sys.executable, "-m", "pitstop", "attach", "1", "--for", "soon"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--for" in bad.stderr and "Traceback" not in bad.stderr
