@@ -1,7 +1,8 @@
 """checkpoint_stall: synchronous checkpoint saves take a large share of the training time.
 
 Live, the probe times every save inside the measured window (``RankProfile.checkpoints``): the share is
-measured. From a Trainer's outputs the saves are counted from ``save_steps`` but never timed; there the cost
+measured. A save counts in the step it delays (the one that closes after it); a save after the window's last
+step (a trainer's final ``save_model``) delays no measured step and is not in ``checkpoints``. From a Trainer's outputs the saves are counted from ``save_steps`` but never timed; there the cost
 of one save is an estimate — the model's weights and Adam's states written at an assumed disk speed — and is
 labelled as one.
 """
