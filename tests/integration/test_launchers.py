@@ -55,6 +55,18 @@ def test_python_S_is_refused_before_the_run_with_what_to_do() -> None:
     assert "pitstop.watch()" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("command", ["watch", "tune"])
+def test_watch_and_tune_refuse_python_S_in_one_line_as_doctor_does(command: str, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    proc = run_pitstop(command, "--", sys.executable, "-S", str(script), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    refusals = [line for line in proc.stderr.splitlines() if "cannot see inside this job" in line]
+    assert len(refusals) == 1 and "-S skips Python's site initialization" in refusals[0]
+    assert "Traceback" not in proc.stderr and not marker.exists()
+
+
 def test_launcher_that_passes_nothing_to_its_worker_says_no_rank_reported() -> None:
     pytest.importorskip("ray")
     proc = run_pitstop("doctor", "--quiet", "--", sys.executable, str(LAUNCHERS / "unpassed.py"))

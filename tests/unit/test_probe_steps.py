@@ -183,18 +183,16 @@ def test_the_report_says_where_counts_and_steps_came_from() -> None:
 
 
 def test_watch_and_tune_refuse_a_python_that_skips_site(tmp_path: Any) -> None:
-    """runner.launch refuses what pitstop cannot see inside, for every command that runs jobs: one line,
-    exit 2, nothing started."""
+    """runner.launch refuses what pitstop cannot see inside, for every command that runs jobs (doctor, watch,
+    tune): one line, exit 2, nothing started."""
     from pitstop.probe.config import ProbeConfig
-    from pitstop.runner.collect import collect
-    from pitstop.runner.launch import run_observed
+    from pitstop.runner.launch import BlindSpotError, run_observed
 
     marker = tmp_path / "ran"
     script = tmp_path / "train.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
-    launch = run_observed(["python", "-S", str(script)], ProbeConfig(), out_dir=tmp_path / "out")
-    outcome = collect(launch, None, 0, source="watch")
-    assert outcome.profile is None and outcome.exit_code == 2
-    assert outcome.message is not None and "\n" not in outcome.message
-    assert outcome.message.startswith("pitstop cannot see inside this job: -S skips Python's site")
+    with pytest.raises(BlindSpotError) as refused:
+        run_observed(["python", "-S", str(script)], ProbeConfig(), out_dir=tmp_path / "out")
+    assert refused.value.code == 2 and "\n" not in str(refused.value)
+    assert str(refused.value).startswith("pitstop cannot see inside this job: -S skips Python's site")
     assert not marker.exists()

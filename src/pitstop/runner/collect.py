@@ -146,7 +146,7 @@ def collect(
 ) -> Outcome:
     cmd = " ".join(launch.command)
     if launch.start_error:
-        return Outcome(None, launch.start_error, 2 if launch.refused else 127)
+        return Outcome(None, launch.start_error, 127)
     files = read_rank_files(launch.out_dir)
     ranks = [f.profile for f in files]
     how, code = death(launch)

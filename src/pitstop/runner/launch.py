@@ -50,7 +50,6 @@ class Launch:
     stopped_by: str | None = None  # why pitstop stopped it: "SIGINT", "SIGTERM", "SIGHUP" or "timeout"
     forced: bool = False  # it did not end on SIGINT (and SIGTERM) and had to be killed with SIGKILL
     start_error: str | None = None
-    refused: bool = False  # not started: pitstop could not see inside it (``start_error`` says why)
     # pitstop stopped the job like Ctrl-C once every rank had written its window (the normal end of a window):
     # exit_code is then 0, the code the interrupted job actually ended with is job_exit_code, and
     # window_forced says whether it took SIGKILL
@@ -63,6 +62,10 @@ class Launch:
 
 class CommandError(PitstopError):
     """The command could not be started at all."""
+
+
+class BlindSpotError(PitstopError):
+    """The command would run where the probe cannot arm (``python -S``; ``-I``/``-E`` without pitstop)."""
 
 
 class _Terminated(KeyboardInterrupt):
@@ -334,7 +337,8 @@ def run_observed(
     timeout_s: float | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> Launch:
-    """Run ``command`` under the probe and wait for it. Never raises for the command's own failures.
+    """Run ``command`` under the probe and wait for it. Never raises for the command's own failures; raises
+    ``BlindSpotError`` (one line, exit 2), before starting anything, for a command pitstop cannot see inside.
     ``extra_env`` is added to the command's environment (`pitstop tune` passes its fix requests so)."""
     out = out_dir or Path(tempfile.mkdtemp(prefix="pitstop-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -347,8 +351,7 @@ def run_observed(
         return launch
     blind = blind_spot(command)  # doctor, watch and tune alike: `python -S` would run unobserved
     if blind is not None:
-        launch.start_error, launch.refused = blind, True
-        return launch
+        raise BlindSpotError(blind)
     env = child_environment(config, prepare_injection(out))
     env.update(extra_env or {})
     env[ENV_RUNNER_PID] = str(os.getpid())  # the job's top process asks to die with pitstop
