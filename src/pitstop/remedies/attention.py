@@ -20,7 +20,16 @@ class Attention(Remedy):
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``target``: the implementation to load; ``hf_model``: whether the model is a transformers model
-        (then the fix is a loading argument whatever the loop); ``alternative``: a second choice to name."""
+        (then the fix is a loading argument whatever the loop); ``alternative``: a second choice to name;
+        ``mha``: the model attends with torch's nn.MultiheadAttention (the fix is an argument of its call)."""
+        if params.get("mha"):
+            return Advice(
+                "Call torch's nn.MultiheadAttention with need_weights=False: it then runs the fused kernel "
+                "(scaled_dot_product_attention) instead of computing and returning the attention weights.",
+                code("""
+                    out, _ = self.attn(query, key, value, attn_mask=mask, need_weights=False)
+                """),
+            )
         target = params.get("target", "sdpa")
         alternative = params.get("alternative")
         text = f"Load the model with a fused attention implementation ('{target}'" + (

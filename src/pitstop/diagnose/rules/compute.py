@@ -32,6 +32,12 @@ def slow_attention(ctx: RuleContext) -> Finding | None:
     if impl == "eager":
         confidence = 0.95 if ctx.measured else 0.8
         how = "the model's config asks for attn_implementation='eager'"
+    elif impl is not None and impl.startswith("eager (nn.MultiheadAttention"):
+        confidence = 0.9 if ctx.measured else 0.7
+        how = (
+            "torch's nn.MultiheadAttention is called with need_weights=True (no SDPA call in the measured "
+            "steps), so it computes the attention weights instead of the fused kernel"
+        )
     elif traced and traced[0] in ("eager", "math"):
         confidence = 0.8
         how = (
@@ -500,9 +506,12 @@ def attention_target(ctx: RuleContext) -> dict[str, object]:
     on_gpu = ctx.env.device not in (None, "cpu")
     model = ctx.env.model
     hf_model = True if model.library == "transformers" or model.model_type else None
-    if on_gpu:
+    mha = bool(
+        ctx.env.attention.implementation and "nn.MultiheadAttention" in ctx.env.attention.implementation
+    )
+    if on_gpu and not mha:
         return {"target": "flash_attention_2", "alternative": "sdpa", "hf_model": hf_model}
-    return {"target": "sdpa", "hf_model": hf_model}
+    return {"target": "sdpa", "hf_model": hf_model, "mha": mha}
 
 
 def precision_uses(bf16_ok: bool, tf32_only: bool) -> list[Use]:
