@@ -51,27 +51,28 @@ def main() -> int:
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(SlowDataset(4096, args.sleep), batch_size=args.batch, shuffle=True, num_workers=0)
-    times: list[tuple[float, float]] = []  # (wall clock at the step's end, seconds since the last step's end)
+    # (wall clock at the step's end, seconds since the last step's end, CPU seconds of the process in them)
+    times: list[tuple[float, float, float]] = []
     step, end = 0, time.monotonic() + args.seconds
     print("ready", flush=True)
     while time.monotonic() < end:
-        last = time.perf_counter()
+        last, last_cpu = time.perf_counter(), time.process_time()
         for x, y in loader:
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             step += 1
-            now = time.perf_counter()
-            times.append((time.time(), now - last))  # the whole step: batch wait included
-            last = now
+            now, cpu = time.perf_counter(), time.process_time()
+            times.append((time.time(), now - last, cpu - last_cpu))  # the whole step: batch wait included
+            last, last_cpu = now, cpu
             if step % 20 == 0:
                 print(f"step {step} loss {loss.item():.4f}", flush=True)
             if time.monotonic() >= end:
                 break
     if args.step_times:
         with open(args.step_times, "w") as f:
-            f.write("\n".join(f"{t:.6f} {dt:.6f}" for t, dt in times))
+            f.write("\n".join(f"{t:.6f} {dt:.6f} {c:.6f}" for t, dt, c in times))
     print(f"done {step} steps", flush=True)
     return 0
 
