@@ -209,3 +209,51 @@ def test_a_fifo_shard_is_remade_and_a_fifo_lock_refused(tmp_path: Path) -> None:
             pass
 
     _one_line_data_error(take, "k1.lock: a FIFO (named pipe)", "remove it")
+
+
+# -- pitstop plan bounds its counts ---------------------------------------------------------------------------
+
+HUGE = "99999999999999999999999"  # 23 digits
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--seq", "12345678901234567890123"], "--seq 123456789012… (23 digits): from 1 to 33,554,432"),
+        (["--micro-batch", HUGE], "--micro-batch 999999999999… (23 digits): from 1 to 1,048,576"),
+        (["--gpus", HUGE], "--gpus 999999999999… (23 digits): from 1 to 1,048,576"),
+        (["--global-batch", HUGE], "--global-batch 999999999999… (23 digits): from 1 to 4,294,967,296"),
+        (["--micro-batch", "auto", "--global-batch", HUGE], "--global-batch 999999999999…"),
+        (["--rank", "99999999999999999999", "--method", "lora"], "--rank 999999999999… (20 digits)"),
+        (["--nodes", "9999999999999"], "--nodes 9999999999999: from 1 to 1,048,576"),
+        (["--micro-batch", "²"], "--micro-batch is a number or auto"),  # was ValueError from int()
+    ],
+)
+def test_plan_refuses_absurd_counts_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, args: list[str], expected: str
+) -> None:
+    from tests.inprocess import cli
+
+    code, out, err = cli(capsys, monkeypatch, "plan", "--model", "smollm2-135m", "--no-simulate", *args)
+    assert code == 2 and out == ""
+    assert err.startswith("pitstop: ") and err.count("\n") == 1 and expected in err, err
+
+
+def test_plan_api_bounds_and_no_simulation_past_torchs_sizes() -> None:
+    from pitstop.plan.build import LIMITS, PlanRequest, _cross_check, build_plan
+    from pitstop.plan.planner import PlanError
+
+    with pytest.raises(PlanError, match=r"--seq 100000000000… \(23 digits\)"):
+        build_plan(PlanRequest(model="smollm2-135m", seq=10**22, simulate=False))
+    with pytest.raises(PlanError, match="--gpus 0: from 1"):
+        build_plan(PlanRequest(model="smollm2-135m", gpus=0, simulate=False))
+    with pytest.raises(PlanError, match="--seq is a whole number"):
+        build_plan(PlanRequest(model="smollm2-135m", seq=2048.5, simulate=False))  # type: ignore[arg-type]
+    # at the bounds themselves torch's sizes would overflow (and torch logs a traceback): no simulation
+    plan = SimpleNamespace(setup=SimpleNamespace(micro_batch=LIMITS["micro_batch"][1]), notes=[])
+    request = PlanRequest(model="smollm2-135m", seq=LIMITS["seq"][1], simulate=True)
+    _cross_check(plan, {}, request)  # type: ignore[arg-type]
+    assert plan.notes == [
+        "not simulated on fake tensors: 35,184,372,088,832 tokens per micro-batch is past the 4,294,967,296 "
+        "a simulation covers; the figures are the formula's"
+    ]

@@ -44,9 +44,50 @@ class PlanRequest:
     network: str = DEFAULT_NETWORK  # the link between nodes (interconnect.LINKS)
 
 
+# The most each count may be: far past any real job, yet small enough that every product the plan forms
+# stays an exact integer and a readable figure (a 23-digit --seq used to print a plan of absurd numbers).
+LIMITS: dict[str, tuple[str, int, str]] = {
+    "seq": ("--seq", 2**25, "tokens per row; the longest released context is 10M"),
+    "micro_batch": ("--micro-batch", 2**20, "rows per GPU per step"),
+    "global_batch": ("--global-batch", 2**32, "rows per optimizer step"),
+    "gpus": ("--gpus", 2**20, "GPUs in the job"),
+    "nodes": ("--nodes", 2**20, "nodes"),
+    "hpz": ("--hpz", 2**20, "GPUs per ZeRO++ partition"),
+    "rank": ("--rank", 2**16, "LoRA rank; past any model's hidden size"),
+}
+
+
+SIMULATED_TOKENS_MAX = 2**32  # tokens per micro-batch --simulate covers
+
+
+def _micro_batch(text: str) -> int | None:
+    """``--micro-batch`` as a count (ASCII digits only: ``int`` refuses '²', which ``isdigit`` lets by),
+    or ``None`` for auto."""
+    if text == "auto":
+        return None
+    if not (text.isascii() and text.isdigit()):
+        raise PlanError("--micro-batch is a number or auto")
+    return int(text)
+
+
+def check_bounds(r: PlanRequest) -> None:
+    """One line, exit 2, for a count outside what any job has (checked before the model is read)."""
+    values = {name: getattr(r, name) for name in LIMITS} | {"micro_batch": _micro_batch(r.micro_batch)}
+    for name, (flag, most, what) in LIMITS.items():
+        value = values[name]
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise PlanError(f"{flag} is a whole number ({what}), not {str(value)[:40]!r}")
+        if not 1 <= value <= most:
+            shown = f"{str(value)[:12]}… ({len(str(value))} digits)" if len(str(value)) > 15 else str(value)
+            raise PlanError(f"{flag} {shown}: from 1 to {most:,} ({what})")
+
+
 def build_plan(request: PlanRequest) -> Plan:
     """The plan for a request; raises PlanError / ModelConfigError with one line on bad input."""
     r = request
+    check_bounds(r)
     spec = lookup_gpu(r.gpu)
     if spec is None:
         raise PlanError(f"unknown GPU '{r.gpu}'; pitstop knows: {', '.join(g.key for g in GPUS)}")
@@ -55,9 +96,8 @@ def build_plan(request: PlanRequest) -> Plan:
         shape = ModelShape.from_config(config)
     except (ModelConfigError, KeyError, TypeError, ValueError) as exc:
         raise ModelConfigError(f"--model: {exc or f'{r.model}: the config misses fields'}") from None
-    auto = r.micro_batch == "auto"
-    if not auto and not r.micro_batch.isdigit():
-        raise PlanError("--micro-batch is a number or auto")
+    micro_batch = _micro_batch(r.micro_batch)
+    auto = micro_batch is None
     zero, sharding = _sharding(r)
     params = count_params(config, r.method, r.rank)
     lora = params.trainable if r.method != "full" else count_params(config, "lora", r.rank).trainable
@@ -68,7 +108,7 @@ def build_plan(request: PlanRequest) -> Plan:
         embedding_params=params.embedding,
         largest_module=params.largest_module,
         seq=r.seq,
-        micro_batch=1 if auto else int(r.micro_batch),
+        micro_batch=1 if micro_batch is None else micro_batch,
         gpus=r.gpus,
         zero=zero,
         sharding=sharding,
@@ -105,6 +145,13 @@ def _sharding(r: PlanRequest) -> tuple[int, str | None]:
 
 def _cross_check(plan: Plan, config: dict[str, object], r: PlanRequest) -> None:
     """Simulate one step on fake tensors beside the formula; its failure is a note, never an error."""
+    tokens = plan.setup.micro_batch * r.seq
+    if tokens > SIMULATED_TOKENS_MAX:  # torch's sizes overflow (and it logs a traceback) past about 2**40
+        plan.notes.append(
+            f"not simulated on fake tensors: {tokens:,} tokens per micro-batch is past the "
+            f"{SIMULATED_TOKENS_MAX:,} a simulation covers; the figures are the formula's"
+        )
+        return
     try:
         from pitstop.plan.simulate import simulate_step
 
