@@ -13,6 +13,7 @@ from pitstop.cli.errors import UserError
 from pitstop.cli.outputs import Outputs
 from pitstop.cli.progress import steps_bar
 from pitstop.report.untrusted import markup
+from pitstop.tune.conclusion import no_gain_verdict
 from pitstop.tune.proposals import tunable, unknown_fixes
 from pitstop.tune.session import TuneError, TuneOptions, TuneResult, tune
 from pitstop.tune.window import Window
@@ -160,22 +161,6 @@ def window_words(options: TuneOptions) -> str:
     if options.steps is None:
         return "each window as long as its precision needs"
     return f"windows of {options.warmup} + {options.steps} optimizer steps"
-
-
-def no_gain_verdict(result: TuneResult) -> str:
-    """ "Keep it as it is" only when every proposed fix was measured; otherwise say what was not."""
-    untried = [fix for fix, _ in result.not_tried]
-    measured = [v.fix for v in result.verdicts if v.speedup is not None]
-    if untried:
-        done = f"Of the fixes tried ({', '.join(measured)}), none" if measured else "No fix"
-        return (
-            f"{done} measurably sped up this job, but {len(untried)} proposed "
-            f"{'fix was' if len(untried) == 1 else 'fixes were'} not tried ({', '.join(untried)}): "
-            "give tune a larger --budget (the plan above says how much) before concluding anything."
-        )
-    if not result.verdicts:
-        return "The diagnosis proposed no fix that tune can apply from outside the job."
-    return "Every proposed fix was measured and none sped up this job measurably; keep it as it is."
 
 
 def run_tune(command: list[str], options: TuneOptions, outputs: Outputs) -> TuneResult:
