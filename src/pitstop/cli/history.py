@@ -252,11 +252,12 @@ def check_run(
         else:
             run = _require(store, run_id)
         base = find_baseline(store, run, baseline)
-        verdict = check(run, base, metric, allowed)
+        # the whole documents, for each run's measured spread
+        verdict = check(store.get(run.id) or run, store.get(base.id) or base, metric, allowed)
     message = verdict.message()
     if base.fingerprint != run.fingerprint:  # only when asked for by id; said on the same one line
         differ = ", ".join(fingerprint_diff(base.fingerprint_fields, run.fingerprint_fields))
         message += f" (note: baseline run #{base.id} has a different setup: {differ})"
     if verdict.regression:
         raise _fail(f"regression: {message}", 1)
-    typer.echo(f"ok: {shown(message)}")
+    typer.echo(f"{'undecided' if verdict.undecided else 'ok'}: {shown(message)}")

@@ -142,10 +142,16 @@ class Verdict:
     metric: str
     drop: float
     max_drop: float
+    noise: float | None = None  # the smallest drop the two runs' own spreads resolve (two standard errors)
 
     @property
     def regression(self) -> bool:
         return self.drop > self.max_drop
+
+    @property
+    def undecided(self) -> bool:
+        """The runs' own noise is larger than the drop allowed: a result within it proves nothing."""
+        return self.noise is not None and self.noise > self.max_drop and self.drop <= self.max_drop
 
     def message(self) -> str:
         name = METRIC_NAMES.get(self.metric, self.metric)
@@ -155,11 +161,31 @@ class Verdict:
         else:
             way = f"{self.drop:.1%} slower" if self.drop > 0 else f"{-self.drop:.1%} faster"
         verdict = "more than" if self.regression else "within"
-        return (
+        text = (
             f"run #{self.run.id}: {name} {format_metric(self.metric, self.run.metric(self.metric))} vs "
             f"{format_metric(self.metric, self.baseline.metric(self.metric))} in baseline run "
             f"#{self.baseline.id}{label}: {way}, {verdict} the {self.max_drop:.0%} allowed"
         )
+        if self.noise is not None and self.noise > self.max_drop:
+            text += f", but the two runs' own noise only resolves a change of {self.noise:.0%}: " + (
+                "rerun both longer (--steps) to confirm it"
+                if self.regression
+                else f"it cannot tell a drop of {self.max_drop:.0%} from noise; rerun both longer (--steps)"
+            )
+        return text
+
+
+def resolvable_drop(run: RunRecord, baseline: RunRecord) -> float | None:
+    """Two standard errors of the difference of the runs' rates, from each run's measured spread (the
+    relative standard error of its real tokens/s); None when either run did not measure one."""
+    spreads = []
+    for record in (run, baseline):
+        metrics = (record.result or {}).get("metrics") or {}
+        spread = metrics.get("throughput_spread") if isinstance(metrics, dict) else None
+        if not isinstance(spread, (int, float)) or spread < 0:
+            return None
+        spreads.append(float(spread))
+    return 2.0 * (spreads[0] ** 2 + spreads[1] ** 2) ** 0.5
 
 
 def check(run: RunRecord, baseline: RunRecord, metric: str, max_drop: float) -> Verdict:
@@ -173,7 +199,9 @@ def check(run: RunRecord, baseline: RunRecord, metric: str, max_drop: float) -> 
         if v is None or v <= 0:
             raise HistoryError(f"run #{record.id} has no {METRIC_NAMES[metric]} to compare")
     assert value is not None and base is not None
-    return Verdict(run, baseline, metric, slowdown(base, value, metric), max_drop)
+    return Verdict(
+        run, baseline, metric, slowdown(base, value, metric), max_drop, resolvable_drop(run, baseline)
+    )
 
 
 def find_baseline(store: HistoryStore, run: RunRecord, baseline: str) -> RunRecord:
