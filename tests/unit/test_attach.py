@@ -148,6 +148,27 @@ def test_steps_shorter_than_the_sampling_are_a_lower_bound() -> None:
     assert not count.resolved
 
 
+def test_cycles_through_collectives_and_past_the_loops_own_code() -> None:
+    d, f, b, c, o, x = (
+        Phase.DATA,
+        Phase.FORWARD,
+        Phase.BACKWARD,
+        Phase.COLLECTIVE,
+        Phase.OPTIMIZER,
+        Phase.OTHER,
+    )
+    # a data-parallel rank that waits in its gradient all_reduce: compute too short to be sampled
+    assert cycle_starts([d, d, c, d, d, x, c, x, d]) == [3, 8]
+    # FSDP gathers parameters inside the forward: a forward after a collective is the same micro-batch
+    assert cycle_starts([d, f, c, f, b, c, o, x, d, f]) == [8]
+    # a loader too fast to be sampled: a forward after the optimizer is the next step
+    assert cycle_starts([f, b, o, f, b, x, f]) == [3, 6]
+    # the waiting rank: its batch fetch is too short to be sampled, so its steps are not resolved
+    waiting = ([c] * 8 + [b] + [c] * 8 + [d]) * 4
+    count = count_steps(waiting, [False] * len(waiting))
+    assert count.steps == 3 and not count.resolved
+
+
 def test_speedscope_document_is_read_per_thread_in_order() -> None:
     doc = {
         "shared": {

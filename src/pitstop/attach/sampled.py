@@ -70,6 +70,12 @@ def notes_of(view: JobView) -> list[str]:
             f"{r.cores_allowed} cores allowed, {len(r.workers)} DataLoader workers"
             + (f" ({_pct(r.workers_cpu_pct)} CPU)" if r.workers else "")
         )
+    rates = [r.step_rate for r in view.ranks if r.step_rate is not None]
+    if len(view.ranks) > 1 and rates:
+        notes.append(
+            f"ranks of a data-parallel job step together: its step rate is at least {max(rates):.2f}/s, the "
+            "highest rank's estimate"
+        )
     notes.append(
         "not seen by sampling: tokens and padding (unless a trainer_state.json logs them), the model's "
         "size and dtype, attention path, GPU utilization (NVML is not read by attach yet)"

@@ -52,10 +52,9 @@ def phase_shares(phases: Sequence[Phase]) -> dict[Phase, Share]:
     return {p: Share(sum(1 for q in phases if q is p), n) for p in Phase}
 
 
-# the order of one step's phases in a training loop; a step starts when the loop comes back from the later
-# ones (backward, optimizer) to the earlier ones (data, forward)
-_EARLY = {Phase.DATA, Phase.FORWARD}
+# the order of one step's phases in a training loop: data, forward, backward, (collectives,) optimizer
 _LATE = {Phase.BACKWARD, Phase.OPTIMIZER}
+_AFTER_BATCH = {Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.COLLECTIVE}
 
 
 @dataclass(frozen=True)
@@ -79,15 +78,19 @@ def optimizer_entries(in_step: Sequence[bool]) -> list[int]:
 
 
 def cycle_starts(phases: Sequence[Phase]) -> list[int]:
-    """Indices where the loop comes back from backward / optimizer to data / forward: one per micro-batch
-    (forward and backward), so one per step without gradient accumulation."""
-    starts, seen_late = [], False
+    """Indices where a new micro-batch begins: the loop fetches a batch after anything but fetching (compute,
+    a collective), or starts a forward after a backward / optimizer step (a loader too fast to be sampled).
+    Samples of the loop's own code (``OTHER``) are passed over. One per step without gradient accumulation."""
+    starts: list[int] = []
+    prev: Phase | None = None
     for i, phase in enumerate(phases):
-        if phase in _LATE:
-            seen_late = True
-        elif phase in _EARLY and seen_late:
+        if phase is Phase.OTHER:
+            continue
+        if prev is not None and (
+            (phase is Phase.DATA and prev in _AFTER_BATCH) or (phase is Phase.FORWARD and prev in _LATE)
+        ):
             starts.append(i)
-            seen_late = False
+        prev = phase
     return starts
 
 
@@ -108,11 +111,21 @@ def count_steps(phases: Sequence[Phase], in_step: Sequence[bool]) -> StepCount:
             method="optimizer step",
             optimizer_entries=len(entries),
         )
-    late = sum(1 for p in phases if p in _LATE)
-    resolved = len(cycles) >= 2 and late >= 2 * len(cycles)
+    # resolved: both sides of each boundary last two samples or more on average (the batch fetch or forward
+    # that starts a step, and the compute or collective before it), so few boundaries fall between samples
+    late = sum(1 for p in phases if p in _LATE or p is Phase.COLLECTIVE)
+    markers = sum(_run_length(phases, i) for i in cycles)
+    resolved = len(cycles) >= 2 and late >= 2 * len(cycles) and markers >= 2 * len(cycles)
     return StepCount(
         starts=cycles, method="forward/backward cycles", optimizer_entries=len(entries), resolved=resolved
     )
+
+
+def _run_length(phases: Sequence[Phase], i: int) -> int:
+    j = i
+    while j < len(phases) and phases[j] is phases[i]:
+        j += 1
+    return j - i
 
 
 def _run_end(in_step: Sequence[bool], i: int) -> int:
