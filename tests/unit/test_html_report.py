@@ -102,3 +102,16 @@ def test_hand_made_history_cannot_inject_and_damaged_documents_are_refused() -> 
     broken["findings"] = [{"title": "no cause key"}]
     with pytest.raises(ReportError, match="incomplete or damaged"):
         render_html(broken)
+
+
+def test_the_page_says_where_tokens_and_steps_were_counted() -> None:
+    from pitstop.profile import CountSource, StepBoundary
+
+    p = profile("cpu", steps())
+    p.ranks[0].tokens_counted_from = CountSource.MODEL_INPUTS
+    p.ranks[0].steps_delimited_by = StepBoundary.OPTIMIZER_STEP
+    page = render_html(diagnose(p).to_dict())
+    assert (
+        '<td class="">counted from the model&#x27;s forward inputs (the loop builds its own batches' in page
+    )
+    assert "· steps: optimizer step</td>" in page

@@ -301,7 +301,7 @@ def environment(d: Diagnosis) -> str:
     for key in (
         "device", "gpu_name", "gpu_count", "world_size", "framework", "attn_implementation", "param_dtype",
         "autocast_dtype", "tf32", "gradient_checkpointing", "micro_batch_size", "grad_accum_steps", "zero_stage",
-        "offload",
+        "offload", "counted",
     ):  # fmt: skip
         if env.get(key) is not None:
             rows.append([escape(key), escape(_cell(env[key]))])
