@@ -68,6 +68,41 @@ def test_attach_finds_the_planted_slow_loader(tmp_path: Path) -> None:
     assert len(steps) > 20
 
 
+TWO_RANKS = ROOT / "tests" / "scripts" / "attach" / "two_ranks.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PY_SPY.exists(), reason="py-spy is not installed (pip install 'pitstop[attach]')")
+def test_attach_to_torchrun_sees_both_ranks_and_the_straggler(tmp_path: Path) -> None:
+    """The launcher's PID: both ranks are found below it (RANK from their environment), rank 1's slow loader
+    makes it the straggler, and rank 0's time is in its all_reduce."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [str(TORCHRUN), "--nproc-per-node", "2", str(TWO_RANKS), "--seconds", "25"]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert job.stdout is not None
+        for line in job.stdout:  # the first logged step: both ranks are in their loop
+            if line.startswith("step "):
+                break
+        out = tmp_path / "attach.json"
+        cmd = [sys.executable, "-m", "pitstop", "attach", str(job.pid), "--for", "6s", "--json", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(out.read_text())
+        rest, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0 and "done" in rest
+    assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1]
+    findings = {f["cause"]: f for f in doc["findings"]}
+    assert findings["straggler"]["evidence"]["slow_rank"] == 1
+    assert findings["dataloader_bound"]["evidence"]["sampled_rank"] == 1
+    notes = " ".join(doc.get("notes", []))
+    assert "collectives" in notes and "step together" in notes
+
+
 @pytest.mark.slow
 def test_attach_to_a_gone_pid_is_one_line_and_exit_2() -> None:
     probe = subprocess.Popen([sys.executable, "-c", "pass"])
