@@ -50,6 +50,7 @@ def test_planted_causes_in_recorded_cpu_traces(tmp_path: Path) -> None:
     assert "padding_waste" not in [f["cause"] for f in padded["findings"]]
 
 
+@pytest.mark.smoke
 def test_analyze_a_folder_of_traces_and_check_configs(tmp_path: Path, shared_data: Path) -> None:
     doc = _analyze(tmp_path, shared_data / "traces")
     assert len(doc["ranks"]) == 5 and all(kind == "kineto_trace" for kind in doc["inputs"].values())

@@ -56,6 +56,7 @@ def test_stats_cache_and_pack_on_real_data(shared_data: Path, tmp_path: Path) ->
     assert plan["rows"] >= plan["lower_bound"] and plan["efficiency"] > 0.95
 
 
+@pytest.mark.smoke
 def test_pack_a_lengths_file(tmp_path: Path) -> None:
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("\n".join(str(n) for n in [100, 900, 50, 2000, 300] * 20))

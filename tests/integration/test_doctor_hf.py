@@ -37,6 +37,7 @@ def test_trl_sft_trainer_is_recognized(tmp_path: Path) -> None:
     assert "SFTConfig" in doc["findings"][0]["fix"]["snippets"]["trl"]
 
 
+@pytest.mark.smoke
 def test_trainer_callback(tmp_path: Path) -> None:
     out = tmp_path / "callback.json"
     subprocess.run(

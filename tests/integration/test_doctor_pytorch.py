@@ -25,6 +25,7 @@ def test_slow_dataloader_ranks_first(tmp_path: Path) -> None:
     assert doc["metrics"]["steps_measured"] == 12
 
 
+@pytest.mark.smoke
 def test_padding_waste_ranks_first(tmp_path: Path) -> None:
     doc, _ = doctor_json(tmp_path, "plain_loop.py", "--pad-to", "256", "--steps", "100")
     assert causes(doc)[0] == "padding_waste"
@@ -49,6 +50,7 @@ def test_well_tuned_run_has_no_high_finding(tmp_path: Path) -> None:
     assert doc["environment"]["attention"]["sdpa_calls"] > 0
 
 
+@pytest.mark.smoke
 def test_explicit_watch_api_gives_the_same_diagnosis(tmp_path: Path) -> None:
     out = tmp_path / "watch.json"
     subprocess.run(

@@ -201,6 +201,7 @@ app()
 """
 
 
+@pytest.mark.smoke
 @pytest.mark.slow
 def test_check_in_a_real_process_for_ci(runs: dict[str, int], history_file: Path) -> None:
     """What a CI job sees: the exit code and one line on stderr, no traceback."""

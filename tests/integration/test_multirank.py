@@ -16,6 +16,7 @@ TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "
 SCRIPT = str(SCRIPTS / "ddp_ranks.py")
 
 
+@pytest.mark.smoke
 def test_slow_compute_rank_is_the_straggler_and_the_other_waits(tmp_path: Path) -> None:
     doc, proc = doctor(
         tmp_path, *TORCHRUN, SCRIPT, "--slow-compute-rank", "1", "--slow-compute-ms", "80", steps=10

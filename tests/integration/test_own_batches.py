@@ -28,6 +28,7 @@ def run(tmp_path: Path, *args: str) -> tuple[dict[str, Any], dict[str, Any], dic
     return doc, doc["profile"]["ranks"][0], json.loads(out.read_text())
 
 
+@pytest.mark.smoke
 def test_positional_model_x_y_counts_tokens_and_keeps_the_losses(tmp_path: Path) -> None:
     doc, rank, script = run(tmp_path)
     m = doc["metrics"]

@@ -20,6 +20,7 @@ def _plan(tmp_path: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.smoke
 def test_8b_on_one_h100_does_not_fit_and_lora_does(tmp_path: Path) -> None:
     doc = _plan(tmp_path, "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--seq", "4096", "--no-simulate")
     assert doc["schema"] == "pitstop.plan/1"

@@ -142,6 +142,7 @@ def test_survives_a_crashing_fix_and_leaves_nothing_running(tmp_path: Path) -> N
     assert left.stdout.strip() == "", "a trial process outlived pitstop tune"
 
 
+@pytest.mark.smoke
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     for args, message in (
         (("tune", "--budget", "soon", "--", "python", "x.py"), "--budget"),

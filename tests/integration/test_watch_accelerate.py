@@ -16,6 +16,7 @@ from tests.trackers_read import tensorboard_events
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.smoke
 def test_the_windows_land_in_the_accelerators_tensorboard_run(tmp_path: Path) -> None:
     pytest.importorskip("accelerate")
     pytest.importorskip("tensorboard")
