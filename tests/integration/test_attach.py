@@ -18,9 +18,17 @@ JOB = ROOT / "tests" / "scripts" / "attach" / "slow_loader.py"
 PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
-def _start_job(seconds: float, tmp: Path) -> subprocess.Popen[str]:
+def _start_job(seconds: float, tmp: Path, *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(JOB), "--seconds", str(seconds), "--step-times", str(tmp / "steps.txt")]
+    cmd = [
+        sys.executable,
+        str(JOB),
+        "--seconds",
+        str(seconds),
+        "--step-times",
+        str(tmp / "steps.txt"),
+        *extra,
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -66,6 +74,30 @@ def test_attach_finds_the_planted_slow_loader(tmp_path: Path) -> None:
     assert "padding_waste" not in findings  # tokens are unknown to a sampled view: nothing guessed
     steps = [float(line.split()[1]) for line in (tmp_path / "steps.txt").read_text().splitlines()]
     assert len(steps) > 20
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PY_SPY.exists(), reason="py-spy is not installed (pip install 'pitstop[attach]')")
+def test_attach_sees_a_planted_checkpoint_stall(tmp_path: Path) -> None:
+    """torch.save of ~64 MB every 30 steps: the saving share, the saves counted, the checkpoint_stall finding."""
+    extra = ("--sleep", "0.0005", "--save-every", "30", "--save-dir", str(tmp_path))
+    job = _start_job(30, tmp_path, *extra)
+    try:
+        _wait_ready(job)
+        out = tmp_path / "attach.json"
+        cmd = [sys.executable, "-m", "pitstop", "attach", str(job.pid), "--for", "8s", "--json", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(out.read_text())
+        job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0
+    stall = {f["cause"]: f for f in doc["findings"]}["checkpoint_stall"]
+    ev = stall["evidence"]
+    assert ev["view"] == "sampled" and ev["checkpoints"] >= 2 and ev["sampled_share"] > 0.01
+    assert any("saving" in note for note in doc["notes"])
 
 
 TWO_RANKS = ROOT / "tests" / "scripts" / "attach" / "two_ranks.py"

@@ -261,3 +261,13 @@ def test_steps_of_a_window_without_two_step_starts_is_one_record() -> None:
     records = steps_of(view.ranks[0])
     assert len(records) == 1 and records[0].wall_s == pytest.approx(0.35)
     assert build_profile(view).ranks[0].probe_errors  # said, not hidden
+
+
+def test_figures_from_a_step_count_that_missed_steps_are_left_out() -> None:
+    view = job_view(_window(([DATA] * 20 + [BACKWARD]) * 10 + [DATA]))
+    assert not view.ranks[0].steps.resolved
+    diagnosis = annotate(diagnose(build_profile(view)), view)
+    finding = {f.cause: f for f in diagnosis.findings}["dataloader_bound"]
+    assert finding.evidence["data_wait_ms_per_step"] is None
+    assert "lower bound" in finding.speedup_basis
+    assert any("at least" in note for note in diagnosis.notes)

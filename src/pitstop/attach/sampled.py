@@ -15,6 +15,7 @@ SAMPLED = {  # cause -> the phase whose share is its evidence, and the rule's th
     "eval_overhead": (Phase.EVAL, 0.10),
     "communication_bound": (Phase.COLLECTIVE, 0.10),
 }
+STEP_COUNT_KEYS = {"steps", "steps_per_save"}  # evidence that rests on how many steps were counted
 SAMPLED_CONFIDENCE = 0.85  # a share counted from samples, not timed
 BELOW_THRESHOLD = 0.6  # ... whose interval reaches below where the rule would stay quiet
 
@@ -26,9 +27,15 @@ def _worst(view: JobView, phase: Phase) -> RankView:
 def annotate(diagnosis: Diagnosis, view: JobView) -> Diagnosis:
     for finding in diagnosis.findings:
         finding.evidence["view"] = "sampled"
-        if any(not r.steps.resolved for r in view.ranks):  # a per-step figure from steps that were missed
-            for key in [k for k in finding.evidence if k.endswith("_per_step")]:
+        if any(not r.steps.resolved for r in view.ranks):  # a figure from a step count that missed steps
+            counted = [k for k in finding.evidence if k.endswith("_per_step") or k in STEP_COUNT_KEYS]
+            for key in counted:
                 finding.evidence[key] = None
+            if counted:
+                finding.speedup_basis += (
+                    "; the sampled step count is a lower bound, so figures per step or per save interval are "
+                    "left out and an estimate that uses them is an upper bound"
+                )
         if finding.cause not in SAMPLED or not view.ranks:
             continue
         phase, threshold = SAMPLED[finding.cause]

@@ -32,12 +32,29 @@ class SlowDataset(Dataset):
         return self.x[i], self.y[i]
 
 
+def save(model: nn.Module, opt: torch.optim.Optimizer, args: argparse.Namespace, step: int) -> None:
+    """The planted checkpoint stall: the loop waits for a torch.save of the model, the optimizer and
+    ``--save-mb`` of extra state (one file, overwritten)."""
+    import os
+    import tempfile
+
+    folder = args.save_dir or tempfile.gettempdir()
+    extra = torch.zeros(args.save_mb * 2**18)  # float32: 4 bytes each
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "extra": extra, "step": step}
+    torch.save(state, os.path.join(folder, f"pitstop-attach-ckpt-{os.getpid()}.pt"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=20.0, help="train for this long, then exit 0")
     ap.add_argument("--sleep", type=float, default=0.001, help="seconds per example in __getitem__")
     ap.add_argument("--batch", type=int, default=48)
     ap.add_argument("--width", type=int, default=768)
+    ap.add_argument(
+        "--save-every", type=int, default=0, help="torch.save a checkpoint every N steps (0: never)"
+    )
+    ap.add_argument("--save-mb", type=int, default=64, help="the checkpoint's extra state, in MB")
+    ap.add_argument("--save-dir", default=None, help="where checkpoints go (default: a temporary folder)")
     ap.add_argument("--step-times", default=None, help="write each step's wall time here, one a line")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -63,6 +80,8 @@ def main() -> int:
             loss.backward()
             opt.step()
             step += 1
+            if args.save_every and step % args.save_every == 0:
+                save(model, opt, args, step)
             now, cpu = time.perf_counter(), time.process_time()
             times.append((time.time(), now - last, cpu - last_cpu))  # the whole step: batch wait included
             last, last_cpu = now, cpu
