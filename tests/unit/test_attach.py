@@ -4,10 +4,14 @@ window's way through the same rules as doctor."""
 
 from __future__ import annotations
 
+import time
+import types
+
 import pytest
 
 from pitstop.attach.build import build_profile, steps_of
 from pitstop.attach.classify import Phase, classify, framework_of, in_optimizer_step, is_worker, loader_kind
+from pitstop.attach.gpus import watch_gpus
 from pitstop.attach.sampled import annotate
 from pitstop.attach.sampler import Window, _errors, _ids, read_speedscope
 from pitstop.attach.shares import Share, count_steps, cycle_starts, optimizer_entries, wilson
@@ -271,3 +275,59 @@ def test_figures_from_a_step_count_that_missed_steps_are_left_out() -> None:
     assert finding.evidence["data_wait_ms_per_step"] is None
     assert "lower bound" in finding.speedup_basis
     assert any("at least" in note for note in diagnosis.notes)
+
+
+class _FakeNvml:
+    """pynvml's functions that attach calls, for two GPUs; NOPID runs on the second."""
+
+    def __init__(self) -> None:
+        self.shut = False
+
+    def nvmlInit(self) -> None: ...
+
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[object]:
+        return [types.SimpleNamespace(pid=NOPID)] if handle == 1 else [types.SimpleNamespace(pid=12)]
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return b"NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> object:
+        return types.SimpleNamespace(gpu=37 if handle == 1 else 99)
+
+
+def test_the_gpu_a_rank_runs_on_comes_from_nvml_and_is_sampled() -> None:
+    nvml = _FakeNvml()
+    watch = watch_gpus({NOPID}, nvml)
+    assert watch.of_pid == {NOPID: 1} and watch.names == {1: "NVIDIA H100 80GB HBM3"}
+    watch.start(time.perf_counter())
+    time.sleep(0.25)
+    watch.stop()
+    assert nvml.shut and len(watch.samples[1]) >= 2 and {s.util for s in watch.samples[1]} == {37.0}
+    window = _window(_steps(10, data=4, fwd=2, bwd=2, opt=2))
+    window.gpu = watch
+    profile = build_profile(job_view(window))
+    rank = profile.ranks[0]
+    assert rank.environment.device == "cuda" and rank.environment.gpu_name == "NVIDIA H100 80GB HBM3"
+    assert rank.gpu_samples == watch.samples[1]
+    diagnosis = diagnose(profile)  # the GPU rules read a sampled GPU run without failing on its unknowns
+    assert diagnosis.metrics.gpu_util == pytest.approx(0.37)
+
+
+def test_without_nvml_the_gpus_are_not_sampled_and_it_is_said() -> None:
+    class Broken:
+        def nvmlInit(self) -> None:
+            raise RuntimeError("driver not loaded")
+
+    watch = watch_gpus({NOPID}, Broken())
+    assert watch.of_pid == {} and "NVML unavailable (RuntimeError)" in watch.notes[0]
+    watch.start(0.0)
+    watch.stop()  # nothing to start or stop

@@ -84,6 +84,11 @@ def _rank_profile(rank: RankView, view: JobView) -> RankProfile:
     profile.checkpoints = _saves(rank, len(steps))
     profile.steps_delimited_by = StepBoundary.OPTIMIZER_STEP
     profile.step_boundary_reason = f"sampled: {rank.steps.method}"
+    gpu = view.window.gpu
+    index = gpu.of_pid.get(rank.pid)
+    if index is not None:
+        profile.gpu_samples = gpu.samples.get(index, [])
+        env.gpu_name = gpu.names.get(index)
     if rank.cpu_pct is not None:
         profile.host_samples = [
             HostSample(
@@ -105,8 +110,8 @@ def _rank_profile(rank: RankView, view: JobView) -> RankProfile:
 
 def _environment(rank: RankView, view: JobView) -> Environment:
     env = Environment(framework=rank.framework, cpu_count=os.cpu_count(), hostname=os.uname().nodename)
-    env.device = "cuda" if rank.gpus else "cpu"
-    env.gpu_count = len(rank.gpus) or None
+    env.device = "cuda" if rank.gpus or rank.pid in view.window.gpu.of_pid else "cpu"
+    env.gpu_count = len(set(view.window.gpu.of_pid.values())) or len(rank.gpus) or None
     env.world_size = _world_size(rank, view)
     if rank.loader == "single":
         env.dataloader.num_workers = 0

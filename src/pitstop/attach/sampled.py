@@ -85,8 +85,9 @@ def notes_of(view: JobView) -> list[str]:
         )
     notes.append(
         "not seen by sampling: tokens and padding (unless a trainer_state.json logs them), the model's "
-        "size and dtype, attention path, GPU utilization (NVML is not read by attach yet)"
+        "size and dtype, attention path"
     )
+    notes += view.window.gpu.notes
     if not view.ranks:
         notes.append("no process of this PID showed a training loop in its main thread during the window")
     return notes + view.notes

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pitstop.attach.procs import AttachRefused, ProcSeries, descendants, read_proc
+from pitstop.attach.gpus import GpuWatch, watch_gpus
+from pitstop.attach.procs import AttachRefused, ProcSeries, descendants, gpu_devices, read_proc
 from pitstop.attach.stacks import Frame, ThreadSamples
 
 
@@ -38,6 +39,7 @@ class Window:
     threads: list[ThreadSamples] = field(default_factory=list)
     procs: dict[int, ProcSeries] = field(default_factory=dict)
     dropped: int = 0  # samples the sampler could not read (torn reads of a running process)
+    gpu: GpuWatch = field(default_factory=GpuWatch)  # NVML samples of the GPUs the job's PIDs use
     sampler: str = "py-spy"
 
 
@@ -67,21 +69,29 @@ class PySpySampler:
             cmd = [binary, "record", "--pid", str(pid), "--rate", f"{rate_hz:g}"]
             cmd += ["--duration", f"{max(1, round(seconds))}", "--nonblocking", "--idle", "--subprocesses"]
             cmd += ["--full-filenames", "--format", "speedscope", "--output", str(out)]
-            poller = _Poller(pid)
+            poller, gpu = _Poller(pid), _gpus_of(pid)
             poller.start()
+            gpu.start(time.perf_counter())
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
             except subprocess.TimeoutExpired:
                 raise AttachRefused("py-spy did not finish its window in time") from None
             finally:
                 poller.stop()
+                gpu.stop()
             if done.returncode != 0 or not out.exists():
                 raise AttachRefused(_py_spy_error(pid, done.stderr + done.stdout))
             data = json.loads(out.read_text())
-        window = Window(pid=pid, seconds=seconds, rate_hz=rate_hz, procs=poller.series)
+        window = Window(pid=pid, seconds=seconds, rate_hz=rate_hz, procs=poller.series, gpu=gpu)
         window.threads = read_speedscope(data, 1.0 / rate_hz)
         window.dropped = _errors(done.stderr + done.stdout)
         return window
+
+
+def _gpus_of(pid: int) -> GpuWatch:
+    """NVML only for a job that holds a GPU open (a CPU job never loads the library)."""
+    pids = {pid, *descendants(pid)}
+    return watch_gpus(pids) if any(gpu_devices(p) for p in pids) else GpuWatch()
 
 
 def _py_spy_error(pid: int, text: str) -> str:
