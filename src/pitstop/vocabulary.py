@@ -74,6 +74,7 @@ class Source(StrEnum):
     ANALYZE = "analyze"
     TUNE = "tune"
     CHECK = "check"
+    ATTACH = "attach"
 
 
 class Sharding(StrEnum):

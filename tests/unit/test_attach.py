@@ -331,3 +331,16 @@ def test_without_nvml_the_gpus_are_not_sampled_and_it_is_said() -> None:
     assert watch.of_pid == {} and "NVML unavailable (RuntimeError)" in watch.notes[0]
     watch.start(0.0)
     watch.stop()  # nothing to start or stop
+
+
+def test_the_report_of_an_attached_job_is_titled_attach() -> None:
+    import io
+
+    from rich.console import Console
+
+    from pitstop.report.terminal import render
+
+    profile = build_profile(job_view(_window(_steps(40, data=14, fwd=2, bwd=3, opt=1))))
+    out = io.StringIO()
+    render(diagnose(profile), Console(file=out, width=120))
+    assert "pitstop attach" in out.getvalue().splitlines()[0] and "pitstop doctor" not in out.getvalue()

@@ -23,10 +23,11 @@ from pitstop.profile import (
     StepBoundary,
     StepRecord,
 )
+from pitstop.vocabulary import Source
 
 
 def build_profile(view: JobView, started_at: str | None = None) -> RunProfile:
-    profile = RunProfile(source="attach", started_at=started_at)
+    profile = RunProfile(source=Source.ATTACH, started_at=started_at)
     profile.command = procs.cmdline(view.window.pid) or None
     for rank in view.ranks:
         profile.ranks.append(_rank_profile(rank, view))

@@ -358,7 +358,7 @@ def _ranks_table(d: Diagnosis) -> Table:
 
 
 def _title(diagnosis: Diagnosis) -> str:
-    return {"analyze": "pitstop analyze", "check": "pitstop check"}.get(
+    return {"analyze": "pitstop analyze", "check": "pitstop check", "attach": "pitstop attach"}.get(
         diagnosis.profile.source, "pitstop doctor"
     )
 
