@@ -111,11 +111,37 @@ def run_doctor(
         command, None if full else steps, warmup, quiet, "measuring", timeout, rule
     )
     diagnosis = _with_single_rank_reference(diagnosis, outputs)
+    diagnosis = _with_calibration(diagnosis, outputs)
     doc = diagnosis.to_dict()
     outputs.write(doc)
     render(diagnosis, outputs.terminal())
     outputs.remember(doc, "doctor")
     return diagnosis.profile.exit_code or 0
+
+
+def _with_calibration(diagnosis: Diagnosis, outputs: Outputs) -> Diagnosis:
+    """Estimates scaled by what tune measured on jobs with this fingerprint in the history, if any (each
+    corrected finding says so in its basis, and a note names the tune runs)."""
+    if not outputs.record or not diagnosis.findings:
+        return diagnosis
+    import sqlite3
+
+    from pitstop.history import HistoryError, fingerprint, open_store, resolve_path
+    from pitstop.history.calibration import calibrations, corrected
+    from pitstop.ingest.readers import regular_problem
+
+    try:
+        where = resolve_path(outputs.history)
+        if not where.exists() or regular_problem(where) is not None:
+            return diagnosis
+        with open_store(where, create=False) as store:
+            known = calibrations(store, fingerprint(diagnosis.to_dict()))
+    except (HistoryError, OSError, RuntimeError, sqlite3.Error):
+        return diagnosis  # the history is a help here, never a reason to lose the run
+    if known:
+        diagnosis.findings, notes = corrected(diagnosis.findings, known)
+        diagnosis.notes.extend(notes)
+    return diagnosis
 
 
 def _with_single_rank_reference(diagnosis: Diagnosis, outputs: Outputs) -> Diagnosis:

@@ -221,6 +221,43 @@ def compare(
         )
 
 
+@history_app.command("calibration")
+def calibration_table(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the pairs and figures as JSON.")] = False,
+    history: HistoryOpt = None,
+) -> None:
+    """How well each cause's estimated speed-up predicted what `pitstop tune` measured on your own jobs."""
+    from pitstop.history.calibration import calibrations
+
+    with _store(history) as store:
+        known = calibrations(store)
+    if json_out:
+        typer.echo(json.dumps([c.to_dict() for c in known], indent=1))
+        return
+    if not known:
+        typer.echo("no tune run in this history measured a fix with an estimate: run `pitstop tune` first")
+        return
+    from rich.table import Table
+
+    table = Table(title="estimated speed-up against what tune measured, per cause")
+    for column in ("cause", "measurements", "predicted → measured", "measured / predicted", "median |log|"):
+        table.add_column(column, justify="left" if column in ("cause", "predicted → measured") else "right")
+    for cal in known:
+        pairs = ", ".join(f"×{p.predicted:.2f}→×{p.measured:.2f} ({p.fix})" for p in cal.pairs[-4:])
+        more = f" … {len(cal.pairs) - 4} more" if len(cal.pairs) > 4 else ""
+        table.add_row(
+            as_text(cal.cause),
+            str(len(cal.pairs)),
+            as_text(pairs + more),
+            f"×{cal.factor:.2f}",
+            f"{cal.error:.2f}",
+        )
+    _console().print(table)
+    typer.echo(
+        "A later doctor run of a job with the same fingerprint has its estimates scaled by its own pairs."
+    )
+
+
 @history_app.command("check")
 def check_run(
     baseline: Annotated[
