@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "schemas": 0,
     "atomic": 0,
+    "regular": 0,
     "__init__": 8,  # the package's front door may point anywhere (lazily)
 }
 

@@ -10,46 +10,17 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import stat
 import zlib
 from pathlib import Path
 from typing import BinaryIO
 
 from pitstop.ingest.errors import IngestError
+from pitstop.regular import regular_problem
 
 GZIP_MAGIC = b"\x1f\x8b"
 CONFIG_LIMIT = (
     64 * 2**20
 )  # configs, Trainer outputs and model configs are small; refuse to slurp anything bigger
-
-
-def _file_type(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
-def regular_problem(path: Path, *, empty_ok: bool = False) -> str | None:
-    """Why ``path`` (links followed) is not a file pitstop may open for reading, as a one-line message
-    naming it, or ``None``. Every reader asks this first: the history, rank files, configs, saved results.
-    A missing file is ``None`` here (the caller decides what missing means)."""
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"{path}: cannot open ({exc.strerror or exc})"
-    if not stat.S_ISREG(info.st_mode):
-        return f"{path}: {_file_type(info.st_mode)}, not a file pitstop reads"
-    if info.st_size == 0 and not empty_ok:
-        return f"{path}: empty file (or a pseudo-file of /proc or /sys, which reports 0 bytes)"
-    return None
 
 
 def check_regular(path: Path) -> os.stat_result:
