@@ -148,6 +148,23 @@ class Remedy:
 REGISTRY: dict[RemedyId, Remedy] = {}
 
 
+def at_first_optimizer_step(action: Callable[[], None]) -> Any:
+    """Run ``action`` once, just before the job's first optimizer step: where a trial checks that its fix is
+    still in effect before its window counts (a verdict on a fix the job undid would measure nothing).
+    Returns the hook's handle (a trial process never removes it; a test does)."""
+    from torch.optim import optimizer as optim_mod
+
+    done = False
+
+    def once(optimizer: Any, args: Any, kwargs: Any) -> None:
+        nonlocal done
+        if not done:
+            done = True
+            action()
+
+    return optim_mod.register_optimizer_step_pre_hook(once)
+
+
 def register(cls: type[Remedy]) -> type[Remedy]:
     """Class decorator: one instance per remedy, in registration order (tune's order within a cause)."""
     if cls.id in REGISTRY:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, register
+from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, at_first_optimizer_step, register
 from pitstop.trials.request import FixReport, FixRequest
 from pitstop.vocabulary import Framework
 
@@ -54,16 +54,9 @@ class NoCheckpointing(Remedy):
 
     def _verify_off(self, checkpoint: ModuleType, request: FixRequest, report: FixReport) -> None:
         """Count the checkpointed calls up to the first optimizer step, then say whether it was off."""
-        from torch.optim import optimizer as optim_mod
-
         calls = checkpoint_counter(checkpoint)
-        checked = False
 
-        def check(optimizer: Any, args: Any, kwargs: Any) -> None:
-            nonlocal checked
-            if checked:
-                return
-            checked = True
+        def check() -> None:
             verdict = off_or_why(calls, self.id in report.applied)
             if verdict is not None:
                 if self.id in report.applied:
@@ -71,7 +64,7 @@ class NoCheckpointing(Remedy):
                 else:
                     report.skip(self.id, verdict)
 
-        optim_mod.register_optimizer_step_pre_hook(check)
+        at_first_optimizer_step(check)
 
     def _patch_models(self, modeling_utils: ModuleType, request: FixRequest, report: FixReport) -> None:
         """Checkpointing requests on any transformers model become no-ops."""

@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import (
+    Advice,
+    Remedy,
+    RemedyId,
+    TrialFacts,
+    at_first_optimizer_step,
+    code,
+    register,
+)
 from pitstop.trials.request import FixReport, FixRequest
 from pitstop.vocabulary import Framework
 
@@ -64,7 +72,6 @@ class Tf32(Remedy):
 
     def on_first_forward(self, model: Any, request: FixRequest, report: FixReport) -> None:
         import torch
-        from torch.optim import optimizer as optim_mod
 
         device = next((p.device.type for p in model.parameters()), "cpu")
         if device != "cuda":
@@ -80,13 +87,8 @@ class Tf32(Remedy):
             torch.backends.cudnn.allow_tf32 = True
             how = "torch.backends.cuda.matmul.allow_tf32 = True; cudnn.allow_tf32 = True"
         report.apply(self.id, how)
-        checked = False
 
-        def check(optimizer: Any, args: Any, kwargs: Any) -> None:
-            nonlocal checked
-            if checked:
-                return
-            checked = True
+        def check() -> None:
             state = tf32_in_effect(torch, new_api)
             if state is False:
                 report.revoke(self.id, "the job set fp32 matmul precision back after pitstop enabled TF32")
@@ -95,4 +97,4 @@ class Tf32(Remedy):
                     self.id, "the job switched TF32 APIs after pitstop enabled it (torch refuses the mix)"
                 )
 
-        optim_mod.register_optimizer_step_pre_hook(check)
+        at_first_optimizer_step(check)
