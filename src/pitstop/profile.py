@@ -92,6 +92,44 @@ class GpuSample:
 
 
 @dataclass
+class ActivitySample:
+    """One reading of a GPU's hardware activity counters (DCGM's profiling fields, NVML's GPM metrics).
+
+    Ratios are fractions (0..1) of the sample period: ``sm_active`` the share of time at least one warp was
+    resident on an SM (averaged over SMs), ``sm_occupancy`` resident warps over the maximum, ``tensor_active``
+    the tensor pipes' busy share, ``dram_active`` the memory interface's busy share, ``gr_active`` the share in
+    which the graphics/compute engine was busy at all (what utilization approximates). ``energy_j`` is the
+    driver's cumulative energy counter (joules since the driver loaded), read as deltas only."""
+
+    t: float
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    gr_active: float | None = None
+    util: float | None = None  # % (DCGM_FI_DEV_GPU_UTIL: the same number nvidia-smi reports)
+    power_w: float | None = None
+    energy_j: float | None = None
+    pcie_tx: float | None = None  # bytes/s
+    pcie_rx: float | None = None
+    nvlink_tx: float | None = None
+    nvlink_rx: float | None = None
+
+
+@dataclass
+class GpuActivity:
+    """One GPU's activity samples and where they came from; ``unsupported`` names the counters the source
+    listed but could not read (N/A on this GPU or driver), so their absence is said, not guessed."""
+
+    source: str  # "dcgmi dmon", "dcgm-exporter", "nvml gpm"
+    gpu: str  # the GPU as the source named it ("0", a UUID)
+    samples: list[ActivitySample] = field(default_factory=list)
+    unsupported: list[str] = field(default_factory=list)
+    interval_s: float | None = None  # None: the source wrote no time; samples are then 1 apart by index
+    timed: bool = False  # whether t comes from the source's clock
+
+
+@dataclass
 class HostSample:
     """One psutil reading of the trainer process and its children (DataLoader workers)."""
 
@@ -384,6 +422,7 @@ class RankProfile:
     tokens_counted_from: CountSource | None = None  # None: an older or offline source that does not say
     steps_delimited_by: StepBoundary | None = None
     step_boundary_reason: str | None = None  # why steps were not delimited by the optimizer, when not
+    gpu_activity: GpuActivity | None = None  # hardware activity counters of this rank's GPU, when read
 
     def total(self, name: str) -> float | None:
         """Sum of one StepRecord field over the measured steps (None if any step lacks it)."""

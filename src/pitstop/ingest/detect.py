@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.ingest.configs import config_kind
+from pitstop.ingest.dcgm import dcgm_kind
 from pitstop.ingest.documents import load_document
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.hf_outputs import is_results, is_trainer_state
@@ -85,7 +86,7 @@ def expand(paths: list[Path], notes: list[str] | None = None) -> list[tuple[Path
 
 def sniff(path: Path) -> tuple[str, Any, list[str]]:
     """(kind, parsed document or None, notes about the document). Kinds: kineto_trace, nvidia_smi,
-    trainer_state, trainer_results, model_config, deepspeed, accelerate, axolotl, llama_factory, hf_args,
+    dcgmi_dmon, dcgm_exporter, trainer_state, trainer_results, model_config, deepspeed, accelerate, axolotl, llama_factory, hf_args,
     torch_pickle, binary."""
     start = head(path)
     if not start.strip():
@@ -100,6 +101,9 @@ def sniff(path: Path) -> tuple[str, Any, list[str]]:
     if b"\x00" in start[:8192]:
         return "binary", None, []  # weights (safetensors), NumPy arrays, images: not text at all
     text_head = start.decode("utf-8", errors="replace")
+    dcgm = dcgm_kind(text_head)
+    if dcgm is not None:
+        return dcgm, None, []
     if looks_like_smi(text_head):
         return "nvidia_smi", None, []
     text = read_text(path)

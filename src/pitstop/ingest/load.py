@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pitstop.hardware import lookup_gpu
 from pitstop.ingest.configs import merge_into, read_config
+from pitstop.ingest.dcgm import DcgmGpu, activity_ranks, attach_activity, read_dcgm
 from pitstop.ingest.detect import expand, sniff
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.hf_outputs import read_trainer_outputs
@@ -97,6 +98,18 @@ def _join_ranks(
     return ranks
 
 
+def _smi_ranks(path: Path, notes: list[str]) -> list[RankProfile]:
+    """A rank per GPU of an nvidia-smi log, its samples and name."""
+    log = read_smi(path)
+    notes += log.notes
+    ranks = []
+    for i, gpu in enumerate(log.gpus):
+        rank = RankProfile(rank=i, gpu_samples=gpu.samples)
+        rank.environment = Environment(device="cuda", gpu_name=gpu.name, gpu_count=len(log.gpus))
+        ranks.append(rank)
+    return ranks
+
+
 def load_run(
     inputs: Inputs,
     on_file: Callable[[Path, str], None] | None = None,
@@ -110,6 +123,7 @@ def load_run(
     trace_paths: list[Path] = []
     trace_notes: list[str] = []
     gpu_ranks: list[RankProfile] = []
+    activity: list[DcgmGpu] = []
     totals: RunTotals | None = None
     for path, in_folder in found:
         try:
@@ -130,13 +144,12 @@ def load_run(
         if kind == "kineto_trace":
             trace_paths.append(path)
         elif kind == "nvidia_smi":
-            log = read_smi(path)
-            notes += log.notes
-            for i, gpu in enumerate(log.gpus):
-                rank = RankProfile(rank=i, gpu_samples=gpu.samples)
-                rank.environment = Environment(device="cuda", gpu_name=gpu.name, gpu_count=len(log.gpus))
-                gpu_ranks.append(rank)
-            env.gpu_count = env.gpu_count or len(log.gpus)
+            gpu_ranks += _smi_ranks(path, notes)
+            env.gpu_count = env.gpu_count or len(gpu_ranks)
+        elif kind in ("dcgmi_dmon", "dcgm_exporter"):
+            dcgm = read_dcgm(path, kind)
+            notes += dcgm.notes
+            activity += dcgm.gpus
         elif kind in ("trainer_state", "trainer_results"):
             outputs = read_trainer_outputs(data, path.name)
             totals = _merge_totals(totals, outputs.totals)
@@ -163,7 +176,8 @@ def load_run(
         fleet = read_traces(trace_paths, jobs=inputs.jobs, dask=inputs.dask, progress=on_trace)
         trace_ranks, trace_notes = fleet.ranks, fleet.notes
     totals = _apply_flags(inputs, env, totals)
-    ranks = _join_ranks(trace_ranks, gpu_ranks, env, notes)
+    ranks = _join_ranks(trace_ranks, gpu_ranks or activity_ranks(activity), env, notes)
+    attach_activity(ranks, activity, notes)
     profile = RunProfile(
         source="analyze" if not inputs.configs_only else "check",
         ranks=ranks,
