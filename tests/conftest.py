@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing.util
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -51,6 +52,13 @@ def history_file(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     return path
 
 
+# What libraries start once per process to learn the platform (``platform.processor()`` runs ``uname -p``,
+# ``ctypes.util.find_library`` runs ``ldconfig``): milliseconds, and whichever test comes first would pay
+# for them, so they do not count as a test starting a process
+PLATFORM_PROBES = frozenset({"uname", "ldconfig", "/sbin/ldconfig"})
+platform.processor()  # cached for the session: whether a test runs it first no longer depends on the order
+
+
 class _Spawns:
     """What a test started: commands (``subprocess``) and bare forks (``multiprocessing``, ``os.fork``)."""
 
@@ -58,7 +66,12 @@ class _Spawns:
         self.started: list[str] = []
 
     def note(self, what: object) -> None:
-        self.started.append(" ".join(map(str, what)) if isinstance(what, (list, tuple)) else str(what))
+        if isinstance(what, (list, tuple)):
+            if what and Path(str(what[0])).name in PLATFORM_PROBES | {Path(p).name for p in PLATFORM_PROBES}:
+                return
+            self.started.append(" ".join(map(str, what)))
+        else:
+            self.started.append(str(what))
 
 
 @pytest.fixture(autouse=True)

@@ -135,6 +135,7 @@ def test_mlflow_file_store_inside_the_active_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("file_store")
+@pytest.mark.slow  # mlflow runs git once per process to note the source's commit
 def test_mlflow_own_run_is_ended(tmp_path: Path) -> None:
     mlflow = pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
@@ -149,6 +150,7 @@ def test_mlflow_own_run_is_ended(tmp_path: Path) -> None:
     assert run.data.metrics["pitstop/data_wait_frac"] > 0.3  # the last window's, after the slowdown
 
 
+@pytest.mark.slow  # mlflow runs git once per process to note the source's commit
 def test_mlflow_refusing_its_store_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mlflow = pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "false")

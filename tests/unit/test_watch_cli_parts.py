@@ -71,7 +71,9 @@ def test_the_document_carries_the_whole_run_and_reads_back() -> None:
         "periodic_stalls",
         "phases",
         "series",
+        "noise_hides_drops_below",
     }
+    assert w["noise_hides_drops_below"] is None  # a change was seen: the run was not called steady
     assert [c["kind"] for c in w["changes"]][:1] == ["slower"] and w["periodic_stalls"][0]["period"] == 60
     assert read_run(back).findings  # a reader of pitstop.run/1 takes the document as before
 
