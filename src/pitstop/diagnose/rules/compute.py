@@ -6,6 +6,7 @@ import statistics
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import working
+from pitstop.diagnose.rules.activity import Activity, read_activity
 from pitstop.findings import Finding
 from pitstop.hardware import EXPECTED_MFU
 from pitstop.interconnect import Link
@@ -17,6 +18,9 @@ from pitstop.remedies import RemedyId, advise, use
 from pitstop.remedies.base import Use
 from pitstop.remedies.micro_batch import next_micro_batch
 from pitstop.vocabulary import Severity
+
+SM_FULL = 0.8  # SM activity a well-filled GPU reaches (est. target for small_batch from the counters)
+OCC_FULL = 0.5  # occupancy both counters agree below, with SM activity under SM_FULL
 
 EAGER_SLOWDOWN = {"gpu": 3.0, "cpu": 2.0}
 """How much slower per FLOP eager attention runs than fused kernels: it writes and re-reads the S×S score
@@ -105,12 +109,14 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
     dtype = ctx.metrics.compute_dtype
     fp32_gemm = ctx.trace_mean("fp32_gemm_frac")
     traced = fp32_gemm is not None and fp32_gemm >= 0.5 and ctx.on_gpu
-    if not traced and dtype not in ("fp32", "tf32"):
+    act = read_activity(ctx.profile)
+    counted = act is not None and act.tensor_idle and ctx.on_gpu  # tensor pipes idle while the SMs work
+    if not traced and dtype not in ("fp32", "tf32") and not (counted and dtype is None):
         return None
     if not ctx.on_gpu and ctx.env.device is not None:
         return None
-    if traced:
-        dtype = "fp32"
+    if traced or dtype is None:
+        dtype = "fp32"  # fp32 GEMMs in the trace; or idle tensor pipes, which TF32 would use too
     bf16_ok = gpu is None or gpu.peak_flops("bf16") is not None
     low = "bf16" if bf16_ok else "fp16"
     evidence: dict[str, object] = {
@@ -130,9 +136,13 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
             factor = min(factor, low_peak / now_peak)
     c = ctx.compute_frac
     measured = ctx.measured
+    if act is not None and "tensor_active" in act.means:
+        evidence.update(act.evidence())
     how = (
         "GEMM kernels in the trace run in plain fp32"
         if traced
+        else f"the tensor pipes are idle while the SMs work ({act.words()})"
+        if counted and act is not None and ctx.metrics.compute_dtype is None
         else (
             f"matrix math runs in {str(dtype).upper()}"
             + (
@@ -145,8 +155,9 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
     return Finding(
         cause="no_mixed_precision",
         severity=Severity.HIGH if dtype == "fp32" else Severity.MEDIUM,
-        confidence=0.85 if measured else 0.6,
-        summary=f"{how[0].upper() + how[1:]} on a GPU whose {low} tensor cores are much faster.",
+        confidence=_precision_confidence(measured, counted, act),
+        summary=f"{how[0].upper() + how[1:]} on a GPU whose {low} tensor cores are much faster."
+        + _tensor_words(act, counted),
         evidence=evidence,
         est_speedup=amdahl(c, factor) if measured else None,
         speedup_basis=(
@@ -157,6 +168,29 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
         else "config only: no step time measured",
         fix=advise(ctx.framework, *precision_uses(bf16_ok, dtype == "tf32")),
     )
+
+
+def _precision_confidence(measured: bool, counted: bool, act: Activity | None) -> float:
+    """How sure: per-step data or a trace say 0.85, configs 0.6; the tensor counter read idle raises it
+    (the matrix math is off the tensor cores, measured), read busy lowers it (the counters disagree)."""
+    base = 0.85 if measured else 0.6
+    if counted:
+        return 0.95 if measured else 0.8
+    if act is not None and act.tensor_busy:
+        return min(base, 0.4)
+    return base
+
+
+def _tensor_words(act: Activity | None, counted: bool) -> str:
+    if act is None or "tensor_active" not in act.means:
+        return ""
+    if counted:
+        return f" The tensor-pipe counter confirms it: {act.get('tensor_active'):.1%} busy."
+    if act.tensor_busy:
+        return (
+            f" But the tensor pipes read {act.get('tensor_active'):.0%} busy: some matrix math does use them."
+        )
+    return ""
 
 
 def _busy_while_computing(ctx: RuleContext) -> tuple[float | None, dict[str, object], str]:
@@ -189,8 +223,12 @@ def small_batch(ctx: RuleContext) -> Finding | None:
         return None
     m = ctx.metrics
     util, active_evidence, when = _busy_while_computing(ctx)
+    act = read_activity(ctx.profile)
+    starved = act is not None and act.starved
     if util is None or util >= 0.75:
-        return None
+        if not starved or act is None:
+            return None
+        return _small_batch_counted(ctx, util, act)
     if (m.data_wait_frac or 0.0) >= 0.15:
         return None  # the idle time is the input pipeline's; dataloader_bound explains it
     mem = m.gpu_mem_used_frac
@@ -223,6 +261,9 @@ def small_batch(ctx: RuleContext) -> Finding | None:
     confidence = 0.7 if mem is not None or ctx.traces else 0.5
     if m.source_of_util == "nvidia-smi" and m.data_wait_frac is None:
         confidence = 0.4  # a log cannot tell a small batch from a slow input pipeline
+    if starved and act is not None:  # the counters agree: the SMs are mostly empty too
+        confidence = min(0.9, confidence + 0.15)
+        evidence.update(act.evidence())
     detail = (
         f" with {m.tokens_per_micro_batch:.0f} tokens per micro-batch" if m.tokens_per_micro_batch else ""
     )
@@ -241,6 +282,47 @@ def small_batch(ctx: RuleContext) -> Finding | None:
         est_speedup=est,
         speedup_basis=f"GPU busy share {when} ({m.source_of_util}, measured); filling the idle share gives at "
         "most 1/util (capped at 4×)",
+        fix=advise(ctx.framework, micro_batch_use(ctx, planned)),
+    )
+
+
+def _small_batch_counted(ctx: RuleContext, util: float | None, act: Activity) -> Finding | None:
+    """Utilization reads high (or was not logged) but the SMs are mostly empty: kernels too small to fill
+    the GPU, which utilization cannot show (one small kernel at a time reads 100 %)."""
+    m = ctx.metrics
+    if (m.data_wait_frac or 0.0) >= 0.15:
+        return None
+    mem = m.gpu_mem_used_frac
+    if mem is not None and mem > 0.85:
+        return None  # no room for a bigger batch
+    planned = planned_micro_batch(ctx)
+    if planned is not None and planned <= (ctx.env.micro_batch_size or 1):
+        return None
+    sm, occ = act.get("sm_active"), act.get("sm_occupancy")
+    fill = sm if sm is not None else (occ or 0.0) / OCC_FULL
+    evidence: dict[str, object] = {
+        "gpu_util": None if util is None else round(util, 3),
+        "util_source": m.source_of_util,
+        "gpu_mem_used_frac": None if mem is None else round(mem, 3),
+        "micro_batch_size": ctx.env.micro_batch_size,
+        "plan_max_micro_batch": planned,
+        **act.evidence(),
+    }
+    launch_bound = any(t.launch_bound for t in ctx.traces)
+    agree = launch_bound or (sm is not None and occ is not None and sm < SM_FULL and occ < OCC_FULL)
+    reads = f"Utilization reads {util:.0%}, but " if util is not None else ""
+    return Finding(
+        cause="small_batch",
+        severity=severity_for(1 - fill, 0.6, 0.35),
+        confidence=0.75 if agree else 0.6,
+        summary=(
+            f"{reads}the hardware counters show the SMs mostly empty ({act.words()}): the kernels are too "
+            "small to fill the GPU, which utilization (some kernel running) cannot show."
+        ),
+        evidence=evidence,
+        est_speedup=min(SM_FULL / max(fill, 0.05), 4.0) if fill < SM_FULL else None,
+        speedup_basis=f"SM activity {fill:.0%} (measured) raised toward {SM_FULL:.0%} by more work per kernel; "
+        "capped at 4×",
         fix=advise(ctx.framework, micro_batch_use(ctx, planned)),
     )
 
@@ -273,13 +355,17 @@ def host_sync(ctx: RuleContext) -> Finding | None:
     if per_step is None or per_step < 1 or blocked is None or blocked < 0.02:
         return None
     util = m.gpu_util
-    if util is not None and util >= 0.95:
-        return None
+    act = read_activity(ctx.profile)
+    starved = act is not None and act.starved
+    if util is not None and util >= 0.95 and not starved:
+        return None  # (a utilization that reads full while the SMs are empty says nothing)
     evidence: dict[str, object] = {
         "syncs_per_step": round(per_step, 2),
         "blocked_frac_of_step": round(blocked, 3),
         "gpu_util": None if util is None else round(util, 3),
     }
+    if act is not None:
+        evidence.update(act.evidence())
     splits = [t.idle_split.get("host_wait") for t in ctx.traces if t.idle_split]
     if splits:
         evidence["idle_that_is_host_wait"] = round(max(s for s in splits if s is not None), 3)
@@ -288,11 +374,12 @@ def host_sync(ctx: RuleContext) -> Finding | None:
         severity=Severity.HIGH
         if blocked >= 0.25
         else (Severity.MEDIUM if blocked >= 0.05 and per_step >= 2 else Severity.LOW),
-        confidence=0.7,
+        confidence=0.8 if starved else 0.7,  # the counters agree: the GPU is not kept full
         summary=(
             f"The host blocks on the GPU {per_step:.1f} times per step (.item(), .cpu(), synchronize) and waits "
             f"{blocked:.0%} of the step there, so the launch queue drains and the GPU idles while the next "
             "kernels are issued."
+            + (f" The hardware counters agree: {act.words()}." if starved and act is not None else "")
         ),
         evidence=evidence,
         est_speedup=amdahl(blocked, float("inf")),
@@ -475,25 +562,37 @@ def low_mfu_unexplained(ctx: RuleContext) -> Finding | None:
     if m.gpu_util is not None and m.gpu_util < 0.85:
         return None  # an idle GPU is explained by the idle-time rules
     busy = "" if m.gpu_util is None else f"The GPU is {m.gpu_util:.0%} busy but "
+    act = read_activity(ctx.profile)
+    bound = act if act is not None and act.memory_bound else None
+    evidence: dict[str, object] = {
+        "mfu": round(m.mfu, 4),
+        "gpu_util": None if m.gpu_util is None else round(m.gpu_util, 3),
+        "gpu": m.gpu,
+        "compute_dtype": m.compute_dtype,
+    }
+    if act is not None:
+        evidence.update(act.evidence(), memory_bound=bound is not None)
+    confidence = 0.5 if m.gpu_util is not None else 0.35
     return Finding(
         cause="low_mfu_unexplained",
         severity=Severity.MEDIUM,
-        confidence=0.5 if m.gpu_util is not None else 0.35,
+        confidence=confidence + (0.15 if bound is not None else 0.0),
         summary=(
             f"{busy}{'reaches' if busy else 'The run reaches'} only {m.mfu:.1%} MFU; well-tuned fine-tunes reach "
             f"{EXPECTED_MFU[0]:.0%}–{EXPECTED_MFU[1]:.0%} on this GPU."
+            + (
+                f" The counters say the step is memory-bound ({bound.words()}): unfused elementwise work, not "
+                "matrix math, sets its pace."
+                if bound is not None
+                else ""
+            )
             + (
                 ""
                 if m.gpu_util is not None
                 else " Without per-step data the cause is not known: run `pitstop doctor` or record a trace."
             )
         ),
-        evidence={
-            "mfu": round(m.mfu, 4),
-            "gpu_util": None if m.gpu_util is None else round(m.gpu_util, 3),
-            "gpu": m.gpu,
-            "compute_dtype": m.compute_dtype,
-        },
+        evidence=evidence,
         est_speedup=min(EXPECTED_MFU[0] / max(m.mfu, 1e-6), 4.0),
         speedup_basis=f"reaching the low end of the expected MFU range ({EXPECTED_MFU[0]:.0%}); capped at 4×",
         fix=advise(ctx.framework, use(RemedyId.FUSED_KERNELS)),

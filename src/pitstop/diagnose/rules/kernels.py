@@ -10,6 +10,11 @@ Three parts, each with its own evidence and estimate; the finding names those th
   factor (for-loop → fused ×4, foreach → fused ×1.5; stated as assumptions).
 * **RMSNorm / RoPE / SwiGLU as separate kernels** where Liger Kernel is installed but not applied: named,
   not estimated.
+
+The GPUs' activity counters (DCGM, GPM) add a verdict: DRAM busy while the tensor pipes are not is a
+memory-bound step, what unfused elementwise work looks like. It raises the confidence of a finding made from
+the parts above, and on its own (an offline run whose kernels pitstop never saw) names the cause with low
+confidence and no estimate.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
+from pitstop.diagnose.rules.activity import Activity, read_activity
 from pitstop.findings import Finding
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import logits
 from pitstop.remedies import RemedyId, Use, advise, use
+from pitstop.vocabulary import Severity
 
 GIB = 1024**3
 LARGE_VOCAB = 32_000
@@ -89,7 +96,40 @@ def _optimizer_part(ctx: RuleContext) -> tuple[float, dict[str, object]] | None:
     return amdahl(share, factor), evidence
 
 
+def _memory_bound_only(ctx: RuleContext, act: Activity) -> Finding:
+    """The counters' memory-bound verdict where nothing else about the run's kernels is known."""
+    model_type = ctx.env.model.model_type or None
+    return Finding(
+        cause="unfused_kernels",
+        severity=Severity.MEDIUM,
+        confidence=0.45,
+        summary=(
+            f"The step is memory-bound ({act.words()}): DRAM is busy while the tensor pipes are not, the "
+            "pattern of unfused elementwise, normalisation and loss kernels. Which ones is not known offline: "
+            "run `pitstop doctor` or record a trace."
+        ),
+        evidence={**act.evidence(), "memory_bound": True, "model_type": model_type},
+        est_speedup=None,
+        speedup_basis="not estimated: the counters say the step is memory-bound, not which kernels make it so",
+        fix=advise(
+            ctx.framework,
+            use(RemedyId.LIGER_KERNELS, installed=False, model_type=model_type),
+            use(RemedyId.COMPILE_MODEL),
+        ),
+    )
+
+
 def unfused_kernels(ctx: RuleContext) -> Finding | None:
+    act = read_activity(ctx.profile) if ctx.on_gpu else None
+    bound = act if act is not None and act.memory_bound else None
+    found = _unfused_parts(ctx, bound)
+    if found is None and bound is not None and ctx.env.kernels is None:
+        return _memory_bound_only(ctx, bound)
+    return found
+
+
+def _unfused_parts(ctx: RuleContext, bound: Activity | None) -> Finding | None:
+    """The parts pitstop saw; ``bound``: the counters' memory-bound verdict, which raises the confidence."""
     k = ctx.env.kernels
     if k is None:
         return None  # nothing read about the run's kernels (an offline source)
@@ -145,11 +185,16 @@ def unfused_kernels(ctx: RuleContext) -> Finding | None:
     if not k.compiled and model_type:
         uses.append(use(RemedyId.COMPILE_MODEL))
     overall = 1 / (1 - min(saved, 0.9)) if saved else None
+    if bound is not None:  # the counters agree: the step waits on memory, not on the tensor cores
+        evidence.update(bound.evidence(), memory_bound=True)
     return Finding(
         cause="unfused_kernels",
         severity=severity_for(saved, 0.20, 0.08),
-        confidence=0.6 if loss is not None else 0.75,
-        summary="Unfused kernels: " + "; ".join(parts) + ".",
+        confidence=(0.6 if loss is not None else 0.75) + (0.15 if bound is not None else 0.0),
+        summary="Unfused kernels: "
+        + "; ".join(parts)
+        + "."
+        + (f" The counters agree: the step is memory-bound ({bound.words()})." if bound is not None else ""),
         evidence=evidence,
         est_speedup=overall,
         speedup_basis="; ".join(bases),
