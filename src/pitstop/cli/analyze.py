@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from pitstop.cli.errors import UserError
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import diagnose
+from pitstop.diagnose.energy import cost_per_million_tokens
+from pitstop.diagnose.metrics import Metrics
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.load import Inputs, load_run
 from pitstop.report.terminal import render
@@ -43,8 +48,10 @@ def run_analyze(
     outputs: Outputs,
     jobs: int | None = None,
     dask: str | None = None,
+    price_per_gpu_hour: float | None = None,
 ) -> int:
     outputs.check()
+    price = _price(price_per_gpu_hour)
     if dask is not None:
         _require_dask()
     console = Console(stderr=True)
@@ -62,8 +69,63 @@ def run_analyze(
         raise UserError(str(exc), 2) from None
     diagnosis = diagnose(profile)
     doc = diagnosis.to_dict() | {"inputs": inputs.kinds}
+    cost = _cost(diagnosis.metrics, price, profile.world_size) if price is not None else None
+    if cost is not None:
+        doc["cost"] = cost
     outputs.write(doc)
     render(diagnosis, outputs.terminal())
+    for line in _energy_lines(diagnosis.metrics, cost):
+        console.print(line, highlight=False)
     if diagnosis.metrics.real_tokens_per_s is not None:  # only a measured throughput belongs in the history
         outputs.remember(doc, "analyze")
     return 0
+
+
+PRICE_ENV = "PITSTOP_PRICE_PER_GPU_HOUR"
+
+
+def _price(given: float | None) -> float | None:
+    """The price per GPU-hour: the option, else $PITSTOP_PRICE_PER_GPU_HOUR; a price that is not a positive
+    number is refused in one line."""
+    text = os.environ.get(PRICE_ENV) if given is None else str(given)
+    if text is None or not text.strip():
+        return None
+    try:
+        price = float(text)
+    except ValueError:
+        price = math.nan
+    if not math.isfinite(price) or not 0 < price < 1e6:
+        where = "--price-per-gpu-hour" if given is not None else PRICE_ENV
+        raise UserError(f"{where} {text[:40]!r}: not a price per GPU-hour (a positive number, e.g. 2.5)", 2)
+    return price
+
+
+def _cost(metrics: Metrics, price: float, gpus: int) -> dict[str, Any]:
+    """The run's cost figures for the JSON document (None where the rate is unknown)."""
+    per_m = cost_per_million_tokens(price, gpus, metrics.real_tokens_per_s)
+    return {
+        "price_per_gpu_hour": price,
+        "gpus": gpus,
+        "per_million_real_tokens": None if per_m is None else round(per_m, 4),
+    }
+
+
+def _energy_lines(metrics: Metrics, cost: dict[str, Any] | None) -> list[str]:
+    """Energy and cost in a line each, where measured; an estimate says so."""
+    lines = []
+    if metrics.gpu_power_w is not None:
+        parts = [f"GPUs draw {metrics.gpu_power_w:,.0f} W together"]
+        if metrics.joules_per_step is not None:
+            parts.append(f"{metrics.joules_per_step:,.0f} J per step")
+        if metrics.joules_per_real_token is not None:
+            parts.append(f"{metrics.joules_per_real_token:.3g} J per real token")
+        lines.append(f"Energy: {', '.join(parts)} (from the {metrics.energy_basis})")
+    if cost is not None:
+        per_m = cost["per_million_real_tokens"]
+        lines.append(
+            f"Cost: ${per_m:,.4g} per million real tokens at ${cost['price_per_gpu_hour']:g} per GPU-hour "
+            f"({cost['gpus']} GPUs)"
+            if per_m is not None
+            else "Cost: no real-token rate measured, so no cost per token"
+        )
+    return lines

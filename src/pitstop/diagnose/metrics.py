@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from pitstop.diagnose.energy import energy_of
 from pitstop.diagnose.gpu_windows import GpuWindow, active_frac, active_util, gpu_windows, window_samples
 from pitstop.hardware import GpuSpec, compute_dtype, lookup_gpu
 from pitstop.plan.flops import FlopsPerToken, expected_tokens_per_s, flops_per_token, mfu
@@ -73,6 +74,10 @@ class Metrics:
     scaling_efficiency: float | None = (
         None  # multi-rank: tokens/s over world size × one rank's (see ranks.py)
     )
+    gpu_power_w: float | None = None  # all GPUs together, mean over the sampled time (diagnose/energy.py)
+    energy_basis: str | None = None  # "energy counter", or "power × time (estimate)"
+    joules_per_step: float | None = None
+    joules_per_real_token: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -287,6 +292,10 @@ def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) ->
     windows = gpu_windows(profile) if gpus is None else gpus
     gpu = lookup_gpu(env.gpu_name) if env.on_gpu else None
     seq_lens = [float(s.seq_len) for r in ranks for s in r.steps if s.seq_len]
+    step_s = (
+        statistics.median(step_walls) if step_walls else _ratio(train_s, totals.steps if totals else None)
+    )
+    energy = energy_of(profile, step_s, real_tps)
     return Metrics(
         steps_measured=min((len(r.steps) for r in ranks), default=0),
         step_time_s=statistics.median(step_walls) if step_walls else None,
@@ -330,6 +339,10 @@ def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) ->
         gpu_active_frac=active_frac(windows) if use.source in ("nvml", "nvidia-smi") else None,
         gpus_never_busy=sum(w.never_busy for w in windows) if windows else None,
         throughput_spread=throughput_spread(profile),
+        gpu_power_w=None if energy is None else energy.power_w,
+        energy_basis=None if energy is None else energy.basis,
+        joules_per_step=None if energy is None else energy.joules_per_step,
+        joules_per_real_token=None if energy is None else energy.joules_per_real_token,
     )
 
 
