@@ -21,11 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.probe.clocks import clock_events
-from pitstop.profile import GpuSample, HostSample
+from pitstop.probe.gpm import GpmReader
+from pitstop.profile import ActivitySample, GpuActivity, GpuSample, HostSample
 
 NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1
 NVML_CLOCK_SM = 1
+ACTIVITY_EVERY = (
+    10  # activity read every 10th sample: 1 Hz at the sampler's 10 Hz (GPM averages between reads)
+)
 
 
 class _Sampler:
@@ -73,7 +77,8 @@ class _Sampler:
 
 
 class NvmlSampler(_Sampler):
-    """Reads utilization, memory, PCIe, SM clock and power of one GPU."""
+    """Reads utilization, memory, PCIe, SM clock and power of one GPU; with ``activity``, also the energy
+    counter and (where the GPU has GPM) SM, tensor and DRAM activity, every ``activity_every`` samples."""
 
     def __init__(
         self,
@@ -83,14 +88,63 @@ class NvmlSampler(_Sampler):
         interval_s: float = 0.1,
         clock: Callable[[], float] = time.perf_counter,
         owns_nvml: bool = False,
+        activity: bool = False,
+        activity_every: int = ACTIVITY_EVERY,
     ) -> None:
         super().__init__(interval_s, origin, clock)
         self.nvml = nvml
         self.handle = handle
         self.owns_nvml = owns_nvml  # this sampler called nvmlInit and must call nvmlShutdown
         self.samples: list[GpuSample] = []
+        self.activity_samples: list[ActivitySample] = []
+        self.activity_notes: list[str] = []
+        self.activity_every = max(1, activity_every)
+        self._ticks = 0
+        self._activity = activity
+        self.gpm: GpmReader | None = None
+        if activity:
+            self.gpm, why = GpmReader.open(nvml, handle)
+            if why:
+                self.activity_notes.append(why)
+
+    def activity(self, gpu: str = "0") -> GpuActivity | None:
+        """What the activity counters read, for the rank's profile; None when nothing was read."""
+        if not self.activity_samples:
+            return None
+        read = {n for s in self.activity_samples for n in vars(s) if n != "t" and getattr(s, n) is not None}
+        unsupported = sorted(self.gpm.unsupported - read) if self.gpm is not None else []
+        return GpuActivity(
+            source="nvml gpm" if self.gpm is not None else "nvml",
+            gpu=gpu,
+            samples=list(self.activity_samples),
+            unsupported=unsupported,
+            interval_s=self.interval_s * self.activity_every,
+            timed=True,
+        )
+
+    def _read_activity(self, t: float) -> None:
+        """The energy counter (mJ) and the GPM metrics since the last activity sample; a GPM failure stops GPM
+        sampling with a note, never the sampler."""
+        energy = self._try("nvmlDeviceGetTotalEnergyConsumption")
+        metrics: dict[str, float | None] | None = None
+        if self.gpm is not None:
+            try:
+                metrics = self.gpm.read()
+            except Exception as exc:
+                self.activity_notes.append(f"GPM sampling stopped: {type(exc).__name__}: {exc}")
+                self.gpm.close()
+                self.gpm = None
+        if energy is None and not metrics:
+            return
+        self.activity_samples.append(
+            ActivitySample(
+                t=t, energy_j=None if energy is None else float(energy) / 1000.0, **(metrics or {})
+            )
+        )
 
     def close(self) -> None:
+        if self.gpm is not None:
+            self.gpm.close()
         if self.owns_nvml:
             self.owns_nvml = False
             with contextlib.suppress(Exception):
@@ -124,6 +178,9 @@ class NvmlSampler(_Sampler):
                 app_clock=app_clock,
             )
         )
+        if self._activity and self._ticks % self.activity_every == 0:
+            self._read_activity(self.samples[-1].t)
+        self._ticks += 1
 
 
 class HostSampler(_Sampler):
