@@ -162,6 +162,14 @@ def test_gzipped_scrape_detected(tmp_path: Path) -> None:
 def test_not_dcgm() -> None:
     assert dcgm_kind("timestamp, index, utilization.gpu [%]\n") is None
     assert dcgm_kind("# HELP go_goroutines Number of goroutines.\ngo_goroutines 8\n") is None
+    assert dcgm_kind("# Entity extraction settings\nmodel: x\n") is None  # a YAML comment
+    assert dcgm_kind("# Entity  SMACT  TENSO\nID\nGPU 0  0.1  0.0\n") == "dcgmi_dmon"
+
+
+def test_dmon_header_with_its_id_column_on_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "d.txt", "# Entity  ID  SMACT  TENSO\r\n    GPU 3  0.250  0.010\r\n")
+    act = read_dcgm(path, "dcgmi_dmon").gpus[0].activity
+    assert act.gpu == "3" and act.samples[0].sm_active == pytest.approx(0.25)
 
 
 def test_overlong_line_skipped_not_held(tmp_path: Path) -> None:

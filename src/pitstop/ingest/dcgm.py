@@ -72,7 +72,8 @@ RANGES: dict[str, tuple[float, float]] = {
     **{name: (0.0, 1e13) for name in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")},
 }
 
-DMON_HEADER = re.compile(r"^\s*#\s*Entity\b", re.M)
+# the header names fields by dmon's short names (upper case, ≤ 8 characters): a YAML comment "# Entity ..." is not one
+DMON_HEADER = re.compile(r"^[ \t]*#[ \t]*Entity(?:[ \t]+[A-Z][A-Z0-9_]{1,7})+[ \t]*\r?$", re.M)
 EXPORTER_LINE = re.compile(r"^(?:# (?:HELP|TYPE) )?DCGM_FI_[A-Z0-9_]+[{\s]", re.M)
 DMON_ROW = re.compile(r"^\s*([A-Za-z][A-Za-z-]*)\s+(\d+)\s+(.*)$")
 SERIES = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
@@ -213,6 +214,7 @@ def _read_dmon(path: Path, lines: _Lines) -> _Gpus:
     for line in lines:
         if DMON_HEADER.match(line):
             columns = line.split("Entity", 1)[1].split()
+            columns = columns[1:] if columns[:1] == ["ID"] else columns  # "#Entity ID SMACT ..." in one line
             continue
         m = DMON_ROW.match(line)
         if m is None or not columns:
