@@ -211,3 +211,12 @@ def test_analyze_cli_reads_dcgm_and_bad_one_exits_2(tmp_path: Path) -> None:
     assert isinstance(result.exception, UserError) and result.exception.code == 2  # main() exits with it
     assert "dcgmi dmon output without samples" in str(result.exception)
     assert "\n" not in str(result.exception)
+
+
+def test_too_many_samples_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pitstop.ingest.dcgm as dcgm
+
+    monkeypatch.setattr(dcgm, "MAX_SAMPLES", 5)
+    with pytest.raises(IngestError) as err:
+        read_dcgm(_write(tmp_path, "d.txt", DMON), "dcgmi_dmon")  # 6 samples
+    assert "more than 5 DCGM samples" in str(err.value) and "\n" not in str(err.value)

@@ -31,7 +31,7 @@ from pitstop.profile import ActivitySample, Environment, GpuActivity, GpuSample,
 DCGM_LIMIT = 256 * 2**20  # a day of 1 s scrapes of 8 GPUs is ~0.2 GB; refuse more rather than fill memory
 MAX_LINE = 64 * 1024  # no DCGM line is longer; a longer one is skipped, never held whole
 MAX_GPUS = 4096
-MAX_SAMPLES = 2_000_000  # over all GPUs
+MAX_SAMPLES = 1_000_000  # over all GPUs: ~240 bytes each in memory (11 days of 1 s samples of one GPU)
 MJ = 1e-3  # DCGM's energy counter (field 156) counts millijoules
 
 # dmon's short names -> (ActivitySample field, scale to pitstop's unit)
