@@ -309,6 +309,14 @@ def analyze(
             "or 'local' for a LocalCluster.",
         ),
     ] = None,
+    price: Annotated[
+        float | None,
+        typer.Option(
+            "--price-per-gpu-hour",
+            help="What a GPU costs per hour: adds the cost per million real tokens "
+            "(default: $PITSTOP_PRICE_PER_GPU_HOUR).",
+        ),
+    ] = None,
 ) -> None:
     """Diagnose a run from what it left behind: profiler traces, nvidia-smi logs, Trainer outputs, configs."""
     _one_blas_thread()
@@ -318,7 +326,15 @@ def analyze(
     outputs = Outputs(json_out, html, tensorboard, history, record=not no_history)
     raise typer.Exit(
         run_analyze(
-            paths, gpu=gpu, gpus=gpus, model=model, configs_only=False, outputs=outputs, jobs=jobs, dask=dask
+            paths,
+            gpu=gpu,
+            gpus=gpus,
+            model=model,
+            configs_only=False,
+            outputs=outputs,
+            jobs=jobs,
+            dask=dask,
+            price_per_gpu_hour=price,
         )
     )
 

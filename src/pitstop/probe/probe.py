@@ -548,7 +548,7 @@ class Probe:
             except Exception as exc:
                 self.errors.append(f"NVML unavailable: {exc}")
         if nvml is not None:
-            self._nvml = NvmlSampler(nvml, handle, self.origin, owns_nvml=owns)
+            self._nvml = NvmlSampler(nvml, handle, self.origin, owns_nvml=owns, activity=True)
             self._nvml.start()
 
     def _stop_samplers(self) -> None:
@@ -636,6 +636,7 @@ class Probe:
             warmup_steps=warmup,
             steps=steps,
             gpu_samples=list(self._nvml.samples) if self._nvml else [],
+            gpu_activity=self._nvml.activity() if self._nvml else None,
             host_samples=list(self._host.samples) if self._host else [],
             window_start_t=self.window_start_t,
             window_end_t=self.window_end_t,
