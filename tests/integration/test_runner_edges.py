@@ -88,7 +88,7 @@ def test_script_without_an_optimizer() -> None:
         "3",
     )
     assert proc.returncode == 2
-    assert "without an optimizer step" in proc.stderr
+    assert "without a training step to measure" in proc.stderr and "optimizer.step()" in proc.stderr
 
 
 def test_command_that_does_not_exist() -> None:
