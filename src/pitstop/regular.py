@@ -4,6 +4,7 @@ artifact readers, the history); each turns the message into its own error type."
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -36,3 +37,15 @@ def regular_problem(path: Path, *, empty_ok: bool = False) -> str | None:
     if info.st_size == 0 and not empty_ok:
         return f"{path}: empty file (or a pseudo-file of /proc or /sys, which reports 0 bytes)"
     return None
+
+
+def regular_stat(path: Path, error: type[Exception], *, empty_ok: bool = False) -> os.stat_result:
+    """The status of ``path``, a regular file, or ``error`` with the one-line reason (missing included): each
+    reading layer passes its own error type."""
+    problem = regular_problem(path, empty_ok=empty_ok)
+    if problem is not None:
+        raise error(problem)
+    try:
+        return path.stat()
+    except OSError as exc:
+        raise error(f"{path}: cannot open ({exc.strerror or exc})") from None

@@ -3,7 +3,7 @@
 A FIFO as the history used to hang ``analyze --history f.db`` and ``history list`` forever (SQLite's open
 blocks on it). The history, a saved result for ``pitstop report``, a git HEAD read for the label, and the
 artifacts ``analyze`` reads all go through the same check the trace readers use
-(``pitstop.ingest.readers.regular_problem``): one line naming the file and what it is, exit 2, nothing
+(``pitstop.regular.regular_problem``): one line naming the file and what it is, exit 2, nothing
 opened. Every FIFO is made in the test's own temporary folder. If the check were missing these tests would
 block, so each CLI call runs under a watchdog thread that fails the test instead of hanging the suite.
 """
@@ -22,7 +22,7 @@ from tests.unit.test_history import run_doc
 
 from pitstop.history import HistoryError, open_store, record
 from pitstop.history.gitinfo import git_head
-from pitstop.ingest.readers import regular_problem
+from pitstop.regular import regular_problem
 
 T = TypeVar("T")
 

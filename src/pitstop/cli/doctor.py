@@ -128,7 +128,7 @@ def _with_calibration(diagnosis: Diagnosis, outputs: Outputs) -> Diagnosis:
 
     from pitstop.history import HistoryError, fingerprint, open_store, resolve_path
     from pitstop.history.calibration import calibrations, corrected
-    from pitstop.ingest.readers import regular_problem
+    from pitstop.regular import regular_problem
 
     try:
         where = resolve_path(outputs.history)

@@ -80,7 +80,7 @@ class Outputs:
         """A history that is a FIFO, a device or a folder can never record: refused before the run (a FIFO
         would block the open forever). A history that cannot be found is left to ``remember`` (a warning)."""
         from pitstop.history import HistoryError, resolve_path
-        from pitstop.ingest.readers import regular_problem
+        from pitstop.regular import regular_problem
 
         try:
             where = resolve_path(self.history)

@@ -13,7 +13,7 @@ from pitstop.cli.outputs import Outputs
 def read_result(path: Path) -> Any:
     """The saved document; a FIFO, device or folder is refused before it is opened (a FIFO would hang),
     and JSON nested beyond Python's recursion limit is one line, not a RecursionError."""
-    from pitstop.ingest.readers import regular_problem
+    from pitstop.regular import regular_problem
 
     problem = regular_problem(path) if not path.is_dir() else None
     if problem is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pitstop.data.errors import DataError
 from pitstop.regular import regular_problem as file_problem
+from pitstop.regular import regular_stat
 
 
 def regular_problem(path: Path) -> str | None:
@@ -22,10 +23,4 @@ def regular_problem(path: Path) -> str | None:
 
 def check_regular(path: Path) -> os.stat_result:
     """The status of ``path``, a regular file, or a one-line ``DataError`` (missing included)."""
-    problem = regular_problem(path)
-    if problem is not None:
-        raise DataError(problem)
-    try:
-        return path.stat()
-    except OSError as exc:
-        raise DataError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    return regular_stat(path, DataError, empty_ok=True)

@@ -30,7 +30,7 @@ from pitstop.history.errors import HistoryError
 from pitstop.history.fingerprint import canonical_json, fingerprint_of
 from pitstop.history.gitinfo import git_head, resolve_label
 from pitstop.history.paths import resolve_path
-from pitstop.ingest.readers import regular_problem
+from pitstop.regular import regular_problem
 
 APPLICATION_ID = 0x50495453  # "PITS": marks the file as a pitstop history
 BUSY_TIMEOUT_S = 30.0

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pitstop.ingest.errors import IngestError
-from pitstop.regular import regular_problem
+from pitstop.regular import regular_stat
 
 GZIP_MAGIC = b"\x1f\x8b"
 CONFIG_LIMIT = (
@@ -25,13 +25,7 @@ CONFIG_LIMIT = (
 
 def check_regular(path: Path) -> os.stat_result:
     """The file's status (links followed), or a one-line IngestError when it is not a non-empty regular file."""
-    problem = regular_problem(path)
-    if problem is not None:
-        raise IngestError(problem)
-    try:
-        return path.stat()
-    except OSError as exc:
-        raise IngestError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    return regular_stat(path, IngestError)
 
 
 def is_gzip(path: Path) -> bool:
