@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import Any
 
 from pitstop.catalogue import cause
-from pitstop.vocabulary import Severity
+from pitstop.vocabulary import CauseId, RemedyId, Severity
 
-if TYPE_CHECKING:
-    from pitstop.remedies.base import Use
+
+@dataclass(frozen=True)
+class Use:
+    """A rule's (or tune's) reference to a remedy with the parameters the evidence gave it."""
+
+    remedy: RemedyId
+    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": str(self.remedy), "params": dict(self.params)}
+
+
+def use(remedy: RemedyId, **params: Any) -> Use:
+    return Use(remedy, MappingProxyType(params))
 
 
 @dataclass
@@ -38,7 +52,7 @@ class Fix:
 
 @dataclass
 class Finding:
-    cause: str
+    cause: CauseId
     severity: Severity
     confidence: float  # 0..1: how sure we are that this cause is present
     summary: str
@@ -48,7 +62,7 @@ class Finding:
     fix: Fix
 
     def __post_init__(self) -> None:
-        cause(self.cause)  # unknown ids fail loudly
+        self.cause = CauseId(self.cause)  # an unknown id fails loudly (ValueError)
         self.severity = Severity(self.severity)
         # A number computed from a damaged input must not reach a report as "×nan" or "-5 %": a speed-up
         # that is not finite is not estimable, a confidence is clamped to 0..1 (NaN means no confidence).

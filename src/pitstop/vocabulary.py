@@ -58,6 +58,79 @@ class Severity(StrEnum):
 _SEVERITY_ORDER = {Severity.HIGH: 0, Severity.MEDIUM: 1, Severity.LOW: 2}
 
 
+class CauseId(StrEnum):
+    """The catalogue's cause ids (``pitstop.catalogue`` says what each means): a Finding's ``cause`` in every
+    document. An id, once released, keeps its meaning; a new cause is a new member."""
+
+    DATALOADER_BOUND = "dataloader_bound"
+    SMALL_BATCH = "small_batch"
+    PADDING_WASTE = "padding_waste"
+    SLOW_ATTENTION = "slow_attention"
+    OFFLOAD_BOUND = "offload_bound"
+    NO_MIXED_PRECISION = "no_mixed_precision"
+    HOST_SYNC = "host_sync"
+    PAGEABLE_COPIES = "pageable_copies"
+    COMMUNICATION_BOUND = "communication_bound"
+    STRAGGLER = "straggler"
+    EVAL_OVERHEAD = "eval_overhead"
+    IDLE_GPU = "idle_gpu"
+    NEEDLESS_RECOMPUTE = "needless_recompute"
+    CHECKPOINT_STALL = "checkpoint_stall"
+    CPU_OVERSUBSCRIBED = "cpu_oversubscribed"
+    UNFUSED_KERNELS = "unfused_kernels"
+    ALLOCATOR_THRASH = "allocator_thrash"
+    GPU_THROTTLED = "gpu_throttled"
+    OVERSHARDED = "oversharded"
+    LOW_MFU_UNEXPLAINED = "low_mfu_unexplained"
+
+    @classmethod
+    def parse(cls, value: object) -> CauseId | None:
+        """The cause a document names; None for anything else (an id of a newer pitstop, a damaged field)."""
+        if not isinstance(value, str):
+            return None
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
+class RemedyId(StrEnum):
+    """Stable ids: tune's ``--try`` / ``--skip`` names and the ``fix`` of tune's JSON."""
+
+    ATTENTION = "attention"
+    PRETOKENIZE = "pretokenize"
+    WORKERS = "workers"
+    TRIM_PADDING = "trim_padding"
+    PACK_BATCH = "pack_batch"
+    PACK = "pack"
+    GROUP_BY_LENGTH = "group_by_length"
+    MICRO_BATCH = "micro_batch"
+    TF32 = "tf32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    NO_CHECKPOINTING = "no_checkpointing"
+    PIN_MEMORY = "pin_memory"
+    NO_OFFLOAD = "no_offload"
+    FEWER_SYNCS = "fewer_syncs"
+    BALANCE_RANKS = "balance_ranks"
+    FUSED_KERNELS = "fused_kernels"
+    OVERLAP_COMM = "overlap_comm"
+    EVAL_LESS_OFTEN = "eval_less_often"
+    USE_EVERY_GPU = "use_every_gpu"
+    SAVE_LESS_OFTEN = "save_less_often"
+    CPU_THREADS = "cpu_threads"
+    FUSED_OPTIMIZER = "fused_optimizer"
+    COMPILE_MODEL = "compile_model"
+    LIGER_KERNELS = "liger_kernels"
+    EXPANDABLE_SEGMENTS = "expandable_segments"
+    UNTHROTTLE_GPU = "unthrottle_gpu"
+    BIGGER_BUCKETS = "bigger_buckets"
+    NO_SYNC_ACCUMULATION = "no_sync_accumulation"
+    FIX_TRANSPORT = "fix_transport"
+    NCCL_BACKEND = "nccl_backend"
+    LIGHTER_SHARDING = "lighter_sharding"
+
+
 class Device(StrEnum):
     CPU = "cpu"
     CUDA = "cuda"

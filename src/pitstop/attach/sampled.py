@@ -8,12 +8,13 @@ from pitstop.attach.classify import Phase
 from pitstop.attach.view import JobView, RankView
 from pitstop.diagnose import Diagnosis
 from pitstop.findings import capped_by_confidence
+from pitstop.vocabulary import CauseId
 
 SAMPLED = {  # cause -> the phase whose share is its evidence, and the rule's threshold
-    "dataloader_bound": (Phase.DATA, 0.05),
-    "checkpoint_stall": (Phase.SAVE, 0.05),
-    "eval_overhead": (Phase.EVAL, 0.10),
-    "communication_bound": (Phase.COLLECTIVE, 0.10),
+    CauseId.DATALOADER_BOUND: (Phase.DATA, 0.05),
+    CauseId.CHECKPOINT_STALL: (Phase.SAVE, 0.05),
+    CauseId.EVAL_OVERHEAD: (Phase.EVAL, 0.10),
+    CauseId.COMMUNICATION_BOUND: (Phase.COLLECTIVE, 0.10),
 }
 STEP_COUNT_KEYS = {"steps", "steps_per_save"}  # evidence that rests on how many steps were counted
 SAMPLED_CONFIDENCE = 0.85  # a share counted from samples, not timed

@@ -14,6 +14,7 @@ from pitstop.diagnose.ranks import RanksAnalysis, Scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.findings import Finding, rank_findings
 from pitstop.profile import CountSource, RunProfile, StepBoundary, to_jsonable
+from pitstop.vocabulary import CauseId
 
 
 @dataclass
@@ -21,7 +22,7 @@ class Diagnosis:
     profile: RunProfile
     metrics: Metrics
     findings: list[Finding]
-    skipped_checks: list[str] = field(default_factory=list)  # causes that need a GPU on a CPU run
+    skipped_checks: list[CauseId] = field(default_factory=list)  # causes that need a GPU on a CPU run
     notes: list[str] = field(default_factory=list)
     # per-rank rows, per-step series, GPU windows and the rank shown; computed from the profile when not given
     results: RunResults = None  # type: ignore[assignment]
@@ -135,7 +136,8 @@ def diagnose(profile: RunProfile) -> Diagnosis:
             ctx.earlier.append(finding)
     skipped = []
     if ctx.env.device == "cpu":
-        live = {"communication_bound"} if ctx.ranks is not None else set()  # timed collectives: any device
+        # timed collectives show communication on any device
+        live = {CauseId.COMMUNICATION_BOUND} if ctx.ranks is not None else set()
         skipped = [c.id for c in CAUSES.values() if c.needs_gpu and c.id not in live]
     notes = []
     for rank in profile.ranks:

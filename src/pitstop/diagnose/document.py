@@ -12,17 +12,16 @@ import dataclasses
 from typing import Any
 
 from pitstop import schemas
-from pitstop.catalogue import CAUSES
 from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.gpu_windows import gpu_windows
 from pitstop.diagnose.metrics import Metrics, compute_metrics
 from pitstop.diagnose.ranks import analyse, scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.errors import PitstopError
-from pitstop.findings import Finding, Fix
+from pitstop.findings import Finding, Fix, Use, use
 from pitstop.profile import Environment, RunProfile, from_jsonable
-from pitstop.remedies import REGISTRY, RemedyId, Use, use
-from pitstop.vocabulary import Severity
+from pitstop.remedies import REGISTRY
+from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 RESULT_KEYS = ("step_series", "gpu_windows", "shown_rank")
 
@@ -78,7 +77,7 @@ def _read(doc: dict[str, Any]) -> Diagnosis:
         profile=profile,
         metrics=metrics,
         findings=[_finding(f) for f in doc.get("findings") or []],
-        skipped_checks=list(doc.get("skipped_checks") or []),
+        skipped_checks=_known_causes(doc.get("skipped_checks")),
         notes=[n for n in doc.get("notes") or [] if n not in own_notes],
         results=_results(doc, profile),
         ranks_analysis=analysis,
@@ -112,10 +111,16 @@ def _results(doc: dict[str, Any], profile: RunProfile) -> RunResults:
     return results_of(profile, gpu_windows(profile))
 
 
+def _known_causes(saved: Any) -> list[CauseId]:
+    """The skipped checks a document lists, those this pitstop knows (a newer one's are left out)."""
+    causes = (CauseId.parse(c) for c in saved) if isinstance(saved, list) else ()
+    return [c for c in causes if c is not None]
+
+
 def _finding(data: dict[str, Any]) -> Finding:
-    cause = data["cause"]
-    if cause not in CAUSES:
-        raise RunDocumentError(f"finding of an unknown cause {cause!r} (written by a newer pitstop?)")
+    cause = CauseId.parse(data["cause"])
+    if cause is None:
+        raise RunDocumentError(f"finding of an unknown cause {data['cause']!r} (written by a newer pitstop?)")
     try:
         severity = Severity(data.get("severity") or "low")
     except ValueError:

@@ -9,7 +9,7 @@ and prints the kept change from the same ``advice``. Adding a cause with its fix
 
 from __future__ import annotations
 
-from pitstop.findings import Fix
+from pitstop.findings import Fix, Use, use
 from pitstop.remedies import (  # noqa: F401  (each module registers its remedy)
     attention,
     balance_ranks,
@@ -44,8 +44,8 @@ from pitstop.remedies import (  # noqa: F401  (each module registers its remedy)
     use_every_gpu,
     workers,
 )
-from pitstop.remedies.base import REGISTRY, Advice, Remedy, RemedyId, TrialFacts, Use, use
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import REGISTRY, Advice, Remedy, TrialFacts
+from pitstop.vocabulary import Framework, RemedyId
 
 TUNE_ORDER: tuple[RemedyId, ...] = (
     RemedyId.ATTENTION,

@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class Attention(Remedy):
     id = RemedyId.ATTENTION
     title = "SDPA / FlashAttention instead of eager attention"
-    causes = ("slow_attention",)
+    causes = (CauseId.SLOW_ATTENTION,)
     effect = "same math, fused kernel"
     tunable = True
 

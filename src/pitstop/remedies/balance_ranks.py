@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class BalanceRanks(Remedy):
     id = RemedyId.BALANCE_RANKS
     title = "balance the ranks"
-    causes = ("straggler",)
+    causes = (CauseId.STRAGGLER,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``slow_rank`` and ``reason``: who holds the others back and why (from the evidence)."""

@@ -11,52 +11,15 @@ Remedies are pure until a trial calls one of their hooks: importing this package
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from textwrap import dedent
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pitstop.vocabulary import Framework, StrEnum
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 if TYPE_CHECKING:
     from pitstop.trials.request import FixReport, FixRequest
-
-
-class RemedyId(StrEnum):
-    """Stable ids: tune's ``--try`` / ``--skip`` names and the ``fix`` of tune's JSON."""
-
-    ATTENTION = "attention"
-    PRETOKENIZE = "pretokenize"
-    WORKERS = "workers"
-    TRIM_PADDING = "trim_padding"
-    PACK_BATCH = "pack_batch"
-    PACK = "pack"
-    GROUP_BY_LENGTH = "group_by_length"
-    MICRO_BATCH = "micro_batch"
-    TF32 = "tf32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    NO_CHECKPOINTING = "no_checkpointing"
-    PIN_MEMORY = "pin_memory"
-    NO_OFFLOAD = "no_offload"
-    FEWER_SYNCS = "fewer_syncs"
-    BALANCE_RANKS = "balance_ranks"
-    FUSED_KERNELS = "fused_kernels"
-    OVERLAP_COMM = "overlap_comm"
-    EVAL_LESS_OFTEN = "eval_less_often"
-    USE_EVERY_GPU = "use_every_gpu"
-    SAVE_LESS_OFTEN = "save_less_often"
-    CPU_THREADS = "cpu_threads"
-    FUSED_OPTIMIZER = "fused_optimizer"
-    COMPILE_MODEL = "compile_model"
-    LIGER_KERNELS = "liger_kernels"
-    EXPANDABLE_SEGMENTS = "expandable_segments"
-    UNTHROTTLE_GPU = "unthrottle_gpu"
-    BIGGER_BUCKETS = "bigger_buckets"
-    NO_SYNC_ACCUMULATION = "no_sync_accumulation"
-    FIX_TRANSPORT = "fix_transport"
-    NCCL_BACKEND = "nccl_backend"
-    LIGHTER_SHARDING = "lighter_sharding"
 
 
 def code(text: str) -> str:
@@ -70,21 +33,6 @@ class Advice:
 
     text: str
     snippet: str
-
-
-@dataclass(frozen=True)
-class Use:
-    """A rule's (or tune's) reference to a remedy with the parameters the evidence gave it."""
-
-    remedy: RemedyId
-    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": str(self.remedy), "params": dict(self.params)}
-
-
-def use(remedy: RemedyId, **params: Any) -> Use:
-    return Use(remedy, MappingProxyType(params))
 
 
 @dataclass(frozen=True)
@@ -107,7 +55,7 @@ class Remedy:
 
     id: ClassVar[RemedyId]
     title: ClassVar[str]  # one phrase for tune's table
-    causes: ClassVar[tuple[str, ...]] = ()  # the causes it addresses, in the catalogue's ids
+    causes: ClassVar[tuple[CauseId, ...]] = ()  # the causes it addresses
     effect: ClassVar[str] = ""  # what it keeps or changes of the computation, one phrase
     preserves_computation: ClassVar[bool] = True  # same examples, same per-token losses up to fp order
     exclusive_with: ClassVar[tuple[RemedyId, ...]] = ()

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class BiggerBuckets(Remedy):
     id = RemedyId.BIGGER_BUCKETS
     title = "larger gradient buckets"
-    causes = ("communication_bound",)
+    causes = (CauseId.COMMUNICATION_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``bucket_mb``: the bucket size to use; ``per_step`` / ``mb_per_call``: what was measured."""

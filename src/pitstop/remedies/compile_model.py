@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class CompileModel(Remedy):
     id = RemedyId.COMPILE_MODEL
     title = "torch.compile the model"
-    causes = ("unfused_kernels",)
+    causes = (CauseId.UNFUSED_KERNELS,)
     effect = "same math, compiled kernels (fp order may differ)"
     tunable = True
 

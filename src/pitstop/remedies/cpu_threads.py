@@ -7,9 +7,9 @@ from types import ModuleType
 from typing import Any
 
 from pitstop.cpus import cores_allowed, local_ranks
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 def share() -> int:
@@ -22,7 +22,7 @@ def share() -> int:
 class CpuThreads(Remedy):
     id = RemedyId.CPU_THREADS
     title = "torch threads that fit the cores"
-    causes = ("cpu_oversubscribed",)
+    causes = (CauseId.CPU_OVERSUBSCRIBED,)
     effect = "same math, fewer threads per process"
     tunable = True
 

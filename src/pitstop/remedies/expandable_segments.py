@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 SETTING = "expandable_segments:True"
 ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the second is torch ≥ 2.9's name
@@ -20,7 +20,7 @@ ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the second is to
 class ExpandableSegments(Remedy):
     id = RemedyId.EXPANDABLE_SEGMENTS
     title = "expandable allocator segments"
-    causes = ("allocator_thrash",)
+    causes = (CauseId.ALLOCATOR_THRASH,)
     effect = "same math, another allocator layout"
     tunable = True
 

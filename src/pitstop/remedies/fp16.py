@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
 from pitstop.remedies.bf16 import mixed_precision_advice
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class Fp16(Remedy):
     id = RemedyId.FP16
     title = "fp16 mixed precision with a loss scaler"
-    causes = ("no_mixed_precision",)
+    causes = (CauseId.NO_MIXED_PRECISION,)
     effect = "changes numerics (fp16 matmuls, scaled loss)"
     preserves_computation = False
     tunable = True

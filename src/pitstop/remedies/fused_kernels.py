@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, code, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, code, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class FusedKernels(Remedy):
     id = RemedyId.FUSED_KERNELS
     title = "fused optimizer and compiled model"
-    causes = ("low_mfu_unexplained",)
+    causes = (CauseId.LOW_MFU_UNEXPLAINED,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         text = (

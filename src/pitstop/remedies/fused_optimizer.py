@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 FUSABLE = (
     "Adam",
@@ -27,7 +27,7 @@ def _devices(params: list[Any]) -> set[str]:
 class FusedOptimizer(Remedy):
     id = RemedyId.FUSED_OPTIMIZER
     title = "fused optimizer"
-    causes = ("unfused_kernels",)
+    causes = (CauseId.UNFUSED_KERNELS,)
     effect = "same update, one kernel per group"
     tunable = True
 

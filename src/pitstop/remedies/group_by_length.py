@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, LoaderParams, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 MAX_GROUPED_EXAMPLES = 2_000_000  # reading every example's length beyond this costs more than a trial
 
@@ -48,7 +48,7 @@ def example_length(item: Any) -> int | None:
 class GroupByLength(Remedy):
     id = RemedyId.GROUP_BY_LENGTH
     title = "length-grouped batches"
-    causes = ("padding_waste",)
+    causes = (CauseId.PADDING_WASTE,)
     effect = "changes which examples share a batch"
     preserves_computation = False
     tunable = True

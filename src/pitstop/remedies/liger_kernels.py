@@ -6,16 +6,16 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class LigerKernels(Remedy):
     id = RemedyId.LIGER_KERNELS
     title = "Liger Kernel (fused loss and norms)"
-    causes = ("unfused_kernels",)
+    causes = (CauseId.UNFUSED_KERNELS,)
     effect = "same loss, computed chunk by chunk without the full logits"
     tunable = True
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, code, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, code, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 _WHY = {
     "zero2": "ZeRO-2 keeps the bf16 weights between forward and backward and still shards gradients and optimizer",
@@ -56,7 +56,7 @@ def _fsdp_pytorch(target: str, g: int) -> str:
 class LighterSharding(Remedy):
     id = RemedyId.LIGHTER_SHARDING
     title = "lighter sharding (ZeRO-2 / SHARD_GRAD_OP, or hybrid across nodes)"
-    causes = ("oversharded",)
+    causes = (CauseId.OVERSHARDED,)
     effect = "same math, fewer weight gathers; more memory per GPU"
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:

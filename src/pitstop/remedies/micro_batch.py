@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 def largest_factor(accumulation: int, limit: int) -> int:
@@ -32,7 +32,7 @@ def next_micro_batch(micro: int, accumulation: int, planned: int | None) -> tupl
 class MicroBatch(Remedy):
     id = RemedyId.MICRO_BATCH
     title = "bigger micro-batch, proportionally less gradient accumulation"
-    causes = ("small_batch",)
+    causes = (CauseId.SMALL_BATCH,)
     effect = "same examples per optimizer step"
     tunable = True
     changes_batch_shape = True

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class NcclBackend(Remedy):
     id = RemedyId.NCCL_BACKEND
     title = "nccl for GPU tensors"
-    causes = ("communication_bound",)
+    causes = (CauseId.COMMUNICATION_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         text = "Use the nccl backend for GPU tensors: gloo copies every collective through host memory."

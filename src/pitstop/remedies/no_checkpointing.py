@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, at_first_optimizer_step, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, at_first_optimizer_step, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 _ENABLERS = ("gradient_checkpointing_enable", "activation_checkpointing_enable")  # renamed in transformers 5
 
@@ -23,7 +23,7 @@ _ENABLERS = ("gradient_checkpointing_enable", "activation_checkpointing_enable")
 class NoCheckpointing(Remedy):
     id = RemedyId.NO_CHECKPOINTING
     title = "activation checkpointing off"
-    causes = ("needless_recompute",)
+    causes = (CauseId.NEEDLESS_RECOMPUTE,)
     effect = "same math, no recomputation"
     tunable = True
 

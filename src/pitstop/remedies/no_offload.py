@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, code, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, code, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 _DS_OFF = code("""
     "zero_optimization": {
@@ -21,7 +21,7 @@ _DS_OFF = code("""
 class NoOffload(Remedy):
     id = RemedyId.NO_OFFLOAD
     title = "offload off"
-    causes = ("offload_bound",)
+    causes = (CauseId.OFFLOAD_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``offloaded``: {"optimizer": device, "param": device}; ``fits_without``: the planner's answer;

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, code, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, code, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class NoSyncAccumulation(Remedy):
     id = RemedyId.NO_SYNC_ACCUMULATION
     title = "all-reduce once per optimizer step"
-    causes = ("communication_bound",)
+    causes = (CauseId.COMMUNICATION_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``micro_batches``: micro-steps per optimizer step, as measured."""

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class OverlapComm(Remedy):
     id = RemedyId.OVERLAP_COMM
     title = "overlapped, bucketed gradient communication"
-    causes = ("communication_bound",)
+    causes = (CauseId.COMMUNICATION_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``zero_stage``: the DeepSpeed stage when one is configured."""

@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, LoaderParams, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.remedies.pack_batch import trial_attention
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class Pack(Remedy):
     id = RemedyId.PACK
     title = "pack whole examples into full rows (best-fit decreasing)"
-    causes = ("padding_waste",)
+    causes = (CauseId.PADDING_WASTE,)
     effect = "changes which examples share a row and a batch; attention kept per example"
     preserves_computation = False
     tunable = True

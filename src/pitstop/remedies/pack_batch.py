@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, LoaderParams, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 def trial_attention(request: FixRequest) -> str:
@@ -21,7 +21,7 @@ def trial_attention(request: FixRequest) -> str:
 class PackBatch(Remedy):
     id = RemedyId.PACK_BATCH
     title = "pack each batch into one padding-free row"
-    causes = ("padding_waste",)
+    causes = (CauseId.PADDING_WASTE,)
     effect = "same examples per batch; attention kept per example"
     tunable = True
     loader_order = 40

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, code, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, code, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class PinMemory(Remedy):
     id = RemedyId.PIN_MEMORY
     title = "pinned memory and non-blocking copies"
-    causes = ("pageable_copies",)
+    causes = (CauseId.PAGEABLE_COPIES,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         text = (

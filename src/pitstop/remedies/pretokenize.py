@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, LoaderParams, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class Pretokenize(Remedy):
     id = RemedyId.PRETOKENIZE
     title = "tokenize every example once, before training"
-    causes = ("dataloader_bound",)
+    causes = (CauseId.DATALOADER_BOUND,)
     effect = "same batches"
     tunable = True
     loader_order = 10

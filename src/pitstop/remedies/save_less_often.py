@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.remedies.eval_less_often import less_often
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class SaveLessOften(Remedy):
     id = RemedyId.SAVE_LESS_OFTEN
     title = "checkpoint less often"
-    causes = ("checkpoint_stall",)
+    causes = (CauseId.CHECKPOINT_STALL,)
     effect = "same training, fewer checkpoints"
     tunable = True
 

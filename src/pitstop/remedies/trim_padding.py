@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, LoaderParams, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class TrimPadding(Remedy):
     id = RemedyId.TRIM_PADDING
     title = "cut the padding columns of each batch"
-    causes = ("padding_waste",)
+    causes = (CauseId.PADDING_WASTE,)
     effect = "same examples and labelled tokens"
     tunable = True
     loader_order = 40

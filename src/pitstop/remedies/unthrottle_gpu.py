@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, code, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, code, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class UnthrottleGpu(Remedy):
     id = RemedyId.UNTHROTTLE_GPU
     title = "unthrottle the GPU"
-    causes = ("gpu_throttled",)
+    causes = (CauseId.GPU_THROTTLED,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``reasons``: NVML's names of what held the clock back; ``rank``: whose GPU; ``many``: a multi-GPU job."""

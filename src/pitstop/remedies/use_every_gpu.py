@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, Remedy, RemedyId, register
-from pitstop.vocabulary import Framework
+from pitstop.remedies.base import Advice, Remedy, register
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @register
 class UseEveryGpu(Remedy):
     id = RemedyId.USE_EVERY_GPU
     title = "one process per GPU"
-    causes = ("idle_gpu",)
+    causes = (CauseId.IDLE_GPU,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``idle``: the GPUs that did no work."""

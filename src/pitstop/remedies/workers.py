@@ -6,9 +6,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pitstop.remedies.base import Advice, LoaderParams, Remedy, RemedyId, TrialFacts, code, register
+from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 PREFETCH = 4  # batches each worker keeps ready
 
@@ -25,7 +25,7 @@ def workers_for(cpus: int | None, processes: int = 1) -> int | None:
 class Workers(Remedy):
     id = RemedyId.WORKERS
     title = "DataLoader worker processes, persistent, prefetching"
-    causes = ("dataloader_bound", "pageable_copies")
+    causes = (CauseId.DATALOADER_BOUND, CauseId.PAGEABLE_COPIES)
     effect = "same batches"
     tunable = True
     loader_order = 30

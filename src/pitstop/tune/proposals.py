@@ -13,8 +13,8 @@ from typing import Any
 
 from pitstop.diagnose import Diagnosis
 from pitstop.hardware import lookup_gpu
-from pitstop.remedies import REGISTRY, Remedy, RemedyId, TrialFacts, remedy
-from pitstop.vocabulary import Framework
+from pitstop.remedies import REGISTRY, Remedy, TrialFacts, remedy
+from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Proposal:
     remedy: Remedy
     why: str  # the finding (or the user's request) that put it on the list
     expected: float | None = None  # the speed-up that finding estimates, when it does
-    cause: str | None = None  # the finding's cause, when a finding put it on the list
+    cause: CauseId | None = None  # the finding's cause, when a finding put it on the list
 
     @property
     def fix(self) -> RemedyId:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from pitstop.remedies import Remedy
 from pitstop.tune.window import Window
+from pitstop.vocabulary import CauseId
 
 MIN_GAIN = 0.03  # below this a fix is not worth a change to the job, however sure the measurement
 UNDECIDED = "undecided"  # within noise on a machine too noisy to tell: neither kept nor ruled out
@@ -94,7 +95,7 @@ class Verdict:
     status: str = ""  # one or two words for the table: kept, within noise, slower, not applicable, failed…
     window_spread: float | None = None  # the window's own relative standard error, without the baseline's
     applied_params: dict[str, object] = field(default_factory=dict)  # what the remedy's advice needs
-    cause: str | None = None  # the finding that proposed it
+    cause: CauseId | None = None  # the finding that proposed it
     predicted: float | None = None  # the speed-up that finding estimated (what calibration checks)
 
     def to_dict(self) -> dict[str, object]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop.profile import StepRecord
-from pitstop.vocabulary import Severity
+from pitstop.vocabulary import CauseId, Severity
 from pitstop.wholerun.periodic import PART_WORDS
 from pitstop.wholerun.windows import WindowSummary
 
@@ -46,7 +46,8 @@ class Change:
     step: int  # the first step the change is seen at
     window: int
     text: str
-    cause: str | None = None  # the finding's cause (new_finding / worse), or the one that explains a slowdown
+    # the finding's cause (new_finding / worse), or the one that explains a slowdown
+    cause: CauseId | None = None
     before: float | None = None  # the rate (slower / faster) or the time-saved share (findings) before
     after: float | None = None
     part: str | None = None  # the step part that grew most (slower)

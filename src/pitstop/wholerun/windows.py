@@ -13,6 +13,7 @@ from typing import Any
 
 from pitstop.diagnose import diagnose
 from pitstop.profile import Environment, GpuSample, RankProfile, RunProfile, StepRecord
+from pitstop.vocabulary import CauseId
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class WindowSpec:
 class FindingBrief:
     """What a window's finding says, small enough to keep for every window of a long run."""
 
-    cause: str
+    cause: CauseId
     severity: str
     time_saved_frac: float  # share of step time fixing it would save (0 when not estimable)
     summary: str
@@ -77,7 +78,7 @@ class WindowSummary:
     )  # PARTS, median seconds (what stalls leave alone)
     findings: list[FindingBrief] = field(default_factory=list)
 
-    def finding(self, cause: str) -> FindingBrief | None:
+    def finding(self, cause: CauseId) -> FindingBrief | None:
         return next((f for f in self.findings if f.cause == cause), None)
 
     def scalars(self) -> dict[str, float]:

@@ -10,9 +10,10 @@ what each call costs is an assumption, stated in the basis.
 from __future__ import annotations
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding
+from pitstop.findings import Finding, use
 from pitstop.profile import RankProfile
-from pitstop.remedies import RemedyId, advise, use
+from pitstop.remedies import advise
+from pitstop.vocabulary import CauseId, RemedyId
 
 GIB = 1024**3
 ASSUMED_DRIVER_CALL_S = 1e-3  # one cudaMalloc / cudaFree, which synchronises the device
@@ -81,7 +82,7 @@ def allocator_thrash(ctx: RuleContext) -> Finding | None:
             f"{worst['reserved_gib']} GiB reserved for {worst['allocated_gib']} GiB of tensors with memory nearly full"
         )
     return Finding(
-        cause="allocator_thrash",
+        cause=CauseId.ALLOCATOR_THRASH,
         severity=severity_for(share or 0.0, 0.15, 0.05)
         if share is not None
         else severity_for(retries, 10, 1),

@@ -10,10 +10,10 @@ labelled as one.
 from __future__ import annotations
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding
-from pitstop.remedies import RemedyId, advise, use
+from pitstop.findings import Finding, use
+from pitstop.remedies import advise
 from pitstop.remedies.eval_less_often import less_often
-from pitstop.vocabulary import Severity
+from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 SAVE_MIN = 0.05  # share of the run's time
 ASSUMED_WRITE_BPS = 1e9  # bytes/s a checkpoint is written at, for the offline estimate (local NVMe: 1–3 GB/s)
@@ -47,7 +47,7 @@ def checkpoint_stall(ctx: RuleContext) -> Finding | None:
         interval = env.save_steps or every
         removed = _kept_share(interval)
         return Finding(
-            cause="checkpoint_stall",
+            cause=CauseId.CHECKPOINT_STALL,
             severity=severity_for(share, 0.30, 0.10),
             confidence=0.9,
             summary=(
@@ -90,7 +90,7 @@ def _estimated_from_outputs(ctx: RuleContext) -> Finding | None:
         return None
     removed = _kept_share(env.save_steps)
     return Finding(
-        cause="checkpoint_stall",
+        cause=CauseId.CHECKPOINT_STALL,
         severity=Severity.MEDIUM if share >= 0.15 else Severity.LOW,
         confidence=0.4,
         summary=(

@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass
 
 from pitstop.clock_reasons import HARDWARE_MASK, THROTTLING_MASK, reason_names
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding
-from pitstop.remedies import RemedyId, advise, use
+from pitstop.findings import Finding, use
+from pitstop.remedies import advise
+from pitstop.vocabulary import CauseId, RemedyId
 
 BUSY_UTIL = 50.0  # % utilization: samples of a GPU that is working
 THROTTLED_SHARE = 0.2  # of the busy samples, with a throttling reason set
@@ -102,7 +103,7 @@ def gpu_throttled(ctx: RuleContext) -> Finding | None:
         + "."
     )
     return Finding(
-        cause="gpu_throttled",
+        cause=CauseId.GPU_THROTTLED,
         severity=severity_for(1 - (ratio or 1.0), 0.2, 0.08),
         confidence=0.85 if ratio else 0.6,
         summary=summary,

@@ -7,17 +7,16 @@ import statistics
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import working
 from pitstop.diagnose.rules.activity import Activity, read_activity
-from pitstop.findings import Finding
+from pitstop.findings import Finding, Use, use
 from pitstop.hardware import EXPECTED_MFU
 from pitstop.interconnect import Link
 from pitstop.plan.flops import flops_per_token
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import GIB
 from pitstop.plan.planner import largest_micro_batch
-from pitstop.remedies import RemedyId, advise, use
-from pitstop.remedies.base import Use
+from pitstop.remedies import advise
 from pitstop.remedies.micro_batch import next_micro_batch
-from pitstop.vocabulary import Severity
+from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 SM_FULL = 0.8  # SM activity a well-filled GPU reaches (est. target for small_batch from the counters)
 OCC_FULL = 0.5  # occupancy both counters agree below, with SM activity under SM_FULL
@@ -89,7 +88,7 @@ def slow_attention(ctx: RuleContext) -> Finding | None:
     if seq:
         summary += f" Rows are {seq:.0f} tokens long, so each layer writes a {int(seq)}×{int(seq)} score matrix per head."
     return Finding(
-        cause="slow_attention",
+        cause=CauseId.SLOW_ATTENTION,
         severity=severity,
         confidence=confidence,
         summary=summary,
@@ -153,7 +152,7 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
         )
     )
     return Finding(
-        cause="no_mixed_precision",
+        cause=CauseId.NO_MIXED_PRECISION,
         severity=Severity.HIGH if dtype == "fp32" else Severity.MEDIUM,
         confidence=_precision_confidence(measured, counted, act),
         summary=f"{how[0].upper() + how[1:]} on a GPU whose {low} tensor cores are much faster."
@@ -270,7 +269,7 @@ def small_batch(ctx: RuleContext) -> Finding | None:
     if launch_bound:
         detail += " and most kernels shorter than 10 µs (launch-bound)"
     return Finding(
-        cause="small_batch",
+        cause=CauseId.SMALL_BATCH,
         severity=severity_for(1 - util, 0.6, 0.35),
         confidence=confidence,
         summary=(
@@ -312,7 +311,7 @@ def _small_batch_counted(ctx: RuleContext, util: float | None, act: Activity) ->
     agree = launch_bound or (sm is not None and occ is not None and sm < SM_FULL and occ < OCC_FULL)
     reads = f"Utilization reads {util:.0%}, but " if util is not None else ""
     return Finding(
-        cause="small_batch",
+        cause=CauseId.SMALL_BATCH,
         severity=severity_for(1 - fill, 0.6, 0.35),
         confidence=0.75 if agree else 0.6,
         summary=(
@@ -370,7 +369,7 @@ def host_sync(ctx: RuleContext) -> Finding | None:
     if splits:
         evidence["idle_that_is_host_wait"] = round(max(s for s in splits if s is not None), 3)
     return Finding(
-        cause="host_sync",
+        cause=CauseId.HOST_SYNC,
         severity=Severity.HIGH
         if blocked >= 0.25
         else (Severity.MEDIUM if blocked >= 0.05 and per_step >= 2 else Severity.LOW),
@@ -412,7 +411,7 @@ def communication_bound(ctx: RuleContext) -> Finding | None:
         return None
     overlap = min(o for _, o, _ in rows)
     return Finding(
-        cause="communication_bound",
+        cause=CauseId.COMMUNICATION_BOUND,
         severity=severity_for(exposed, 0.25, 0.10),
         confidence=0.75,
         summary=(
@@ -488,7 +487,7 @@ def _communication_live(ctx: RuleContext) -> Finding | None:
         likely.append("no_sync_accumulation")
     evidence["likely_causes"] = sorted(set(likely))
     return Finding(
-        cause="communication_bound",
+        cause=CauseId.COMMUNICATION_BOUND,
         severity=severity_for(exposed, 0.25, 0.10),
         confidence=0.8,
         summary=(
@@ -574,7 +573,7 @@ def low_mfu_unexplained(ctx: RuleContext) -> Finding | None:
         evidence.update(act.evidence(), memory_bound=bound is not None)
     confidence = 0.5 if m.gpu_util is not None else 0.35
     return Finding(
-        cause="low_mfu_unexplained",
+        cause=CauseId.LOW_MFU_UNEXPLAINED,
         severity=Severity.MEDIUM,
         confidence=confidence + (0.15 if bound is not None else 0.0),
         summary=(

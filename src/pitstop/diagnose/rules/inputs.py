@@ -11,11 +11,10 @@ import statistics
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import active_samples, working
 from pitstop.diagnose.metrics import rank_metrics
-from pitstop.findings import Finding
-from pitstop.remedies import RemedyId, advise, use
-from pitstop.remedies.base import Use
+from pitstop.findings import Finding, Use, use
+from pitstop.remedies import advise
 from pitstop.remedies.workers import workers_for
-from pitstop.vocabulary import Severity
+from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 DATA_WAIT_MIN = 0.05
 PADDING_MIN = 0.10
@@ -84,7 +83,7 @@ def dataloader_bound(ctx: RuleContext) -> Finding | None:
     if ctx.env.device == "cpu":
         summary += " (On a CPU run, workers share cores with compute; pre-tokenizing helps regardless.)"
     return Finding(
-        cause="dataloader_bound",
+        cause=CauseId.DATALOADER_BOUND,
         severity=severity_for(f, 0.20, 0.10),
         confidence=0.9,
         summary=summary,
@@ -118,7 +117,7 @@ def _dips_in_log(ctx: RuleContext) -> Finding | None:
         return None
     share, runs, mean_util = best
     return Finding(
-        cause="dataloader_bound",
+        cause=CauseId.DATALOADER_BOUND,
         severity=Severity.MEDIUM if share >= 0.15 else Severity.LOW,
         confidence=0.35,
         summary=(
@@ -141,7 +140,7 @@ def _workers_in_config(ctx: RuleContext) -> Finding | None:
     if ctx.env.dataloader.num_workers != 0 or ctx.measured:
         return None
     return Finding(
-        cause="dataloader_bound",
+        cause=CauseId.DATALOADER_BOUND,
         severity=Severity.LOW,
         confidence=0.3,
         summary="The config loads batches in the training process (dataloader_num_workers=0): any per-batch "
@@ -178,7 +177,7 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
             summary += f" while examples average {m.mean_example_len:.0f}"
     summary += "."
     return Finding(
-        cause="padding_waste",
+        cause=CauseId.PADDING_WASTE,
         severity=severity_for(p, 0.30, 0.15),
         confidence=0.9,
         summary=summary,
@@ -213,7 +212,7 @@ def _padding_in_config(ctx: RuleContext) -> Finding | None:
     if env.packing is not False or env.group_by_length or ctx.measured:
         return None
     return Finding(
-        cause="padding_waste",
+        cause=CauseId.PADDING_WASTE,
         severity=Severity.MEDIUM,
         confidence=0.5,
         summary=(
@@ -265,7 +264,7 @@ def pageable_copies(ctx: RuleContext) -> Finding | None:
     lost = bytes_per_step / (0.4 * link) - bytes_per_step / (0.8 * link)
     frac = min(lost / step, 0.9)
     return Finding(
-        cause="pageable_copies",
+        cause=CauseId.PAGEABLE_COPIES,
         severity=severity_for(frac, 0.10, 0.02),
         confidence=0.7 if traced is not None else 0.6,
         summary=(

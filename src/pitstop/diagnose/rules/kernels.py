@@ -23,11 +23,11 @@ from dataclasses import replace
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.rules.activity import Activity, read_activity
-from pitstop.findings import Finding
+from pitstop.findings import Finding, Use, use
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import logits
-from pitstop.remedies import RemedyId, Use, advise, use
-from pitstop.vocabulary import Severity
+from pitstop.remedies import advise
+from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 GIB = 1024**3
 LARGE_VOCAB = 32_000
@@ -100,7 +100,7 @@ def _memory_bound_only(ctx: RuleContext, act: Activity) -> Finding:
     """The counters' memory-bound verdict where nothing else about the run's kernels is known."""
     model_type = ctx.env.model.model_type or None
     return Finding(
-        cause="unfused_kernels",
+        cause=CauseId.UNFUSED_KERNELS,
         severity=Severity.MEDIUM,
         confidence=0.45,
         summary=(
@@ -188,7 +188,7 @@ def _unfused_parts(ctx: RuleContext, bound: Activity | None) -> Finding | None:
     if bound is not None:  # the counters agree: the step waits on memory, not on the tensor cores
         evidence.update(bound.evidence(), memory_bound=True)
     return Finding(
-        cause="unfused_kernels",
+        cause=CauseId.UNFUSED_KERNELS,
         severity=severity_for(saved, 0.20, 0.08),
         confidence=(0.6 if loss is not None else 0.75) + (0.15 if bound is not None else 0.0),
         summary="Unfused kernels: "

@@ -16,11 +16,11 @@ step" gave ×1.89 where tune measured ×0.97; B − 2F gives ×1.00.)
 from __future__ import annotations
 
 from pitstop.diagnose.context import RuleContext, amdahl
-from pitstop.findings import Finding
+from pitstop.findings import Finding, use
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import memory
-from pitstop.remedies import RemedyId, advise, use
-from pitstop.vocabulary import Severity
+from pitstop.remedies import advise
+from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 GIB = 1024**3
 FIT_SHARE = 0.9  # the plan without checkpointing must stay under this share of the GPU's memory
@@ -81,7 +81,7 @@ def needless_recompute(ctx: RuleContext) -> Finding | None:
         return None  # nothing says the activations would fit
     est, speed_basis, confidence = _estimate(m.forward_frac, m.backward_frac, evidence, confidence)
     return Finding(
-        cause="needless_recompute",
+        cause=CauseId.NEEDLESS_RECOMPUTE,
         severity=Severity.MEDIUM if est is not None and est >= 1.15 else Severity.LOW,
         confidence=confidence,
         summary=f"Activation checkpointing recomputes every layer's forward in the backward pass, yet {basis}.",

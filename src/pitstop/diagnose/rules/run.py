@@ -6,9 +6,9 @@ import statistics
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import working
-from pitstop.findings import Finding
-from pitstop.remedies import RemedyId, advise, use
-from pitstop.vocabulary import Severity
+from pitstop.findings import Finding, use
+from pitstop.remedies import advise
+from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 EVAL_MIN = 0.10
 FREQUENT_STEPS = 50
@@ -23,7 +23,7 @@ def eval_overhead(ctx: RuleContext) -> Finding | None:
             return None
         evals = totals.evals if totals else None
         return Finding(
-            cause="eval_overhead",
+            cause=CauseId.EVAL_OVERHEAD,
             severity=severity_for(share, 0.30, 0.15),
             confidence=0.9,
             summary=(
@@ -51,7 +51,7 @@ def eval_overhead(ctx: RuleContext) -> Finding | None:
         )
     if totals is not None and totals.eval_s and not totals.train_s:
         return Finding(
-            cause="eval_overhead",
+            cause=CauseId.EVAL_OVERHEAD,
             severity=Severity.MEDIUM if (totals.evals or 0) >= 5 else Severity.LOW,
             confidence=0.5,
             summary=(
@@ -72,7 +72,7 @@ def eval_overhead(ctx: RuleContext) -> Finding | None:
     frequent = [n for n in (env.eval_steps, env.save_steps) if n is not None and n <= FREQUENT_STEPS]
     if frequent and not ctx.measured:
         return Finding(
-            cause="eval_overhead",
+            cause=CauseId.EVAL_OVERHEAD,
             severity=Severity.LOW,
             confidence=0.4,
             summary=(
@@ -113,7 +113,7 @@ def _periodic_pauses(ctx: RuleContext) -> Finding | None:
     pauses, period = w.pauses, w.pause_period_s or 0.0
     env = ctx.env
     return Finding(
-        cause="eval_overhead",
+        cause=CauseId.EVAL_OVERHEAD,
         severity=Severity.MEDIUM
         if share >= 0.15
         else Severity.LOW,  # samples show the pauses, not what ran in them
@@ -153,7 +153,7 @@ def idle_gpu(ctx: RuleContext) -> Finding | None:
     share = len(idle) / len(windows)
     working_then = ", ".join(f"GPU {w.gpu} {w.active_util or 0.0:.0%}" for w in windows if w.gpu in busy)
     return Finding(
-        cause="idle_gpu",
+        cause=CauseId.IDLE_GPU,
         severity=Severity.HIGH,
         confidence=0.85,
         summary=(

@@ -8,12 +8,12 @@ from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.metrics import rank_metrics
 from pitstop.diagnose.ranks import RankComm
 from pitstop.diagnose.rules.clocks import per_gpu_clocks
-from pitstop.findings import Finding
+from pitstop.findings import Finding, use
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import model_states
 from pitstop.profile import Environment, RankProfile, TraceStats
-from pitstop.remedies import RemedyId, advise, use
-from pitstop.vocabulary import Severity
+from pitstop.remedies import advise
+from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 GPU_MEMORY_USABLE = 0.6  # leave the rest for activations, workspace and fragmentation
 CPU_OVERLOADED = 1.25  # runnable threads per allowed core: threads wait for a core
@@ -79,7 +79,7 @@ def offload_bound(ctx: RuleContext) -> Finding | None:
     if not ctx.measured:
         summary += " (From the config: run `pitstop plan` or `pitstop doctor` to size it.)"
     return Finding(
-        cause="offload_bound",
+        cause=CauseId.OFFLOAD_BOUND,
         severity=Severity.HIGH if fits else Severity.MEDIUM,
         # config-only: the offload keys are read, the fit is the planner's (within ~2% of a simulated step)
         confidence=(0.8 if n else 0.5) if ctx.measured else (0.7 if fits else 0.6),
@@ -244,7 +244,7 @@ def _straggler_by_arrival(ctx: RuleContext) -> Finding | None:
     if not persistent and severity is Severity.HIGH:
         severity = Severity.MEDIUM
     return Finding(
-        cause="straggler",
+        cause=CauseId.STRAGGLER,
         severity=severity,
         confidence=0.85 if persistent else 0.5,
         summary=summary,
@@ -361,7 +361,7 @@ def _straggler_from_traces_or_data_wait(ctx: RuleContext) -> Finding | None:
             "per-rank data wait (measured); what the slowest rank waits beyond the median rank is lost by all"
         )
     return Finding(
-        cause="straggler",
+        cause=CauseId.STRAGGLER,
         severity=severity_for(gap, 0.25, 0.10),
         confidence=0.75,
         summary=summary,

@@ -13,15 +13,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding
+from pitstop.findings import Finding, use
 from pitstop.hardware import GpuSpec, lookup_gpu
 from pitstop.interconnect import transport
 from pitstop.plan.comm import CommPlan, backward_share, setup_comm, strategy_of
 from pitstop.plan.flops import flops_per_token
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import GIB, Setup, memory, model_states
-from pitstop.remedies import RemedyId, advise, use
-from pitstop.vocabulary import Sharding
+from pitstop.remedies import advise
+from pitstop.vocabulary import CauseId, RemedyId, Sharding
 
 FIT_SHARE = 0.9  # the lighter strategy's whole step must stay under this share of the GPU's memory
 STATES_SHARE = 0.6  # without the model's shape: its model states under this share (as offload_bound)
@@ -194,7 +194,7 @@ def _finding(
         )
         moved = f"{_network(now) / 1e9:.1f} GB per GPU cross the network each step instead of {_network(after) / 1e9:.1f}"
     return Finding(
-        cause="oversharded",
+        cause=CauseId.OVERSHARDED,
         severity=severity_for(saved / step[0] if step else 0.0, 0.25, 0.10),
         confidence=0.7 if ctx.measured else 0.6,
         summary=(

@@ -13,9 +13,9 @@ from __future__ import annotations
 import statistics
 
 from pitstop.diagnose.context import RuleContext
-from pitstop.findings import Finding
-from pitstop.remedies import RemedyId, advise, use
-from pitstop.vocabulary import Severity
+from pitstop.findings import Finding, use
+from pitstop.remedies import advise
+from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 MARGIN = 1.25  # demand must exceed the cores by this factor: light workers beside a full pool are normal
 
@@ -88,7 +88,7 @@ def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
         else ""
     )
     return Finding(
-        cause="cpu_oversubscribed",
+        cause=CauseId.CPU_OVERSUBSCRIBED,
         severity=severity,
         confidence=0.8 if measured_over else 0.5,
         summary=summary,

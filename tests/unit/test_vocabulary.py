@@ -1,0 +1,69 @@
+"""The documents' words are enums: a cause id is a CauseId everywhere in the code, and a string in JSON.
+
+Writing a document and reading it back gives the same words, typed again; an id this pitstop does not know
+(a newer one wrote it) is refused for a finding and left out of the skipped checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tests.factories import profile, steps
+
+from pitstop.catalogue import CAUSES, cause
+from pitstop.diagnose import diagnose
+from pitstop.diagnose.document import RunDocumentError, read_run
+from pitstop.findings import Finding, Fix
+from pitstop.remedies import REGISTRY
+from pitstop.vocabulary import CauseId, RemedyId, Severity
+
+
+def test_the_catalogue_describes_every_cause_id_and_no_other() -> None:
+    assert list(CAUSES) == list(CauseId)
+    for cause_id, entry in CAUSES.items():
+        assert entry.id is cause_id and cause(cause_id) is entry
+        assert entry.title and entry.because
+
+
+def test_every_remedy_names_its_causes_by_id() -> None:
+    for remedy in REGISTRY.values():
+        assert remedy.causes and all(type(c) is CauseId for c in remedy.causes), remedy.id
+        assert type(remedy.id) is RemedyId
+
+
+def test_parse_takes_only_known_ids() -> None:
+    assert CauseId.parse("padding_waste") is CauseId.PADDING_WASTE
+    assert CauseId.parse("no_such_cause") is None
+    assert CauseId.parse(3) is None and CauseId.parse(None) is None
+
+
+def test_a_finding_takes_a_cause_string_and_keeps_the_member() -> None:
+    f = Finding("host_sync", Severity.LOW, 0.5, "s", {}, None, "", Fix("t"))  # type: ignore[arg-type]
+    assert f.cause is CauseId.HOST_SYNC and f.title == CAUSES[CauseId.HOST_SYNC].title
+    with pytest.raises(ValueError, match="no_such_cause"):
+        Finding("no_such_cause", Severity.LOW, 0.5, "s", {}, None, "", Fix("t"))  # type: ignore[arg-type]
+
+
+def test_json_carries_plain_strings_and_reads_back_as_members() -> None:
+    d = diagnose(profile("cpu", steps(real_frac=0.5)))
+    assert d.findings and d.skipped_checks  # padding on a CPU run: GPU-only checks are skipped
+    text = json.dumps(d.to_dict())
+    doc = json.loads(text)
+    causes = [f["cause"] for f in doc["findings"]]
+    assert causes == [str(f.cause) for f in d.findings] and all(type(c) is str for c in causes)
+    assert '"cause": "padding_waste"' in text
+    assert doc["skipped_checks"] == [str(c) for c in d.skipped_checks]
+    back = read_run(doc)
+    assert [f.cause for f in back.findings] == [f.cause for f in d.findings]
+    assert all(type(f.cause) is CauseId for f in back.findings)
+    assert back.skipped_checks == d.skipped_checks and all(type(c) is CauseId for c in back.skipped_checks)
+    assert json.dumps(back.to_dict()["findings"]) == json.dumps(doc["findings"])
+
+
+def test_ids_of_a_newer_pitstop() -> None:
+    doc = json.loads(json.dumps(diagnose(profile("cpu", steps(real_frac=0.5))).to_dict()))
+    doc["skipped_checks"] = ["idle_gpu", "a_cause_from_the_future"]
+    assert read_run(doc).skipped_checks == [CauseId.IDLE_GPU]
+    doc["findings"][0]["cause"] = "a_cause_from_the_future"
+    with pytest.raises(RunDocumentError, match="unknown cause 'a_cause_from_the_future'"):
+        read_run(doc)
