@@ -149,12 +149,17 @@ def run_pitstop(
 
 
 def doctor(
-    tmp_path: Path, *command: str, warmup: int = 3, steps: int = 12, env: dict[str, str] | None = None
+    tmp_path: Path,
+    *command: str,
+    warmup: int = 3,
+    steps: int = 12,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
     """``pitstop doctor --quiet --json`` on any command; returns the JSON document and the process."""
     out = tmp_path / "run.json"
     args = ["doctor", "--quiet", "--warmup", str(warmup), "--steps", str(steps), "--json", str(out), "--"]
-    proc = run_pitstop(*args, *command, env=env)
+    proc = run_pitstop(*args, *command, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text()), proc
 
