@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from pitstop.vocabulary import Device
+
 ACHIEVABLE = 0.8  # share of a link's rate NCCL's bus bandwidth reaches on large messages
 
 
@@ -73,7 +75,7 @@ class Transport:
 
 def transport(
     backend: str | None,
-    device: str | None,
+    device: Device | None,
     gpu_name: str | None,
     nodes: int | None,
     comm_env: dict[str, str] | None,
@@ -83,9 +85,9 @@ def transport(
     ``NCCL_DEBUG=INFO`` is set, so this reads the settings that force a choice."""
     env = dict(comm_env or {}) if environ is None else environ
     warnings: list[str] = []
-    if backend == "gloo" and device in ("cuda", "rocm"):
+    if backend == "gloo" and device in (Device.CUDA, Device.ROCM):
         warnings.append("gloo moves CUDA tensors through host memory over TCP: use the nccl backend on GPUs")
-    if backend == "gloo" or device == "cpu":
+    if backend == "gloo" or device == Device.CPU:
         return Transport(
             "gloo (TCP through the host)", None, "no link reference for gloo on CPU", tuple(warnings)
         )

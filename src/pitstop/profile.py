@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pitstop import schemas
-from pitstop.vocabulary import StrEnum
+from pitstop.vocabulary import Device, Source, StrEnum
 
 T = TypeVar("T")
 
@@ -224,7 +224,7 @@ class KernelFacts:
 
 @dataclass
 class Environment:
-    device: str | None = None  # "cpu", "cuda", "mps", ...
+    device: Device | None = None
     gpu_name: str | None = None
     gpu_count: int | None = None
     gpu_memory_bytes: int | None = None
@@ -265,7 +265,7 @@ class Environment:
 
     @property
     def on_gpu(self) -> bool:
-        return self.device in ("cuda", "rocm")
+        return self.device in (Device.CUDA, Device.ROCM)
 
     @property
     def attn_implementation(self) -> str | None:
@@ -444,7 +444,7 @@ class RankProfile:
 class RunProfile:
     """One training run: per-rank measurements plus what is known about how it was launched."""
 
-    source: str  # "doctor", "callback", "watch", "trace", ...
+    source: Source  # what measured it or read it
     ranks: list[RankProfile] = field(default_factory=list)
     command: list[str] | None = None
     started_at: str | None = None
@@ -484,6 +484,16 @@ class RunProfile:
     @classmethod
     def load(cls, path: Path) -> RunProfile:
         return cls.from_dict(json.loads(path.read_text()))
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def word(enum: type[E], value: str) -> E:
+    """``value`` as the member of ``enum`` it names. A word this pitstop does not know (a newer one wrote it)
+    stays the string it was: it still compares and prints as written, and no reader refuses the document."""
+    member = enum._value2member_map_.get(value)
+    return member if member is not None else value  # type: ignore[return-value]
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -529,6 +539,8 @@ def _convert(hint: Any, value: Any) -> Any:
             return _convert(arg, value)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
         return from_jsonable(hint, value)
+    if isinstance(hint, type) and issubclass(hint, StrEnum) and isinstance(value, str):
+        return word(hint, value)
     if origin is list:
         (item,) = typing.get_args(hint)
         return [_convert(item, v) for v in value]

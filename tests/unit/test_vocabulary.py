@@ -14,8 +14,9 @@ from pitstop.catalogue import CAUSES, cause
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.document import RunDocumentError, read_run
 from pitstop.findings import Finding, Fix
+from pitstop.profile import RunProfile
 from pitstop.remedies import REGISTRY
-from pitstop.vocabulary import CauseId, RemedyId, Severity
+from pitstop.vocabulary import CauseId, Device, RemedyId, Severity, Source
 
 
 def test_the_catalogue_describes_every_cause_id_and_no_other() -> None:
@@ -67,3 +68,25 @@ def test_ids_of_a_newer_pitstop() -> None:
     doc["findings"][0]["cause"] = "a_cause_from_the_future"
     with pytest.raises(RunDocumentError, match="unknown cause 'a_cause_from_the_future'"):
         read_run(doc)
+
+
+def test_a_saved_profile_reads_back_its_device_and_source_as_members() -> None:
+    p = profile("cuda", steps())
+    p.source = Source.ANALYZE
+    doc = json.loads(json.dumps(p.to_dict()))
+    assert doc["source"] == "analyze" and doc["ranks"][0]["environment"]["device"] == "cuda"
+    back = RunProfile.from_dict(doc)
+    assert back.source is Source.ANALYZE and back.environment.device is Device.CUDA
+    assert back.environment.on_gpu
+    doc["source"], doc["ranks"][0]["environment"]["device"] = "a_newer_source", "xpu"
+    newer = RunProfile.from_dict(doc)  # a newer pitstop's words are kept as written, never refused
+    assert newer.source == "a_newer_source" and newer.environment.device == "xpu"
+    assert not newer.environment.on_gpu
+
+
+def test_a_run_document_reads_back_its_source() -> None:
+    doc = json.loads(json.dumps(diagnose(profile("cpu", steps())).to_dict()))
+    doc["source"] = "check"
+    assert read_run(doc).profile.source is Source.CHECK
+    del doc["profile"]
+    assert read_run(doc).profile.source is Source.CHECK

@@ -23,7 +23,7 @@ from pitstop.profile import (
     StepBoundary,
     StepRecord,
 )
-from pitstop.vocabulary import Source
+from pitstop.vocabulary import Device, Source
 
 
 def build_profile(view: JobView, started_at: str | None = None) -> RunProfile:
@@ -111,7 +111,7 @@ def _rank_profile(rank: RankView, view: JobView) -> RankProfile:
 
 def _environment(rank: RankView, view: JobView) -> Environment:
     env = Environment(framework=rank.framework, cpu_count=os.cpu_count(), hostname=os.uname().nodename)
-    env.device = "cuda" if rank.gpus or rank.pid in view.window.gpu.of_pid else "cpu"
+    env.device = Device.CUDA if rank.gpus or rank.pid in view.window.gpu.of_pid else Device.CPU
     env.gpu_count = len(set(view.window.gpu.of_pid.values())) or len(rank.gpus) or None
     env.world_size = _world_size(rank, view)
     if rank.loader == "single":

@@ -20,6 +20,7 @@ from pitstop.report.trackers import TrackerError, open_trackers, parse_report_to
 from pitstop.report.untrusted import as_text, markup
 from pitstop.runner.collect import collect
 from pitstop.runner.launch import run_observed
+from pitstop.vocabulary import Source
 from pitstop.wholerun.run import WholeRun, WholeRunReport
 from pitstop.wholerun.windows import WindowSpec
 
@@ -87,7 +88,7 @@ def run_watch(command: list[str], options: WatchOptions, outputs: Outputs) -> in
 
 
 def _diagnosis(launch: object, warmup: int, out: Path) -> Diagnosis:
-    outcome = collect(launch, None, warmup, source="watch")  # type: ignore[arg-type]
+    outcome = collect(launch, None, warmup, source=Source.WATCH)  # type: ignore[arg-type]
     if outcome.profile is None:
         raise UserError(outcome.message or "nothing measured", outcome.exit_code)
     if outcome.message:

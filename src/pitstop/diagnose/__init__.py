@@ -14,7 +14,7 @@ from pitstop.diagnose.ranks import RanksAnalysis, Scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.findings import Finding, rank_findings
 from pitstop.profile import CountSource, RunProfile, StepBoundary, to_jsonable
-from pitstop.vocabulary import CauseId
+from pitstop.vocabulary import CauseId, Device
 
 
 @dataclass
@@ -135,7 +135,7 @@ def diagnose(profile: RunProfile) -> Diagnosis:
         if finding is not None:
             ctx.earlier.append(finding)
     skipped = []
-    if ctx.env.device == "cpu":
+    if ctx.env.device == Device.CPU:
         # timed collectives show communication on any device
         live = {CauseId.COMMUNICATION_BOUND} if ctx.ranks is not None else set()
         skipped = [c.id for c in CAUSES.values() if c.needs_gpu and c.id not in live]

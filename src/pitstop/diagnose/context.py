@@ -11,7 +11,7 @@ from pitstop.diagnose.results import RunResults, results_of
 from pitstop.findings import Finding
 from pitstop.hardware import GpuSpec, lookup_gpu
 from pitstop.profile import Environment, RunProfile, TraceStats
-from pitstop.vocabulary import Severity
+from pitstop.vocabulary import Device, Severity
 
 
 @dataclass
@@ -54,7 +54,7 @@ class RuleContext:
     @property
     def gpu_possible(self) -> bool:
         """Configs and Trainer outputs do not say which device ran; GPU checks on their facts still apply."""
-        return self.env.device in (None, "cuda", "rocm")
+        return self.env.device in (None, Device.CUDA, Device.ROCM)
 
     @property
     def traces(self) -> list[TraceStats]:

@@ -19,9 +19,9 @@ from pitstop.diagnose.ranks import analyse, scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.errors import PitstopError
 from pitstop.findings import Finding, Fix, Use, use
-from pitstop.profile import Environment, RunProfile, from_jsonable
+from pitstop.profile import Environment, RunProfile, from_jsonable, word
 from pitstop.remedies import REGISTRY
-from pitstop.vocabulary import CauseId, RemedyId, Severity
+from pitstop.vocabulary import CauseId, RemedyId, Severity, Source
 
 RESULT_KEYS = ("step_series", "gpu_windows", "shown_rank")
 
@@ -59,13 +59,15 @@ def _read(doc: dict[str, Any]) -> Diagnosis:
     saved = doc.get("profile")
     if isinstance(saved, dict):
         profile = _profile(saved)
-        for key in ("source", "command", "exit_code"):  # the document's own header states them
+        for key in ("command", "exit_code"):  # the document's own header states them
             if key in doc:
                 setattr(profile, key, doc[key])
+        if "source" in doc:
+            profile.source = _source(doc)
     else:  # a document without its profile: the environment table is all there is
         env = doc.get("environment")
         profile = RunProfile(
-            source=str(doc.get("source") or "run"),
+            source=_source(doc),
             command=doc.get("command"),
             exit_code=doc.get("exit_code"),
             run_environment=from_jsonable(Environment, env) if isinstance(env, dict) else None,
@@ -109,6 +111,11 @@ def _results(doc: dict[str, Any], profile: RunProfile) -> RunResults:
     if all(k in doc for k in RESULT_KEYS):
         return RunResults.from_dict(doc)
     return results_of(profile, gpu_windows(profile))
+
+
+def _source(doc: dict[str, Any]) -> Source:
+    """What measured the run, as the document's header says (a newer pitstop's word kept as written)."""
+    return word(Source, str(doc.get("source") or "run"))
 
 
 def _known_causes(saved: Any) -> list[CauseId]:

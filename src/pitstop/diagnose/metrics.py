@@ -14,6 +14,7 @@ from pitstop.diagnose.gpu_windows import GpuWindow, active_frac, active_util, gp
 from pitstop.hardware import GpuSpec, compute_dtype, lookup_gpu
 from pitstop.plan.flops import FlopsPerToken, expected_tokens_per_s, flops_per_token, mfu
 from pitstop.profile import RankProfile, RunProfile, RunTotals
+from pitstop.vocabulary import Source
 
 CHUNKS = 5  # a window's steps are cut into this many runs of steps to estimate its throughput's spread
 
@@ -217,7 +218,7 @@ def _utilization(profile: RunProfile) -> _Utilization:
     util, source = None, None
     if utils:
         util = statistics.fmean(utils) / 100.0
-        source = "nvidia-smi" if profile.source in ("analyze", "check") else "nvml"
+        source = "nvidia-smi" if profile.source in (Source.ANALYZE, Source.CHECK) else "nvml"
     elif traced:
         util, source = statistics.fmean(traced), "trace"
     return _Utilization(

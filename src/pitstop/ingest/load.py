@@ -15,6 +15,7 @@ from pitstop.ingest.hf_outputs import read_trainer_outputs
 from pitstop.ingest.nvidia_smi import read_smi
 from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
 from pitstop.profile import Environment, RankProfile, RunProfile, RunTotals
+from pitstop.vocabulary import Device, Source
 
 CONFIG_KINDS = ("deepspeed", "accelerate", "axolotl", "llama_factory", "hf_args")
 MAX_WORLD = 1_000_000
@@ -72,7 +73,7 @@ def _apply_flags(inputs: Inputs, env: Environment, totals: RunTotals | None) -> 
         if spec is None:
             raise IngestError(f"--gpu {inputs.gpu}: not in pitstop's hardware table (see `pitstop gpus`)")
         env.gpu_name = spec.key
-        env.device = "cuda"
+        env.device = Device.CUDA
     if inputs.gpus is not None and not 1 <= inputs.gpus <= MAX_WORLD:
         raise IngestError(f"--gpus {inputs.gpus}: not a GPU count (1 to {MAX_WORLD:,})")
     if inputs.gpus:
@@ -105,7 +106,7 @@ def _smi_ranks(path: Path, notes: list[str]) -> list[RankProfile]:
     ranks = []
     for i, gpu in enumerate(log.gpus):
         rank = RankProfile(rank=i, gpu_samples=gpu.samples)
-        rank.environment = Environment(device="cuda", gpu_name=gpu.name, gpu_count=len(log.gpus))
+        rank.environment = Environment(device=Device.CUDA, gpu_name=gpu.name, gpu_count=len(log.gpus))
         ranks.append(rank)
     return ranks
 
@@ -179,7 +180,7 @@ def load_run(
     ranks = _join_ranks(trace_ranks, gpu_ranks or activity_ranks(activity), env, notes)
     attach_activity(ranks, activity, notes)
     profile = RunProfile(
-        source="analyze" if not inputs.configs_only else "check",
+        source=Source.ANALYZE if not inputs.configs_only else Source.CHECK,
         ranks=ranks,
         totals=totals,
         run_environment=env,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.integrations.session import Session
+from pitstop.vocabulary import Source
 
 
 @contextmanager
@@ -50,7 +51,7 @@ def watch(
         warmup=warmup,
         json_path=json_path,
         report=report,
-        source="watch",
+        source=Source.WATCH,
         live=False if whole else live,
     ).start()
     if whole:

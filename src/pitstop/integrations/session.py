@@ -15,6 +15,7 @@ from pitstop.probe.config import ProbeConfig
 from pitstop.probe.probe import Probe
 from pitstop.profile import RankProfile
 from pitstop.runner.collect import merge
+from pitstop.vocabulary import Source
 
 
 class Session:
@@ -24,7 +25,7 @@ class Session:
         warmup: int = 10,
         json_path: str | Path | None = None,
         report: bool = True,
-        source: str = "watch",
+        source: Source = Source.WATCH,
         live: bool | None = False,
     ) -> None:
         """``live``: show the watch's panel while steps run (None: only inside a Jupyter kernel)."""
@@ -133,7 +134,7 @@ class SessionCallback:
             warmup=warmup,
             json_path=json_path,
             report=report,
-            source="callback",
+            source=Source.CALLBACK,
         )
 
     @property

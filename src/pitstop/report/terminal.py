@@ -16,6 +16,7 @@ from pitstop.diagnose import Diagnosis, counting_line
 from pitstop.findings import Finding
 from pitstop.report.untrusted import as_text
 from pitstop.report.untrusted import shown as plain
+from pitstop.vocabulary import Device, Source
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 # Okabe–Ito colours: distinguishable with the common colour-vision deficiencies
@@ -205,12 +206,12 @@ def _headline(d: Diagnosis) -> Table:
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     device = env.gpu_name or env.device or "unknown device"
-    if env.device == "cpu" and env.cpu_count:
+    if env.device == Device.CPU and env.cpu_count:
         device += f" ({env.cpu_count} cores)"
     ranks = f" · {p.world_size} ranks" if p.world_size > 1 else ""
-    if p.source in ("analyze", "check") and len(p.ranks) == 1 and p.world_size > 1:
+    if p.source in (Source.ANALYZE, Source.CHECK) and len(p.ranks) == 1 and p.world_size > 1:
         ranks = f" · rank {p.ranks[0].rank} of {p.world_size}"
-    if p.source in ("analyze", "check"):
+    if p.source in (Source.ANALYZE, Source.CHECK):
         grid.add_row(
             "Read",
             as_text(
@@ -227,7 +228,9 @@ def _headline(d: Diagnosis) -> Table:
                 f"after {warm} warm-up" + (f" (window: {rule})" if rule else "")
             ),
         )
-    if m.tokens_per_s is not None or (m.step_time_s is not None and p.source not in ("analyze", "check")):
+    if m.tokens_per_s is not None or (
+        m.step_time_s is not None and p.source not in (Source.ANALYZE, Source.CHECK)
+    ):
         thr = f"{_num(m.real_tokens_per_s)} real tokens/s"
         if m.tokens_per_s is not None and m.padding_frac is not None:
             thr += f" of {_num(m.tokens_per_s)} tokens/s ({m.padding_frac:.0%} padding)"
@@ -246,7 +249,7 @@ def _headline(d: Diagnosis) -> Table:
     _trace_rows(d, grid)
     _totals_row(d, grid)
     _gpu_log_row(d, grid)
-    if env.on_gpu or p.source not in ("analyze", "check"):
+    if env.on_gpu or p.source not in (Source.ANALYZE, Source.CHECK):
         grid.add_row("Expected", as_text(_expected_line(d)))
     grid.add_row("Seen", as_text(_seen(d)))
     return grid
@@ -278,7 +281,7 @@ def _seen(d: Diagnosis) -> str:
         parts.append("offload " + ", ".join(f"{k}→{v}" for k, v in env.offload.items()))
     if env.gradient_checkpointing:
         parts.append("gradient checkpointing")
-    if m.gpu_util is not None and d.profile.source not in ("analyze", "check"):
+    if m.gpu_util is not None and d.profile.source not in (Source.ANALYZE, Source.CHECK):
         parts.append(f"GPU busy {m.gpu_util:.0%}")
         if m.gpu_util_active is not None and abs(m.gpu_util_active - m.gpu_util) >= 0.005:
             parts.append(f"{m.gpu_util_active:.0%} while computing")
@@ -300,7 +303,7 @@ def _expected_line(d: Diagnosis) -> str:
             "pass --gpu with the nearest model (`pitstop gpus` lists them)"
         )
     if m.expected_tokens_per_s is None:
-        if d.profile.source in ("analyze", "check"):
+        if d.profile.source in (Source.ANALYZE, Source.CHECK):
             return "pass --model config.json (the model's Hugging Face config) for FLOPs, MFU and expected tokens/s"
         return "unknown: the model's parameter count was not found"
     lo, hi = m.expected_tokens_per_s
@@ -358,9 +361,12 @@ def _ranks_table(d: Diagnosis) -> Table:
 
 
 def _title(diagnosis: Diagnosis) -> str:
-    return {"analyze": "pitstop analyze", "check": "pitstop check", "attach": "pitstop attach"}.get(
-        diagnosis.profile.source, "pitstop doctor"
-    )
+    titles = {
+        Source.ANALYZE: "pitstop analyze",
+        Source.CHECK: "pitstop check",
+        Source.ATTACH: "pitstop attach",
+    }
+    return titles.get(diagnosis.profile.source, "pitstop doctor")
 
 
 def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
@@ -381,7 +387,7 @@ def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
     if diagnosis.skipped_checks:
         names = ", ".join(diagnosis.skipped_checks)
         console.print(as_text(f"Not checked on a CPU run (they need a GPU): {names}", style="dim"))
-    if diagnosis.profile.source == "check" and not diagnosis.findings:
+    if diagnosis.profile.source == Source.CHECK and not diagnosis.findings:
         console.print(
             Text("The configs raise no flag; measure the run itself with `pitstop doctor`.", style="dim")
         )

@@ -17,6 +17,7 @@ from pitstop.probe.gather import read_summary
 from pitstop.probe.stream import PATTERN, read_stream
 from pitstop.profile import RankProfile, RunProfile
 from pitstop.runner.launch import GRACE_S, Launch
+from pitstop.vocabulary import Source
 
 # what a death by each signal usually means, for the one line the user reads
 _WHY: dict[int, str] = {
@@ -125,7 +126,7 @@ def death(launch: Launch) -> tuple[str | None, int]:
 
 def merge(
     ranks: list[RankProfile],
-    source: str,
+    source: Source,
     requested_steps: int | None,
     command: list[str] | None = None,
     exit_code: int | None = None,
@@ -142,7 +143,7 @@ def merge(
 
 
 def collect(
-    launch: Launch, requested_steps: int | None, requested_warmup: int, source: str = "doctor"
+    launch: Launch, requested_steps: int | None, requested_warmup: int, source: Source = Source.DOCTOR
 ) -> Outcome:
     cmd = " ".join(launch.command)
     if launch.start_error:

@@ -20,6 +20,7 @@ from pitstop.probe.stopping import WindowRule
 from pitstop.profile import RunProfile
 from pitstop.runner.collect import collect, death
 from pitstop.runner.launch import Launch, run_observed
+from pitstop.vocabulary import Source
 
 LOG_TAIL_LINES = 200
 
@@ -59,7 +60,7 @@ def measure(
     timeout_s: float | None = None,
     extra_env: dict[str, str] | None = None,
     out_dir: Path | None = None,
-    source: str = "doctor",
+    source: Source = Source.DOCTOR,
     on_tick: Callable[[Path], None] | None = None,
 ) -> Measurement:
     """Run ``command`` under the probe, wait for it, and collect what its processes measured. Never raises

@@ -16,6 +16,7 @@ from pitstop.probe.stopping import WindowRule
 from pitstop.profile import RunProfile
 from pitstop.runner.measure import StepWindow, measure
 from pitstop.trials.request import FixRequest, read_reports
+from pitstop.vocabulary import Source
 
 OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory", re.IGNORECASE)
 
@@ -101,7 +102,7 @@ def run_window(
             timeout_s=timeout_s,
             extra_env=request.to_env(),
             out_dir=out,
-            source="tune",
+            source=Source.TUNE,
         )
         launch = result.launch
         window.seconds = time.monotonic() - started

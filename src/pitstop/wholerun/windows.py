@@ -13,7 +13,7 @@ from typing import Any
 
 from pitstop.diagnose import diagnose
 from pitstop.profile import Environment, GpuSample, RankProfile, RunProfile, StepRecord
-from pitstop.vocabulary import CauseId
+from pitstop.vocabulary import CauseId, Source
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def summarise(
         )
     if not ranks:
         raise ValueError("a window without steps")
-    diagnosis = diagnose(RunProfile(source="watch", ranks=ranks))
+    diagnosis = diagnose(RunProfile(source=Source.WATCH, ranks=ranks))
     m = diagnosis.metrics
     lead = ranks[0].steps
     walls = [s.wall_s for s in lead]

@@ -16,7 +16,7 @@ from pitstop.plan.memory import GIB
 from pitstop.plan.planner import largest_micro_batch
 from pitstop.remedies import advise
 from pitstop.remedies.micro_batch import next_micro_batch
-from pitstop.vocabulary import CauseId, RemedyId, Severity
+from pitstop.vocabulary import CauseId, Device, RemedyId, Severity
 
 SM_FULL = 0.8  # SM activity a well-filled GPU reaches (est. target for small_batch from the counters)
 OCC_FULL = 0.5  # occupancy both counters agree below, with SM activity under SM_FULL
@@ -70,14 +70,14 @@ def slow_attention(ctx: RuleContext) -> Finding | None:
     if fpt is not None and fpt.total > 0 and fpt.attention > 0 and seq:
         share = fpt.attention / fpt.total
         c = ctx.compute_frac
-        k = EAGER_SLOWDOWN["gpu" if ctx.gpu_possible and ctx.env.device != "cpu" else "cpu"]
+        k = EAGER_SLOWDOWN["gpu" if ctx.gpu_possible and ctx.env.device != Device.CPU else "cpu"]
         # compute time with eager attention ∝ (1 − a) + k·a; with fused kernels ∝ 1
         est = amdahl(c, (1 - share) + k * share)
         evidence["attention_flops_frac"] = round(share, 3)
         basis = (
             f"attention is {share:.1%} of the FLOPs at row length {seq:.0f} (12·L·d·T of "
             f"6N + 12·L·d·T); eager attention taken as {k:.0f}× slower per FLOP than fused kernels on a "
-            f"{'CPU' if ctx.env.device == 'cpu' else 'GPU'}; compute is {c:.0%} of the step"
+            f"{'CPU' if ctx.env.device == Device.CPU else 'GPU'}; compute is {c:.0%} of the step"
         )
     severity = Severity.MEDIUM
     if seq is not None:
@@ -601,7 +601,7 @@ def low_mfu_unexplained(ctx: RuleContext) -> Finding | None:
 def attention_target(ctx: RuleContext) -> dict[str, object]:
     """What the attention advice loads: FlashAttention 2 on a GPU (SDPA as the no-install alternative), SDPA
     elsewhere; and whether the model is a transformers model (then the fix is a loading argument)."""
-    on_gpu = ctx.env.device not in (None, "cpu")
+    on_gpu = ctx.env.device not in (None, Device.CPU)
     model = ctx.env.model
     hf_model = True if model.library == "transformers" or model.model_type else None
     mha = bool(

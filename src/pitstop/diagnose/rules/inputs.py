@@ -14,7 +14,7 @@ from pitstop.diagnose.metrics import rank_metrics
 from pitstop.findings import Finding, Use, use
 from pitstop.remedies import advise
 from pitstop.remedies.workers import workers_for
-from pitstop.vocabulary import CauseId, RemedyId, Severity
+from pitstop.vocabulary import CauseId, Device, RemedyId, Severity
 
 DATA_WAIT_MIN = 0.05
 PADDING_MIN = 0.10
@@ -43,7 +43,7 @@ def _loader_uses(ctx: RuleContext, text_in_loop: bool) -> list[Use]:
         else None
     )
     uses = [use(RemedyId.PRETOKENIZE)] if text_in_loop else []
-    return [*uses, use(RemedyId.WORKERS, workers=n, basis=basis, pin=ctx.env.device != "cpu")]
+    return [*uses, use(RemedyId.WORKERS, workers=n, basis=basis, pin=ctx.env.device != Device.CPU)]
 
 
 def dataloader_bound(ctx: RuleContext) -> Finding | None:
@@ -80,7 +80,7 @@ def dataloader_bound(ctx: RuleContext) -> Finding | None:
     who = " on the rank that waits most" if len(ctx.profile.ranks) > 1 else ""
     summary = f"The step waits on the input pipeline {f:.0%} of the time{who}"
     summary += (": " + "; ".join(causes) + ".") if causes else "."
-    if ctx.env.device == "cpu":
+    if ctx.env.device == Device.CPU:
         summary += " (On a CPU run, workers share cores with compute; pre-tokenizing helps regardless.)"
     return Finding(
         cause=CauseId.DATALOADER_BOUND,

@@ -20,7 +20,7 @@ from pitstop.findings import Finding, use
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import memory
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
+from pitstop.vocabulary import CauseId, Device, RemedyId, Severity
 
 GIB = 1024**3
 FIT_SHARE = 0.9  # the plan without checkpointing must stay under this share of the GPU's memory
@@ -70,7 +70,7 @@ def needless_recompute(ctx: RuleContext) -> Finding | None:
             return None  # checkpointing is what makes it fit: not needless
         basis = f"the planner puts the peak without checkpointing at {without / GIB:.1f} GiB of {gpu_bytes / GIB:.0f} GiB"
         confidence = 0.8
-    elif ctx.env.device == "cpu":
+    elif ctx.env.device == Device.CPU:
         basis = "a CPU run: activations live in host memory"
         confidence = 0.6
     elif m.gpu_mem_used_frac is not None and m.gpu_mem_used_frac < 0.5:

@@ -21,7 +21,7 @@ from pitstop.plan.flops import flops_per_token
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import GIB, Setup, memory, model_states
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Sharding
+from pitstop.vocabulary import CauseId, Device, RemedyId, Sharding
 
 FIT_SHARE = 0.9  # the lighter strategy's whole step must stay under this share of the GPU's memory
 STATES_SHARE = 0.6  # without the model's shape: its model states under this share (as offload_bound)
@@ -104,7 +104,7 @@ def oversharded(ctx: RuleContext) -> Finding | None:
     if choice is None:
         return None
     reason, better, gib = choice
-    link = transport(env.dist_backend, env.device or "cuda", env.gpu_name, s.nodes, env.comm_env).link
+    link = transport(env.dist_backend, env.device or Device.CUDA, env.gpu_name, s.nodes, env.comm_env).link
     a = max(env.grad_accum_steps or 1, 1)
     now = setup_comm(s, gpu, s.nodes, link if s.nodes > 1 else None, a)
     after = setup_comm(better, gpu, s.nodes, link if s.nodes > 1 else None, a)

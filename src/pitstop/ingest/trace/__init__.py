@@ -11,6 +11,7 @@ from pitstop.ingest.trace.overview import Overview, overview
 from pitstop.ingest.trace.stats import trace_stats
 from pitstop.ingest.trace.temporal import temporal
 from pitstop.profile import Environment, RankProfile, StepRecord
+from pitstop.vocabulary import Device
 
 
 def _environment(cols: TraceColumns) -> Environment:
@@ -18,12 +19,12 @@ def _environment(cols: TraceColumns) -> Environment:
     devices = np.frombuffer(cols.kernels.device, dtype=np.int64)
     used = sorted(set(devices.tolist()) - {-1})
     if used or cols.vendor:
-        env.device = "cuda"
+        env.device = Device.CUDA
         name = cols.device_names.get(used[0]) if used else next(iter(cols.device_names.values()), None)
         env.gpu_name = name
         env.gpu_count = len(cols.device_names) or None
     else:
-        env.device = "cpu"
+        env.device = Device.CPU
     if cols.matmul_dtypes:
         top = cols.matmul_dtypes.most_common(1)[0][0]
         env.param_dtype = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16"}.get(top)
