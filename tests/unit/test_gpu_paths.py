@@ -21,10 +21,12 @@ from pitstop.hardware import lookup_gpu  # noqa: E402
 from pitstop.plan.flops import attention_context, flops_per_token  # noqa: E402
 from pitstop.probe import environment as envmod  # noqa: E402
 from pitstop.probe import samplers  # noqa: E402
+from pitstop.probe.collectors.memory import memory_stats  # noqa: E402
 from pitstop.probe.config import ProbeConfig  # noqa: E402
 from pitstop.probe.hooks import SYNC_WARNING, Hooks  # noqa: E402
 from pitstop.probe.probe import CudaEventClock, Probe  # noqa: E402
 from pitstop.profile import Environment  # noqa: E402
+from pitstop.vocabulary import Device  # noqa: E402
 
 CUDA1 = torch.device("cuda", 1)
 
@@ -111,9 +113,7 @@ def test_cuda_marks_and_memory_are_read_on_the_model_device(monkeypatch: pytest.
     )
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: asked.append(device) or 7)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: asked.append(device) or 9)
-    probe = Probe(ProbeConfig(announce=False))
-    probe._device = CUDA1
-    stats = probe._memory_stats(Environment(device="cuda"))
+    stats = memory_stats(Environment(device=Device.CUDA), CUDA1)
     assert asked == [CUDA1, CUDA1, CUDA1] and stats.peak_allocated == 7 and stats.peak_reserved == 9
 
 

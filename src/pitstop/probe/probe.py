@@ -27,22 +27,23 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pitstop.atomic import write_atomic
-from pitstop.data.rawtext import looks_like_text
 from pitstop.probe import collectives as collmod
-from pitstop.probe import cpu_threads
 from pitstop.probe import environment as envmod
-from pitstop.probe.allocator import AllocatorWatch
 from pitstop.probe.batch import count_batch, count_model_inputs
+from pitstop.probe.collectors import COLLECTORS, Collector, ProbeContext, overrides
+from pitstop.probe.collectors.attention import AttentionCollector
+from pitstop.probe.collectors.autocast import AutocastCollector
+from pitstop.probe.collectors.collate import CollateCollector
+from pitstop.probe.collectors.recompute import RecomputeCollector
+from pitstop.probe.collectors.syncs import SyncCollector
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.ending import end_the_job
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.kernels import kernel_facts
-from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
-from pitstop.probe.saves import install_save_watch, trainer_save_steps
+from pitstop.probe.saves import trainer_save_steps
 from pitstop.probe.stopping import WindowTracker
 from pitstop.probe.stream import RankStream, plain_step, window_steps
 from pitstop.probe.timeline import (
@@ -61,17 +62,15 @@ from pitstop.profile import (
     AttentionInfo,
     CountSource,
     Environment,
-    MemoryStats,
     RankProfile,
-    SaveStats,
     StepBoundary,
     StepRecord,
-    SyncSite,
     to_jsonable,
 )
+from pitstop.vocabulary import Device
 
 PROGRESS_EVERY_S = 0.5
-MAX_SYNC_SITES = 20
+C = TypeVar("C", bound=Collector)
 
 
 class CudaEventClock:
@@ -114,19 +113,24 @@ class Probe:
         self._pid = os.getpid()  # forked DataLoader workers inherit the probe; only this process reports
         self.hooks = Hooks(self)
         self.builder = StepBuilder(HostClock())
-        self.collectives = collmod.CollectiveRecorder(
-            self.origin, lambda: self.builder.index + 1, self.disable
-        )
         self.records: list[StepRecord] = []
         self.step_listeners: list[Callable[[], None]] = []  # told after each optimizer step (live views)
         self._measured = 0  # records past the warm-up, counted as they come (not recounted every step)
         self._stream = RankStream(config.out_dir) if config.out_dir is not None else None
-        self._streamed_gpu = 0
-        self._streamed_host = 0
         self.environment: Environment | None = None
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.errors: list[str] = []
+        self.ctx = ProbeContext(config, self.origin, self.hooks, self.errors, self.disable, self._step_index)
+        self.collectors: list[Collector] = [kind(self.ctx) for kind in COLLECTORS]
+        self._step_ends = [c.step_end for c in self.collectors if overrides(c, "step_end")]
+        self._streamers = [c.stream for c in self.collectors if overrides(c, "stream")]
+        # the collectors the hooks' events go to
+        self._attention = self._collector(AttentionCollector)
+        self._autocast = self._collector(AutocastCollector)
+        self._recompute = self._collector(RecomputeCollector)
+        self._collate = self._collector(CollateCollector)
+        self._syncs = self._collector(SyncCollector)
         self.disabled = False
         self.finished = False
         self.window_start_t: float | None = None
@@ -145,29 +149,31 @@ class Probe:
         self._iter_loader: dict[int, int] = {}  # iterator id -> its loader's key
         self._grad_enabled: Callable[[], bool] | None = None
         self._pad_token_id: int | None = None
-        self._sdpa = [0, 0]  # calls, calls with an explicit mask
-        self._autocast: tuple[str, Any] | None = None
-        self._checkpoint_calls = 0
-        self._saves: SaveStats | None = None  # checkpoint saves in the window, once it starts
-        self._open_saves: list[tuple[str, float]] = []  # saves in the step not closed yet
-        self._torch_attention = False  # the model attends with torch's nn.MultiheadAttention
-        self._load: cpu_threads.ThreadLoad | None = None
-        self._alloc: AllocatorWatch | None = None
-        self._collate = [0, 0.0]  # batches, seconds
-        self._examples_are_text: bool | None = None
-        self._nvml: NvmlSampler | None = None
-        self._host: HostSampler | None = None
         self._last_progress = 0.0
         self._lock = threading.Lock()
-        self._device: Any = None  # where the model computes (torch.device), read at the first step
-        self._sync_sites: dict[tuple[str, str], SyncSite] = {}
-        self._copies = [0, 0, 0]  # host-to-device copies: all, pinned but blocking, non_blocking
         self.forward = ForwardWatch()
+
+    def _collector(self, kind: type[C]) -> C:
+        return next(c for c in self.collectors if isinstance(c, kind))
+
+    def _step_index(self) -> int:
+        """The step under way (1-based): the builder's open step."""
+        return self.builder.index + 1
+
+    def _each(self, call: Callable[[Collector], None], what: str) -> None:
+        """Call every collector; one that fails is noted and the others still run (stopping and removing
+        must reach them all, on a path that must not raise into the job)."""
+        for collector in self.collectors:
+            try:
+                call(collector)
+            except Exception as exc:
+                self.errors.append(f"{type(collector).__name__}.{what}: {type(exc).__name__}: {exc}")
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def install(self) -> Probe:
         self.hooks.install()
-        self.collectives.install()
+        for collector in self.collectors:
+            collector.install()
         if self.config.out_dir is not None:
             atexit.register(self._at_exit)
         return self
@@ -198,8 +204,8 @@ class Probe:
         self.errors.append(f"{type(exc).__name__}: {exc}")
         self._emit("error", text=self.errors[-1])
         self.hooks.remove()
-        self.collectives.remove()
-        self._stop_samplers()
+        self._each(lambda c: c.remove(), "remove")
+        self._each(lambda c: c.stop_window(), "stop_window")
         print(
             f"pitstop: probe disabled after an internal error ({type(exc).__name__}: {exc}); "
             "your run continues unobserved",
@@ -237,10 +243,7 @@ class Probe:
         return not self._grad_enabled() or self.forward.evaluating()
 
     def on_collate(self, samples: Any, seconds: float) -> None:
-        self._collate[0] += 1
-        self._collate[1] += seconds
-        if self._examples_are_text is None:
-            self._examples_are_text = looks_like_text(samples)
+        self._collate.on_collate(samples, seconds)
 
     def on_backward(self, starting: bool) -> None:
         if not self._on_train_thread():
@@ -318,9 +321,9 @@ class Probe:
 
     def _close_step(self, kind: str, optimizer: Any) -> None:
         record = self.builder.end_step(kind)
-        self.collectives.close_step(record)
         self.records.append(record)
-        self._count_saves()
+        for step_end in self._step_ends:
+            step_end(record)
         if record.index > self.config.warmup:
             self._measured += 1
         self._tell_listeners()
@@ -335,50 +338,23 @@ class Probe:
                 self.step_listeners.remove(listen)
 
     def on_sdpa(self, has_mask: bool) -> None:
-        self._sdpa[0] += 1
-        self._sdpa[1] += int(has_mask)
+        self._attention.on_sdpa(has_mask)
 
     def on_autocast(self, device_type: str, dtype: Any, enabled: bool) -> None:
-        if enabled:
-            self._autocast = (device_type, dtype)
+        self._autocast.on_autocast(device_type, dtype, enabled)
 
     def on_checkpoint(self) -> None:
-        self._checkpoint_calls += 1
-
-    def on_save(self, label: str, seconds: float) -> None:
-        """Held until the step the save ran in closes: a save after the last step (the final save at the end
-        of training) stalls no measured step and is not counted."""
-        if self._saves is not None and not self.finished:
-            self._open_saves.append((label, seconds))
-
-    def _count_saves(self) -> None:
-        saves, self._open_saves = self._open_saves, []
-        if self._saves is None or not saves:
-            return
-        self._saves.steps_with_saves += 1
-        for label, seconds in saves:
-            self._saves.saves += 1
-            self._saves.save_s += seconds
-            self._saves.calls[label] = self._saves.calls.get(label, 0) + 1
+        self._recompute.on_checkpoint()
 
     def on_sync(self, seconds: float | None, kind: str, site: str) -> None:
         if not self._on_train_thread():
             return
-        self.builder.sync(seconds)
-        found = self._sync_sites.get((site, kind))
-        if found is None:
-            found = self._sync_sites[(site, kind)] = SyncSite(site=site, kind=kind, seconds=0.0)
-        found.count += 1
-        if seconds is None:
-            found.seconds = None
-        elif found.seconds is not None:
-            found.seconds += seconds
+        self.builder.sync(seconds)  # the step's own sync time; the sites are the collector's
+        self._syncs.on_sync(seconds, kind, site)
 
     def on_copy(self, pinned: bool, non_blocking: bool) -> None:
         if self._on_train_thread():
-            self._copies[0] += 1
-            self._copies[1] += int(pinned and not non_blocking)
-            self._copies[2] += int(non_blocking)
+            self._syncs.on_copy(pinned, non_blocking)
 
     # -- step bookkeeping -----------------------------------------------------------------------------
     def _after_step(self, record: StepRecord, optimizer: Any) -> None:
@@ -396,8 +372,6 @@ class Probe:
             self.config.warmup == 0 and index == 1 and self.window_start_t is None
         ):
             self._start_window()
-        elif self._alloc is not None and not self.finished:
-            self._alloc.step()
         self._stream_progress()
         self._progress(index)
         if self.config.steps is not None and self._measured >= self.config.steps:
@@ -429,17 +403,8 @@ class Probe:
         t = time.perf_counter() - self.origin
         for record in resolved:
             self._emit("step", step=plain_step(record), t=t)
-        for sampler, kind in ((self._nvml, "gpu"), (self._host, "host")):
-            if sampler is None:
-                continue
-            done = self._streamed_gpu if kind == "gpu" else self._streamed_host
-            new = sampler.samples[done:]
-            if new:
-                self._emit(kind, samples=to_jsonable(new))
-                if kind == "gpu":
-                    self._streamed_gpu += len(new)
-                else:
-                    self._streamed_host += len(new)
+        for stream in self._streamers:
+            stream(self._emit)
 
     def measured_steps(self) -> list[StepRecord]:
         return [r for r in self.records if r.index > self.config.warmup]
@@ -447,16 +412,8 @@ class Probe:
     def _start_window(self) -> None:
         self.window_start_t = time.perf_counter() - self.origin
         self._emit("window", t=self.window_start_t)
-        self._sdpa = [0, 0]
-        self._checkpoint_calls = 0
-        self._collate = [0, 0.0]
-        self._sync_sites = {}
-        self._copies = [0, 0, 0]
-        self._saves = SaveStats()
-        install_save_watch(self.hooks, self.on_save)
-        self._load = cpu_threads.ThreadLoad()
-        if self.environment is not None and self.environment.device == "cuda":
-            self._alloc = AllocatorWatch()
+        for collector in self.collectors:
+            collector.start_window()
 
     def _capture(self, optimizer: Any) -> None:
         with warnings.catch_warnings():  # reading deprecated attributes must not print in the user's run
@@ -465,7 +422,6 @@ class Probe:
 
     def _capture_quietly(self, optimizer: Any) -> None:
         env = envmod.base_environment()
-        env.cpu = cpu_threads.thread_facts()
         framework, trainer = envmod.trainer_on_stack()
         if trainer is None and self.trainer_hint is not None:
             trainer = self.trainer_hint
@@ -473,13 +429,12 @@ class Probe:
         env.framework = framework
         model = envmod.find_model(optimizer, trainer) or self.forward.root
         params = envmod.optimizer_params(optimizer) or [p for p in getattr(model, "parameters", list)()]
-        self._device = envmod.compute_device(model, params)
-        envmod.device_facts(self._device, env)
+        device = envmod.compute_device(model, params)
+        envmod.device_facts(device, env)
         env.model = envmod.model_info(model, optimizer)
         env.kernels = kernel_facts(optimizer, model, trainer)
         env.param_dtype = envmod.majority_dtype([p for p in params if p.requires_grad])
         env.attention = AttentionInfo(implementation=envmod.attention_implementation(model))
-        self._torch_attention = env.attention.implementation is None and envmod.uses_torch_attention(model)
         env.gradient_checkpointing = envmod.gradient_checkpointing(model, trainer)
         env.dataloader = envmod.dataloader_info(self._train_loader())
         envmod.trainer_settings(trainer, env)
@@ -495,14 +450,16 @@ class Probe:
         eos = getattr(config, "eos_token_id", None)
         eos_ids = eos if isinstance(eos, list) else [eos]
         self._pad_token_id = pad if isinstance(pad, int) and pad not in eos_ids else None
-        self.environment = env
-        collmod.describe(env)
+        self.environment = self.ctx.environment = env
+        self.ctx.device, self.ctx.model = device, model
+        if env.device == Device.CUDA:
+            self.builder.switch_clock(CudaEventClock(device))
+        for collector in self.collectors:  # samplers start, the sync watch and collective clocks switch on
+            collector.begin()
         self._emit("environment", environment=to_jsonable(env), rank=self.rank, local_rank=self.local_rank)
-        if env.device == "cuda":
-            self.collectives.use_device_clock()
-            self.builder.switch_clock(CudaEventClock(self._device))
-            self.hooks.install_sync_watch()
-        self._start_samplers(env)
+        self._announce(framework, env)
+
+    def _announce(self, framework: str | None, env: Environment) -> None:
         if self.config.announce and self.rank == 0:
             window = "until the run ends" if self.config.steps is None else f"{self.config.steps} steps"
             plan = f"{self.config.warmup} warm-up steps, then measuring {window}"
@@ -520,45 +477,6 @@ class Probe:
         key = self._train_loader_key
         ref = self._loaders.get(key) if key is not None else None
         return ref() if ref is not None else None
-
-    def _start_samplers(self, env: Environment) -> None:
-        try:
-            self._host = HostSampler(self.origin)
-            self._host.start()
-        except Exception as exc:  # psutil missing or refused: host samples are optional
-            self.errors.append(f"host sampler: {exc}")
-        nvml: Any = None
-        handle: Any = None
-        owns = False
-        if self.config.nvml_replay is not None:
-            nvml = RecordedNvml.load(self.config.nvml_replay)
-        elif env.device == "cuda":
-            try:
-                import torch
-
-                index = self._device.index if self._device.index is not None else torch.cuda.current_device()
-                props = torch.cuda.get_device_properties(index)
-                nvml, handle, notes = open_nvml(index, _pci_bus_id(props), _uuid(props), env.gpu_name)
-                self.errors.extend(notes)
-                owns = True
-                if handle is None:
-                    nvml = None
-            except ImportError:
-                self.errors.append("GPU utilization not sampled: install pitstop[nvml] (nvidia-ml-py)")
-            except Exception as exc:
-                self.errors.append(f"NVML unavailable: {exc}")
-        if nvml is not None:
-            self._nvml = NvmlSampler(nvml, handle, self.origin, owns_nvml=owns, activity=True)
-            self._nvml.start()
-
-    def _stop_samplers(self) -> None:
-        if self._load is not None:
-            self._load.stop()
-        for sampler in (self._nvml, self._host):
-            if sampler is not None:
-                sampler.stop()
-                if sampler.error:
-                    self.errors.append(sampler.error)
 
     def _progress(self, index: int) -> None:
         if self.config.out_dir is None or self.rank != 0:
@@ -579,19 +497,18 @@ class Probe:
             self.finished = True
         self.window_end_t = time.perf_counter() - self.origin
         self.hooks.active = False
-        self.collectives.active = False
         try:
             self.builder.drain()
         except Exception as exc:
             self.errors.append(f"reading device timings: {exc}")
-        self._stop_samplers()
+        self._each(lambda c: c.stop_window(), "stop_window")
         profile = self.rank_profile()
         profile.stopped_by_probe = reason == "window" and self.config.stop_when_done
         if self.config.out_dir is not None:
             self._write(profile)
             self.guard(collmod.gather_to_rank0, profile, self.config.out_dir)
         self.hooks.remove()
-        self.collectives.remove()
+        self._each(lambda c: c.remove(), "remove")
         if self.on_done is not None:
             self.on_done(profile)
         if profile.stopped_by_probe:
@@ -599,33 +516,11 @@ class Probe:
         return profile
 
     def rank_profile(self) -> RankProfile:
+        """The rank's profile: the window's steps and the environment, each collector's figures filled in."""
         env = self.environment or envmod.base_environment()
-        calls, masked = self._sdpa
-        env.attention.sdpa_calls = calls
-        env.attention.sdpa_calls_with_mask = masked
-        if self._torch_attention:
-            env.attention.implementation = envmod.torch_attention_path(calls)
-        if self._autocast is not None:
-            env.autocast_dtype = envmod.dtype_name(self._autocast[1])
-        if env.gradient_checkpointing is None and self._checkpoint_calls:
-            env.gradient_checkpointing = True
-        if self._load is not None and env.cpu is not None:
-            self._load.stop_into(env.cpu)
-        batches, seconds = self._collate
-        env.dataloader.examples_are_text = self._examples_are_text
-        env.dataloader.collate_s_per_batch = seconds / batches if batches else None
-        memory = self._memory_stats(env)
-        if self._alloc is not None:
-            self._alloc.fill(memory)
-        if self.hooks.sync_watched:
-            copies, pinned_blocking, non_blocking = self._copies
-            env.dataloader.h2d_copies = copies
-            env.dataloader.h2d_copies_pinned_blocking = pinned_blocking
-            env.dataloader.h2d_copies_non_blocking = non_blocking
-        sites = sorted(self._sync_sites.values(), key=lambda x: (-(x.seconds or 0.0), -x.count))
         steps, warmup = window_steps(self.records, self.config.warmup)
         sources = [self.builder.count_sources.get(s.index) for s in steps]
-        return RankProfile(
+        draft = RankProfile(
             tokens_counted_from=max(set(sources), key=sources.count) if sources else None,
             steps_delimited_by=self.forward.boundary,
             step_boundary_reason=self.forward.reason,
@@ -635,36 +530,15 @@ class Probe:
             hostname=env.hostname,
             warmup_steps=warmup,
             steps=steps,
-            gpu_samples=list(self._nvml.samples) if self._nvml else [],
-            gpu_activity=self._nvml.activity() if self._nvml else None,
-            host_samples=list(self._host.samples) if self._host else [],
             window_start_t=self.window_start_t,
             window_end_t=self.window_end_t,
             window_rule=self.window_reason,
-            memory=memory,
             environment=env,
-            checkpoints=self._saves,
-            probe_errors=list(self.errors) + self.collectives.notes(),
-            sync_sites=[replace(x) for x in sites[:MAX_SYNC_SITES]],
-            collectives=self.collectives.resolve(steps[0].index, steps[-1].index) if steps else [],
+            probe_errors=list(self.errors),
         )
-
-    def _memory_stats(self, env: Environment) -> MemoryStats:
-        if env.device != "cuda":
-            return MemoryStats()
-        try:
-            import torch
-
-            device = self._device
-            stats = torch.cuda.memory_stats(device)
-            return MemoryStats(
-                peak_allocated=int(torch.cuda.max_memory_allocated(device)),
-                peak_reserved=int(torch.cuda.max_memory_reserved(device)),
-                alloc_retries=int(stats.get("num_alloc_retries", 0)),
-                ooms=int(stats.get("num_ooms", 0)),
-            )
-        except Exception:
-            return MemoryStats()
+        for collector in self.collectors:
+            collector.fill(draft)
+        return draft
 
     def _write(self, profile: RankProfile) -> None:
         """The finished profile closes the rank file (it supersedes the step lines before it)."""
@@ -688,20 +562,6 @@ def _ranks(rank: int, local_rank: int) -> tuple[int, int]:
         return int(os.environ.get("RANK", rank)), int(os.environ.get("LOCAL_RANK", local_rank))
     except ValueError:
         return rank, local_rank
-
-
-def _pci_bus_id(props: Any) -> str | None:
-    """NVML's bus id ("00000000:18:00.0") of a CUDA device, when torch exposes the PCI location."""
-    bus, device = getattr(props, "pci_bus_id", None), getattr(props, "pci_device_id", None)
-    if bus is None or device is None:
-        return None
-    return f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{device:02x}.0"
-
-
-def _uuid(props: Any) -> str | None:
-    """The CUDA device's UUID as text (a MIG slice has its own), to find its NVML handle."""
-    uuid = getattr(props, "uuid", None)
-    return None if uuid is None else str(uuid)
 
 
 class ForwardWatch:

@@ -1,0 +1,31 @@
+"""Activation checkpointing seen at work: ``torch.utils.checkpoint.checkpoint`` calls in the window, for a job
+whose configuration did not say (a hand-written model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pitstop.probe.collectors.base import Collector, ProbeContext
+from pitstop.profile import RankProfile
+
+
+@dataclass
+class CheckpointCalls:
+    calls: int = 0
+
+
+class RecomputeCollector(Collector):
+    def __init__(self, ctx: ProbeContext) -> None:
+        super().__init__(ctx)
+        self.counts = CheckpointCalls()
+
+    def on_checkpoint(self) -> None:
+        self.counts.calls += 1
+
+    def start_window(self) -> None:
+        self.counts = CheckpointCalls()
+
+    def fill(self, draft: RankProfile) -> None:
+        env = draft.environment
+        if env.gradient_checkpointing is None and self.counts.calls:
+            env.gradient_checkpointing = True
