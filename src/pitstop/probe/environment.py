@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from pitstop.ds_config import hpz_from_deepspeed, offload_from_deepspeed
-from pitstop.profile import DataLoaderInfo, Environment, ModelInfo
-from pitstop.vocabulary import Sharding
+from pitstop.profile import DataLoaderInfo, Environment, ModelInfo, word
+from pitstop.vocabulary import Device, Sharding
 
 _DTYPE_NAMES = {
     "torch.bfloat16": "bf16",
@@ -404,7 +404,7 @@ def device_facts(device: Any, env: Environment) -> None:
 
     if device is None:
         return
-    env.device = "cuda" if device.type == "cuda" else device.type
+    env.device = word(Device, device.type)  # "xpu", "meta" ...: kept as the word torch says
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
@@ -480,7 +480,7 @@ def offload_and_zero(trainer: Any, optimizer: Any, env: Environment) -> None:
     if cpu_offload is not None and getattr(cpu_offload, "offload_params", False):
         env.offload = {**(env.offload or {}), "param": "cpu", "optimizer": "cpu"}
     params = optimizer_params(optimizer)
-    if env.device == "cuda" and params and all(p.device.type == "cpu" for p in params[:8]):
+    if env.device == Device.CUDA and params and all(p.device.type == "cpu" for p in params[:8]):
         env.offload = {**(env.offload or {}), "optimizer": (env.offload or {}).get("optimizer", "cpu")}
     if env.offload is None and ds_config is None and fsdp is None:
         env.offload = {}
