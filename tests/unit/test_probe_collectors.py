@@ -1,0 +1,149 @@
+"""The probe's collectors: a signal added as one collector in the list is started, told of every step, stopped
+and asked to fill the profile with no change to the probe; the window's counters start from zero; a collector
+that fails stops none of the others. The probe is driven through the listener calls its hooks make (a real
+optimizer and model, nothing trained)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pitstop.probe import probe as probemod  # noqa: E402
+from pitstop.probe.collectors import COLLECTORS, Collector  # noqa: E402
+from pitstop.probe.collectors.collectives import CollectivesCollector  # noqa: E402
+from pitstop.probe.collectors.memory import MemoryCollector  # noqa: E402
+from pitstop.probe.collectors.sampled import SamplersCollector  # noqa: E402
+from pitstop.probe.collectors.saves import SaveCollector  # noqa: E402
+from pitstop.probe.config import ProbeConfig  # noqa: E402
+from pitstop.probe.probe import Probe  # noqa: E402
+from pitstop.profile import RankProfile, StepRecord  # noqa: E402
+
+
+class Loader:
+    """Stands in for a DataLoader and its iterator: the probe keys batches by identity only."""
+
+
+@dataclass
+class StepsSeen:
+    in_window: int = 0
+    indices: list[int] = field(default_factory=list)
+
+
+class Tally(Collector):
+    """A made-up signal: the steps it saw, the window's counted from zero."""
+
+    calls: list[str]
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.calls = []
+        self.counts = StepsSeen()
+        self.filled: list[RankProfile] = []
+
+    def begin(self) -> None:
+        self.calls.append("begin")
+
+    def start_window(self) -> None:
+        self.calls.append("start_window")
+        self.counts = StepsSeen(indices=self.counts.indices)
+
+    def step_end(self, record: StepRecord) -> None:
+        self.counts.in_window += 1
+        self.counts.indices.append(record.index)
+
+    def stop_window(self) -> None:
+        self.calls.append("stop_window")
+
+    def fill(self, draft: RankProfile) -> None:
+        self.filled.append(draft)
+
+
+class Job:
+    """A model, its optimizer and a loader, stepped as the hooks report it: a batch, forward, backward (SDPA
+    inside), the optimizer's step."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.model = torch.nn.Linear(4, 4)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.it, loader = Loader(), Loader()
+        probe.on_iterator(self.it, loader)
+
+    def run(self, steps: int, sdpa_per_step: int = 0) -> None:
+        probe = self.probe
+        for _ in range(steps):
+            if probe.finished:
+                return
+            probe.on_batch(self.it, {"input_ids": torch.ones(2, 3, dtype=torch.long)}, 0.0)
+            probe.on_forward(self.model, (), {})
+            probe.on_backward(True)
+            for i in range(sdpa_per_step):
+                probe.on_sdpa(has_mask=i == 0)
+            probe.on_backward(False)
+            probe.on_optimizer(self.opt, True)
+            probe.on_optimizer(self.opt, False)
+
+
+def test_a_collector_in_the_list_is_measured_with_no_change_to_the_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(probemod, "COLLECTORS", (*COLLECTORS, Tally))
+    done: list[RankProfile] = []
+    probe = Probe(ProbeConfig(warmup=2, steps=3, announce=False), on_done=done.append)
+    Job(probe).run(8)
+    tally = next(c for c in probe.collectors if isinstance(c, Tally))
+    assert tally.calls == ["begin", "start_window", "stop_window"]  # begin at step 1, the window after step 2
+    assert tally.counts.indices == [1, 2, 3, 4, 5]  # every step, warm-up included; the probe stopped at 5
+    assert tally.counts.in_window == 3  # counted from zero at the window's start
+    assert done and tally.filled == [done[0]]  # the draft it filled is the profile handed over
+    assert [s.index for s in done[0].steps] == [3, 4, 5]
+
+
+def test_only_collectors_with_work_per_step_are_called_per_step() -> None:
+    """A collector without ``step_end`` costs a step nothing: the probe calls only those that have one."""
+    probe = Probe(ProbeConfig(announce=False))
+    called = {type(step_end.__self__) for step_end in probe._step_ends}
+    assert called == {SaveCollector, MemoryCollector, CollectivesCollector}
+    assert {type(stream.__self__) for stream in probe._streamers} == {SamplersCollector}
+
+
+def test_the_window_counts_only_its_own_calls() -> None:
+    """SDPA calls of the warm-up steps are not the window's: 3 per step over 3 measured steps, 1 masked each."""
+    probe = Probe(ProbeConfig(warmup=2, steps=3, announce=False))
+    Job(probe).run(8, sdpa_per_step=3)
+    attention = probe.rank_profile().environment.attention
+    assert (attention.sdpa_calls, attention.sdpa_calls_with_mask) == (9, 3)
+
+
+def test_a_save_before_the_window_or_after_its_end_is_not_counted() -> None:
+    probe = Probe(ProbeConfig(warmup=2, steps=3, announce=False))
+    saves = next(c for c in probe.collectors if isinstance(c, SaveCollector))
+    saves.on_save("torch.save", 1.0)  # before the window: nothing is counted yet
+    job = Job(probe)
+    job.run(3)  # the window starts after step 2; step 3 is measured
+    saves.on_save("torch.save", 0.25)  # in step 4
+    job.run(3)  # steps 4 and 5: the window ends
+    saves.on_save("torch.save", 2.0)  # after the last step
+    checkpoints = probe.rank_profile().checkpoints
+    assert checkpoints is not None
+    assert (checkpoints.saves, checkpoints.save_s, checkpoints.steps_with_saves) == (1, 0.25, 1)
+
+
+class Broken(Collector):
+    def stop_window(self) -> None:
+        raise RuntimeError("stuck")
+
+
+def test_a_collector_that_fails_to_stop_stops_none_of_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probemod, "COLLECTORS", (Broken, *COLLECTORS))
+    probe = Probe(ProbeConfig(warmup=1, steps=2, announce=False))
+    Job(probe).run(4)
+    assert probe.finished
+    profile = probe.rank_profile()
+    assert "Broken.stop_window: RuntimeError: stuck" in profile.probe_errors
+    samplers = next(c for c in probe.collectors if isinstance(c, SamplersCollector))
+    assert samplers.host is None or samplers.host._stop.is_set()  # stopped after the broken one failed
