@@ -43,47 +43,125 @@ LAYERS: dict[str, int] = {
     "schemas": 0,
     "atomic": 0,
     "regular": 0,
-    "__init__": 8,  # the package's front door may point anywhere (lazily)
+    "version": 0,  # the version every document names (the package root re-exports it)
+    "display": 0,  # the slot through which a result shows itself in a notebook (the root plugs the report in)
+    "__init__": 8,  # the package's front door may point anywhere (lazily); nothing in the package imports it
 }
 
 
-def _part(module: str) -> str | None:
-    parts = module.split(".")
-    return parts[1] if parts[0] == "pitstop" and len(parts) > 1 else None
+def _modules() -> frozenset[str]:
+    """The package's parts: its modules and subpackages (what ``pitstop.X`` can name as a module)."""
+    return frozenset(
+        p.name.removesuffix(".py") for p in SRC.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
+    ) - {"__init__"}
 
 
-def _type_checking_lines(tree: ast.AST) -> set[int]:
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
-    return lines
+def _part(target: str, modules: frozenset[str]) -> str | None:
+    """The part an import names: ``pitstop.diagnose.rules`` -> diagnose; the package root itself (``import
+    pitstop``, or a name it defines: ``from pitstop import __version__``) -> __init__; outside pitstop -> None."""
+    parts = target.split(".")
+    if parts[0] != "pitstop":
+        return None
+    if len(parts) == 1 or parts[1] not in modules:
+        return "__init__"
+    return parts[1]
+
+
+def imported(source: str) -> list[str]:
+    """Every module ``source`` imports, wherever the import stands: at the top, inside a function, under
+    ``if TYPE_CHECKING:`` (a type-only import is still a dependency between packages), or by
+    ``importlib.import_module`` / ``__import__`` with a literal name. ``from a.b import c`` names ``a.b.c``:
+    a module, or a name that ``a.b`` defines."""
+    targets: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets += [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                targets.append(node.args[0].value)
+    return targets
 
 
 def imports_by_part() -> dict[tuple[str, str], list[str]]:
-    """(importing part, imported part) -> the files where it happens (type-only imports left out)."""
+    """(importing part, imported part) -> the files where it happens."""
+    modules = _modules()
     edges: dict[tuple[str, str], list[str]] = {}
     for path in SRC.rglob("*.py"):
         rel = path.relative_to(SRC)
         here = rel.parts[0].removesuffix(".py")
-        tree = ast.parse(path.read_text())
-        skip = _type_checking_lines(tree)
-        for node in ast.walk(tree):
-            if getattr(node, "lineno", None) in skip:
-                continue
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module] + [
-                    f"{node.module}.{a.name}" for a in node.names if node.module == "pitstop"
-                ]
-            for target in targets:
-                there = _part(target)
-                if there and there != here and there in LAYERS:
-                    edges.setdefault((here, there), []).append(str(rel))
+        for target in imported(path.read_text()):
+            there = _part(target, modules)
+            if there and there != here and there in LAYERS:
+                edges.setdefault((here, there), []).append(str(rel))
     return edges
+
+
+def test_the_import_reader_sees_type_only_lazy_and_root_imports() -> None:
+    source = textwrap.dedent(
+        """
+        from typing import TYPE_CHECKING
+        import pitstop
+        from pitstop import __version__, schemas
+        if TYPE_CHECKING:
+            from pitstop.remedies.base import Remedy
+        def later():
+            from pitstop.report.notebook import notebook_html
+            return importlib.import_module("pitstop.tune.session")
+        """
+    )
+    modules = frozenset({"schemas", "remedies", "report", "tune"})
+    parts = [_part(t, modules) for t in imported(source)]
+    assert parts == [None, "__init__", "__init__", "schemas", "remedies", "report", "tune"]
+    assert _module_file("pitstop.tune.session.TuneResult") == SRC / "tune" / "session.py"
+    assert _module_file("pitstop.report.html.svg") == SRC / "report" / "html" / "svg.py"
+    assert _module_file("pitstop.report.html.render_html") == SRC / "report" / "html" / "__init__.py"
+    assert _module_file("pitstop.ingest.trace._eventloop.scan") is None  # compiled: no source to read
+
+
+def _module_file(target: str) -> Path | None:
+    """The source file an import target runs: the module it names, else (``from m import name``) the module
+    that defines the name; None outside the package or for a compiled module."""
+    parts = target.split(".")
+    if parts[0] != "pitstop":
+        return None
+    for whole in (parts, parts[:-1]):
+        path = SRC.parent.joinpath(*whole)
+        for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def test_no_circle_between_modules() -> None:
+    """Within a package too, no two modules import each other, directly or around a circle (type-only and
+    lazy imports included): a circle means neither can be read, tested or moved without the other."""
+    graph: dict[Path, set[Path]] = {}
+    for path in SRC.rglob("*.py"):
+        for target in imported(path.read_text()):
+            there = _module_file(target)
+            if there is not None and there != path:
+                graph.setdefault(path, set()).add(there)
+    state: dict[Path, int] = {}
+    trail: list[Path] = []
+
+    def visit(node: Path) -> None:
+        state[node] = 1
+        trail.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                loop = [*trail[trail.index(nxt) :], nxt]
+                pytest.fail("circle: " + " -> ".join(str(p.relative_to(SRC)) for p in loop))
+            if state.get(nxt) is None:
+                visit(nxt)
+        trail.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
 
 
 def test_every_part_has_a_layer() -> None:
@@ -109,8 +187,7 @@ def test_nothing_but_the_front_doors_imports_the_cli() -> None:
 def test_no_circle_between_packages() -> None:
     graph: dict[str, set[str]] = {}
     for a, b in imports_by_part():
-        if a != "__init__":
-            graph.setdefault(a, set()).add(b)
+        graph.setdefault(a, set()).add(b)
     state: dict[str, int] = {}
     path: list[str] = []
 

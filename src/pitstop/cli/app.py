@@ -467,7 +467,7 @@ def causes() -> None:
 @app.command()
 def version() -> None:
     """Print pitstop's version."""
-    from pitstop import __version__
+    from pitstop.version import __version__
 
     typer.echo(__version__)
 

@@ -12,8 +12,10 @@ from pitstop.diagnose.gpu_windows import describe_stretches
 from pitstop.diagnose.metrics import Metrics
 from pitstop.diagnose.ranks import RanksAnalysis, Scaling
 from pitstop.diagnose.results import RunResults, results_of
+from pitstop.display import html_of
 from pitstop.findings import Finding, rank_findings
 from pitstop.profile import CountSource, RunProfile, StepBoundary, to_jsonable
+from pitstop.version import __version__
 from pitstop.vocabulary import CauseId, Device
 
 
@@ -33,11 +35,9 @@ class Diagnosis:
         if self.results is None:
             self.results = results_of(self.profile)
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str | None:
         """In a notebook, a Diagnosis shows itself as the HTML report."""
-        import pitstop
-
-        return pitstop._html_of(self)
+        return html_of(self)
 
     def environment_table(self) -> dict[str, Any]:
         """What was known about the setup, flat enough for a table (the document's ``environment``)."""
@@ -67,8 +67,6 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         """The stable ``pitstop.run/1`` document."""
-        from pitstop import __version__
-
         return {
             "schema": schemas.RUN,
             "pitstop_version": __version__,

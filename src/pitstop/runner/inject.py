@@ -16,7 +16,6 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-import pitstop
 from pitstop.probe.autoload import PTH_NAME
 from pitstop.probe.config import ProbeConfig
 
@@ -24,7 +23,8 @@ DOCS = "docs/where-it-runs.md"
 _PYTHON = re.compile(r"^(python|pypy)(\d+(\.\d+)?)?$")
 _TAKES_ARG = set("WXQ")  # short options whose value follows (-W ignore, -X dev)
 
-INJECT_SOURCE = Path(pitstop.__file__).parent / "probe" / "_inject" / "sitecustomize.py"
+PACKAGE = Path(__file__).parent.parent  # this pitstop's package folder (src/pitstop or site-packages/pitstop)
+INJECT_SOURCE = PACKAGE / "probe" / "_inject" / "sitecustomize.py"
 
 
 def prepare_injection(out_dir: Path) -> Path:
@@ -34,7 +34,7 @@ def prepare_injection(out_dir: Path) -> Path:
     shutil.copyfile(INJECT_SOURCE, inject / "sitecustomize.py")
     link = inject / "pitstop"
     if not link.exists():
-        link.symlink_to(Path(pitstop.__file__).parent, target_is_directory=True)
+        link.symlink_to(PACKAGE, target_is_directory=True)
     return inject
 
 

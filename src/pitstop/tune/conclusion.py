@@ -8,13 +8,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pitstop.tune.budget import budget_for
 from pitstop.tune.verdict import UNDECIDED, Baseline, Verdict
-
-if TYPE_CHECKING:
-    from pitstop.tune.session import TuneResult
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,21 @@ def undecided(
     )
 
 
-def no_gain_verdict(result: TuneResult) -> str:
+class Concluded(Protocol):
+    """What the conclusion reads of a tune run (a ``TuneResult`` has it; the session builds that result from
+    this module's ``undecided``, so this module names the fields it reads rather than the class)."""
+
+    @property
+    def verdicts(self) -> Sequence[Verdict]: ...
+
+    @property
+    def not_tried(self) -> Sequence[tuple[str, str]]: ...
+
+    @property
+    def undecided(self) -> Undecided | None: ...
+
+
+def no_gain_verdict(result: Concluded) -> str:
     """What tune concludes when it keeps no fix. "Keep it as it is" only when every proposed fix was measured
     and decided; a fix not tried or left undecided by noise is named instead."""
     untried = [fix for fix, _ in result.not_tried]

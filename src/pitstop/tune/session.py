@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pitstop import schemas
+from pitstop.display import html_of
 from pitstop.errors import PitstopError
 from pitstop.probe.stopping import WindowRule
 from pitstop.profile import CountSource
@@ -41,6 +42,7 @@ from pitstop.tune.verdict import (
     make_baseline,
 )
 from pitstop.tune.window import Window, run_window
+from pitstop.version import __version__
 
 LOSS_STEPS = 3
 FIXED_STEPS = 30  # the window of a job of several ranks, which cannot end windows by precision
@@ -127,15 +129,11 @@ class TuneResult:
     plan: str = ""  # what the budget was planned to cover, said after the first window
     undecided: Undecided | None = None  # fixes a noisy machine left undecided, and what a rerun needs
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str | None:
         """In a notebook, a tune result shows itself as the HTML report."""
-        import pitstop
-
-        return pitstop._html_of(self)
+        return html_of(self)
 
     def to_dict(self) -> dict[str, Any]:
-        from pitstop import __version__
-
         b = self.baseline
         assert self.baseline_window.diagnosis is not None
         return {

@@ -10,6 +10,7 @@ from pitstop.diagnose import Diagnosis
 from pitstop.errors import PitstopError
 from pitstop.report.errors import ReportError
 from pitstop.report.html.page import page
+from pitstop.version import __version__
 
 
 def render_html(doc: Any) -> str:
@@ -25,8 +26,6 @@ def render_html(doc: Any) -> str:
 
 
 def _render(doc: Any) -> str:
-    from pitstop import __version__
-
     footer = f"pitstop {__version__} · self-contained report: no network, no external files"
     if isinstance(doc, Diagnosis) or (isinstance(doc, dict) and doc.get("schema") == schemas.RUN):
         from pitstop.diagnose.document import read_run
