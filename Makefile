@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 PIP := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: setup demo test test-slow test-all test-busy lint check bench gpu-check clean
+.PHONY: setup demo test test-slow test-all test-busy lint check bench gpu-check docs dist-check clean
 
 setup: $(VENV)/.installed
 
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml setup.py Makefile src/pitstop/ingest/trace/_e
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PIP) install --quiet -e ".[hf,nvml,dev]"
+	$(PIP) install --quiet -e ".[hf,nvml,dev,docs]"
 	$(PIP) install --quiet wheel
 	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation "$(DEEPSPEED)"
 	touch $@
@@ -29,8 +29,8 @@ demo: setup
 	$(BIN)/pitstop doctor --demo --fixed
 
 lint: setup
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/mypy
 
 # the fast tier: lint, types, every test that starts no process, and one real run per front door (smoke)
@@ -56,5 +56,15 @@ test-busy: lint
 gpu-check: setup
 	$(BIN)/python bench/gpu_check.py
 
+# the documentation site into site/: docs/causes.md must match the code, and --strict fails on any warning
+# (a broken link or anchor, a page missing from the nav)
+docs: setup
+	$(BIN)/python tools/gen_causes.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# the sdist and the wheel, each installed in a fresh venv away from the checkout; the wheel runs the demo
+dist-check: setup
+	tools/dist_check.sh $(BIN)/python "$(TORCH)" "$(TORCH_INDEX)"
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site build/dist-check
