@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it (dynamic)
+from pitstop.version import __version__  # written once, in pitstop/version.py (pyproject reads it there)
 
 __all__ = ["__version__", "watch"]
 
