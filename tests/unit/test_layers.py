@@ -1,5 +1,7 @@
-"""The import structure stays as docs/architecture.md draws it: imports point down the layers, and no two
-packages import each other (directly or around a circle). Read from the source with ``ast``: nothing runs."""
+"""The import structure stays as docs/architecture.md draws it: imports point down the layers, no two
+packages import each other, and no two modules either (directly or around a circle). Every import counts:
+type-only ones under ``TYPE_CHECKING``, lazy ones inside functions, and those of the package root (nothing
+inside pitstop imports it). Read from the source with ``ast``: nothing runs."""
 
 from __future__ import annotations
 
