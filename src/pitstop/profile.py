@@ -539,7 +539,7 @@ def _convert(hint: Any, value: Any) -> Any:
             return _convert(arg, value)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
         return from_jsonable(hint, value)
-    if isinstance(hint, type) and issubclass(hint, StrEnum) and isinstance(value, str):
+    if isinstance(value, str) and isinstance(hint, type) and issubclass(hint, StrEnum):
         return word(hint, value)
     if origin is list:
         (item,) = typing.get_args(hint)
