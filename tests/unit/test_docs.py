@@ -35,8 +35,11 @@ def test_causes_page_lists_every_cause_with_its_gpu_flag() -> None:
         assert f"## `{cause.id!s}`" in page
         row = next(line for line in page.splitlines() if line.startswith(f"| [`{cause.id!s}`]"))
         assert row.endswith("| yes |") == cause.needs_gpu, row
+    from pitstop.diagnose.rules import inputs
+
     assert "`dataloader_bound` in `src/pitstop/diagnose/rules/inputs.py`" in page
-    assert "| `DATA_WAIT_MIN` | `0.05` |" in page
+    assert f"| `DATA_WAIT_MIN` | `{inputs.DATA_WAIT_MIN!r}` |" in page  # the threshold as the rule has it
+    assert f"data wait ≥ {inputs.DATA_WAIT_MIN:.0%} of the step" in page
 
 
 def test_a_stale_page_is_caught(tmp_path: Path) -> None:
