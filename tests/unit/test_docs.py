@@ -66,3 +66,22 @@ def test_readme_links_lead_to_files() -> None:
     assert local, "the README links to the docs"
     missing = [t for t in local if not (ROOT / t).exists()]
     assert not missing, missing
+
+
+def _nav_pages(node: object) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [page for value in node.values() for page in _nav_pages(value)]
+    if isinstance(node, list):
+        return [page for item in node for page in _nav_pages(item)]
+    return []
+
+
+def test_every_docs_page_is_in_the_site_nav_and_every_nav_entry_exists() -> None:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    nav = _nav_pages(config["nav"])
+    pages = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
+    assert sorted(nav) == pages, "mkdocs.yml's nav and docs/*.md differ (make docs would fail)"
