@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pitstop import display as _display
 from pitstop.version import __version__  # written once, in pitstop/version.py (pyproject reads it there)
 
 __all__ = ["__version__", "watch"]
@@ -26,3 +27,6 @@ def _html_of(result: Any) -> str:
     from pitstop.report.notebook import notebook_html
 
     return notebook_html(result)
+
+
+_display.plug(_html_of)
