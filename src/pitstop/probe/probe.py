@@ -1,16 +1,14 @@
-"""The per-process probe: listens at the hooks, keeps the step records, writes one RankProfile.
+"""The per-process probe: listens at the hooks, orchestrates the step timeline and the collectors, writes one
+RankProfile.
 
 Lifecycle: installed (zero-code bootstrap, a callback or ``pitstop.watch``) → first optimizer step:
-read the environment, start samplers → ``warmup`` steps → ``steps`` measured steps → finish: resolve
-device timings, stop samplers, hand the RankProfile over (file and/or callback) → optionally end the
-process (the zero-code runner's benchmark window). Any internal error disables the probe with one
-warning; the training run goes on untouched.
+read the environment, collectors begin (samplers start) → ``warmup`` steps → the window: collectors start →
+``steps`` measured steps → finish: resolve device timings, collectors stop, each fills the RankProfile,
+hand it over (file and/or callback) → optionally end the process (the zero-code runner's benchmark window).
+Any internal error disables the probe with one warning; the training run goes on untouched.
 
-A step ends at the optimizer's ``step()``. A job that never calls it once per step (the optimizer stepped
-inside backward from per-parameter gradient hooks, or a hand-written update under ``torch.no_grad``) has its
-steps closed instead at the next forward of the outermost training module once that module's parameters
-have changed (their version counters, read on the host: no sync). Rows and tokens come from the DataLoader's
-batches, or, where those carry none (a loop that builds its own batches), from that forward's inputs.
+Where a step ends and what it trained on is the step timeline's (``probe.steps``); every other measured
+signal is a collector (``probe.collectors``), called at the same few moments (``collectors.base``).
 
 Under the runner every finished step (and the samplers' new readings) is appended to the rank file at
 once (``probe.stream``), so a process killed by a signal still leaves what it measured.
@@ -25,14 +23,12 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pitstop.atomic import write_atomic
 from pitstop.probe import collectives as collmod
 from pitstop.probe import environment as envmod
-from pitstop.probe.batch import count_batch, count_model_inputs
 from pitstop.probe.collectors import COLLECTORS, Collector, ProbeContext, overrides
 from pitstop.probe.collectors.attention import AttentionCollector
 from pitstop.probe.collectors.autocast import AutocastCollector
@@ -44,26 +40,16 @@ from pitstop.probe.ending import end_the_job
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.kernels import kernel_facts
 from pitstop.probe.saves import trainer_save_steps
+from pitstop.probe.steps import ForwardWatch, StepTimeline
 from pitstop.probe.stopping import WindowTracker
 from pitstop.probe.stream import RankStream, plain_step, window_steps
 from pitstop.probe.timeline import (
-    BWD_END,
-    BWD_START,
-    DATA,
-    FWD_BOUNDARY,
-    FWD_START,
-    OPT_END,
-    OPT_START,
-    BatchCounts,
-    HostClock,
     StepBuilder,
 )
 from pitstop.profile import (
     AttentionInfo,
-    CountSource,
     Environment,
     RankProfile,
-    StepBoundary,
     StepRecord,
     to_jsonable,
 )
@@ -112,7 +98,7 @@ class Probe:
         self.origin = time.perf_counter()
         self._pid = os.getpid()  # forked DataLoader workers inherit the probe; only this process reports
         self.hooks = Hooks(self)
-        self.builder = StepBuilder(HostClock())
+        self.timeline = StepTimeline(self._close_step)
         self.records: list[StepRecord] = []
         self.step_listeners: list[Callable[[], None]] = []  # told after each optimizer step (live views)
         self._measured = 0  # records past the warm-up, counted as they come (not recounted every step)
@@ -140,18 +126,16 @@ class Probe:
         self.tracker = WindowTracker(config.auto) if config.auto is not None and single else None
         self.window_reason: str | None = None
         self.window_end_t: float | None = None
-        self._primary: int | None = None
-        self._train_thread: int | None = None
-        self._bwd_depth = 0
-        self._pending: list[tuple[int, BatchCounts]] = []  # (loader key, counts) not yet trained on
-        self._train_loader_key: int | None = None
-        self._loaders: dict[int, Any] = {}  # loader key -> weak reference to the DataLoader
-        self._iter_loader: dict[int, int] = {}  # iterator id -> its loader's key
-        self._grad_enabled: Callable[[], bool] | None = None
-        self._pad_token_id: int | None = None
         self._last_progress = 0.0
         self._lock = threading.Lock()
-        self.forward = ForwardWatch()
+
+    @property
+    def builder(self) -> StepBuilder:
+        return self.timeline.builder
+
+    @property
+    def forward(self) -> ForwardWatch:
+        return self.timeline.forward
 
     def _collector(self, kind: type[C]) -> C:
         return next(c for c in self.collectors if isinstance(c, kind))
@@ -212,112 +196,24 @@ class Probe:
             file=sys.stderr,
         )
 
-    # -- listener callbacks ---------------------------------------------------------------------------
-    def _on_train_thread(self) -> bool:
-        ident = threading.get_ident()
-        if self._train_thread is None:
-            self._train_thread = ident
-        return ident == self._train_thread
-
+    # -- listener callbacks: the step events go to the timeline, the rest to their collectors ------------
     def on_iterator(self, iterator: Any, loader: Any) -> None:
-        """Batches are keyed by their DataLoader, not the iterator: a loop that calls ``iter(loader)`` each
-        epoch trains on one loader through many iterators."""
-        self._loaders[id(loader)] = weakref.ref(loader)
-        self._iter_loader[id(iterator)] = id(loader)
+        self.timeline.on_iterator(iterator, loader)
 
     def on_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
-        if not self._on_train_thread() or self._evaluating():
-            return
-        self.builder.data_wait(wait_s)
-        self.builder.mark(DATA)
-        key = self._iter_loader.get(id(iterator), id(iterator))
-        self._pending.append((key, count_batch(batch, self._pad_token_id)))
+        self.timeline.on_batch(iterator, batch, wait_s)
 
-    def _evaluating(self) -> bool:
-        """A batch taken for evaluation: under ``torch.no_grad`` / ``inference_mode``, or while the training
-        model is in another mode than the one it trains in (``model.eval()``)."""
-        if self._grad_enabled is None:
-            import torch
+    def on_backward(self, starting: bool) -> None:
+        self.timeline.on_backward(starting)
 
-            self._grad_enabled = torch.is_grad_enabled
-        return not self._grad_enabled() or self.forward.evaluating()
+    def on_optimizer(self, optimizer: Any, starting: bool) -> None:
+        self.timeline.on_optimizer(optimizer, starting)
+
+    def on_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.timeline.on_forward(module, args, kwargs)
 
     def on_collate(self, samples: Any, seconds: float) -> None:
         self._collate.on_collate(samples, seconds)
-
-    def on_backward(self, starting: bool) -> None:
-        if not self._on_train_thread():
-            return  # reentrant checkpointing runs nested backward calls on autograd's threads
-        if starting:
-            self._bwd_depth += 1
-            if self._bwd_depth == 1:
-                self._commit_batch()
-                self.builder.mark(BWD_START)
-        else:
-            self._bwd_depth = max(0, self._bwd_depth - 1)
-            if self._bwd_depth == 0:
-                self.builder.mark(BWD_END)
-
-    def _commit_batch(self) -> None:
-        """The oldest batch of the training loader not yet trained on is the one this backward belongs to
-        (FIFO, so loaders that prefetch ahead and loops that take all of a step's micro-batches before the
-        first forward still line up). The training loader is the one trained on before; while it has no batch
-        waiting (the first step, a new loader), the loader the job fetched from last. Batches of other loaders
-        (evaluation that slipped past ``_evaluating``) are dropped."""
-        if not self._pending:
-            return
-        key = self._train_loader_key
-        if all(k != key for k, _ in self._pending):
-            key = self._train_loader_key = self._pending[-1][0]
-        first = next(i for i, (k, _) in enumerate(self._pending) if k == key)
-        counts = self._pending[first][1]
-        self._pending = [(k, c) for k, c in self._pending[first + 1 :] if k == key]
-        self.builder.batch(counts)
-
-    def on_optimizer(self, optimizer: Any, starting: bool) -> None:
-        watch = self.forward
-        if self._bwd_depth > 0:  # stepped from a gradient hook (on autograd's thread, on a GPU)
-            watch.in_backward = True
-            watch.optimizer = watch.optimizer or optimizer
-            return
-        if not self._on_train_thread():
-            return
-        watch.inside_step = starting
-        if watch.boundary is StepBoundary.MODEL_FORWARD:
-            return
-        if self._primary is None:
-            self._primary = id(optimizer)
-        if id(optimizer) != self._primary:
-            return
-        if starting:
-            self.builder.mark(OPT_START)
-            return
-        watch.boundary = StepBoundary.OPTIMIZER_STEP
-        self._close_step(OPT_END, optimizer)
-
-    def on_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The outermost training forward: a step boundary where the optimizer gives none, and the counts
-        of a batch the DataLoader did not hand over."""
-        if self._bwd_depth or not self._on_train_thread():
-            return
-        watch = self.forward
-        if module is not watch.root:
-            watch.adopt(module)
-        watch.note_mode()
-        if watch.boundary is not StepBoundary.OPTIMIZER_STEP and watch.params_changed():
-            if watch.boundary is None:
-                watch.decide()
-            self._close_step(FWD_BOUNDARY, watch.optimizer)
-        if self._count_source is not CountSource.DATALOADER:
-            # the loop built its batch itself: forward starts here, not where the previous step ended
-            self.builder.mark(FWD_START)
-            self.builder.model_batch(count_model_inputs(args, kwargs, watch.names, self._pad_token_id))
-
-    @property
-    def _count_source(self) -> CountSource | None:
-        """Once a step's DataLoader batches carried tokens, the model's inputs are not counted any more."""
-        sources = self.builder.count_sources
-        return sources.get(self.builder.index) if sources else None
 
     def _close_step(self, kind: str, optimizer: Any) -> None:
         record = self.builder.end_step(kind)
@@ -347,13 +243,13 @@ class Probe:
         self._recompute.on_checkpoint()
 
     def on_sync(self, seconds: float | None, kind: str, site: str) -> None:
-        if not self._on_train_thread():
+        if not self.timeline.on_train_thread():
             return
         self.builder.sync(seconds)  # the step's own sync time; the sites are the collector's
         self._syncs.on_sync(seconds, kind, site)
 
     def on_copy(self, pinned: bool, non_blocking: bool) -> None:
-        if self._on_train_thread():
+        if self.timeline.on_train_thread():
             self._syncs.on_copy(pinned, non_blocking)
 
     # -- step bookkeeping -----------------------------------------------------------------------------
@@ -436,7 +332,7 @@ class Probe:
         env.param_dtype = envmod.majority_dtype([p for p in params if p.requires_grad])
         env.attention = AttentionInfo(implementation=envmod.attention_implementation(model))
         env.gradient_checkpointing = envmod.gradient_checkpointing(model, trainer)
-        env.dataloader = envmod.dataloader_info(self._train_loader())
+        env.dataloader = envmod.dataloader_info(self.timeline.train_loader())
         envmod.trainer_settings(trainer, env)
         env.save_steps = env.save_steps or trainer_save_steps(trainer)
         if env.micro_batch_size is None:
@@ -449,7 +345,7 @@ class Probe:
         pad = getattr(config, "pad_token_id", None)
         eos = getattr(config, "eos_token_id", None)
         eos_ids = eos if isinstance(eos, list) else [eos]
-        self._pad_token_id = pad if isinstance(pad, int) and pad not in eos_ids else None
+        self.timeline.pad_token_id = pad if isinstance(pad, int) and pad not in eos_ids else None
         self.environment = self.ctx.environment = env
         self.ctx.device, self.ctx.model = device, model
         if env.device == Device.CUDA:
@@ -472,11 +368,6 @@ class Probe:
                 f"pitstop: observing a {framework} run on {env.gpu_name or env.device}: {plan}",
                 file=sys.stderr,
             )
-
-    def _train_loader(self) -> Any:
-        key = self._train_loader_key
-        ref = self._loaders.get(key) if key is not None else None
-        return ref() if ref is not None else None
 
     def _progress(self, index: int) -> None:
         if self.config.out_dir is None or self.rank != 0:
@@ -562,70 +453,3 @@ def _ranks(rank: int, local_rank: int) -> tuple[int, int]:
         return int(os.environ.get("RANK", rank)), int(os.environ.get("LOCAL_RANK", local_rank))
     except ValueError:
         return rank, local_rank
-
-
-class ForwardWatch:
-    """The outermost training module, its forward's parameter names, and the version counters of two of its
-    trainable parameters (first and last): a change between two forwards without an optimizer step closing a
-    step in between is an update the optimizer hooks did not see."""
-
-    def __init__(self) -> None:
-        self.root: Any = None
-        self.names: tuple[str, ...] = ()
-        self.boundary: StepBoundary | None = None
-        self.reason: str | None = None
-        self.in_backward = False  # an optimizer stepped inside backward (per-parameter gradient hooks)
-        self.inside_step = False  # between an optimizer's step pre- and post-hook (a closure's forwards)
-        self.optimizer: Any = None  # one optimizer stepped inside backward, to read its facts
-        self._watched: list[Any] = []
-        self._versions: tuple[int, ...] | None = None
-        self._inner: Any = None  # the module inside DDP / FSDP / compile wrappers
-        self._train_mode: bool | None = None  # the mode (``training``) its training forwards ran in
-
-    def adopt(self, module: Any) -> None:
-        import inspect
-
-        self.root = module
-        trainable = [p for p in module.parameters() if p.requires_grad]
-        self._watched = [trainable[0], trainable[-1]] if trainable else []
-        self._versions = None
-        inner = module
-        for _ in range(4):  # DDP / FSDP / compile wrappers forward *args to the module inside
-            inner = getattr(inner, "module", None) or getattr(inner, "_orig_mod", None) or inner
-        self._inner = inner
-        self._train_mode = None
-        try:
-            params = inspect.signature(inner.forward).parameters.values()
-            self.names = tuple(
-                p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-            )
-        except (TypeError, ValueError):
-            self.names = ()
-
-    def _mode(self) -> bool:
-        return bool(getattr(self.root, "training", True) and getattr(self._inner, "training", True))
-
-    def note_mode(self) -> None:
-        """At a training forward: the mode the model trains in (some jobs train in ``eval()`` mode)."""
-        self._train_mode = self._mode()
-
-    def evaluating(self) -> bool:
-        """Whether the model is now in another mode than the one it trains in (``model.eval()``)."""
-        return self._train_mode is not None and self._mode() != self._train_mode
-
-    def params_changed(self) -> bool:
-        """Whether the watched parameters changed since the previous forward (not inside an optimizer step:
-        a closure's forwards belong to its step)."""
-        if self.inside_step:
-            return False
-        versions = tuple(p._version for p in self._watched)
-        before, self._versions = self._versions, versions
-        return before is not None and versions != before
-
-    def decide(self) -> None:
-        self.boundary = StepBoundary.MODEL_FORWARD
-        self.reason = (
-            "the optimizer steps inside backward (per-parameter gradient hooks)"
-            if self.in_backward
-            else "the parameters change without an optimizer step (a hand-written update)"
-        )
