@@ -77,7 +77,9 @@ class Hooks:
         self._ensure_detector: Callable[[], None] | None = None
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
+    def patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
+        """Replace ``owner.name`` by ``make(original)``; ``remove`` restores it. Collectors that listen at a
+        place of their own patch it through here (``probe.saves``)."""
         own = name in vars(owner)
         original = vars(owner)[name] if own else getattr(owner, name)
         wrapper = make(original)
@@ -194,7 +196,7 @@ class Hooks:
 
             return __init__
 
-        self._patch(dl._BaseDataLoaderIter, "__init__", make_iter_init)
+        self.patch(dl._BaseDataLoaderIter, "__init__", make_iter_init)
 
         def make_single_init(original: Any) -> Any:
             def __init__(it: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
@@ -206,7 +208,7 @@ class Hooks:
 
             return __init__
 
-        self._patch(dl._SingleProcessDataLoaderIter, "__init__", make_single_init)
+        self.patch(dl._SingleProcessDataLoaderIter, "__init__", make_single_init)
 
         def make_next(original: Any) -> Any:
             def __next__(it: Any) -> Any:
@@ -219,7 +221,7 @@ class Hooks:
 
             return __next__
 
-        self._patch(dl._BaseDataLoaderIter, "__next__", make_next)
+        self.patch(dl._BaseDataLoaderIter, "__next__", make_next)
 
     def _hook_model(
         self, listener: Listener, compiling: Callable[[], bool], capturing: Callable[[], bool]
@@ -240,7 +242,7 @@ class Hooks:
 
             return backward
 
-        self._patch(torch.autograd, "backward", make_backward)
+        self.patch(torch.autograd, "backward", make_backward)
 
         def make_sdpa(original: Any) -> Any:
             def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
@@ -251,7 +253,7 @@ class Hooks:
 
             return scaled_dot_product_attention
 
-        sdpa = self._patch(torch.nn.functional, "scaled_dot_product_attention", make_sdpa)
+        sdpa = self.patch(torch.nn.functional, "scaled_dot_product_attention", make_sdpa)
         with contextlib.suppress(Exception):  # TorchScript keeps seeing the aten builtin it wraps
             torch.jit._builtins._register_builtin(sdpa, "aten::scaled_dot_product_attention")
 
@@ -269,7 +271,7 @@ class Hooks:
 
             return __enter__
 
-        self._patch(torch.amp.autocast_mode.autocast, "__enter__", make_autocast_enter)
+        self.patch(torch.amp.autocast_mode.autocast, "__enter__", make_autocast_enter)
 
         import torch.utils.checkpoint as ckpt
 
@@ -281,7 +283,7 @@ class Hooks:
 
             return checkpoint
 
-        self._patch(ckpt, "checkpoint", make_checkpoint)
+        self.patch(ckpt, "checkpoint", make_checkpoint)
 
     def install_sync_watch(self) -> None:
         """Count, time and locate the calls that block the host on a CUDA device (GPU runs only)."""
@@ -292,15 +294,15 @@ class Hooks:
         self._sync_installed = True
         self.sync_watched = True
         for name, kind in _TENSOR_SYNCS.items():
-            self._patch(torch.Tensor, name, functools.partial(self._timed_sync, kind=kind))
-        self._patch(torch, "nonzero", lambda original: self._timed_sync(original, "nonzero"))
+            self.patch(torch.Tensor, name, functools.partial(self._timed_sync, kind=kind))
+        self.patch(torch, "nonzero", lambda original: self._timed_sync(original, "nonzero"))
         for name in ("to", "cuda"):
-            self._patch(torch.Tensor, name, self._timed_copy)
-        self._patch(
+            self.patch(torch.Tensor, name, self._timed_copy)
+        self.patch(
             torch.cuda, "synchronize", lambda original: self._timed_sync(original, "synchronize", False)
         )
         for owner in (torch.cuda.Stream, torch.cuda.Event):
-            self._patch(
+            self.patch(
                 owner, "synchronize", lambda original: self._timed_sync(original, "synchronize", False)
             )
         self._install_sync_detector(torch)

@@ -56,7 +56,7 @@ def install_save_watch(hooks: Hooks, on_save: Callable[[str, float], None]) -> l
         owner = getattr(module, owner_name, None) if owner_name else module
         if owner is None or not callable(getattr(owner, fn, None)):
             continue
-        hooks._patch(owner, fn, make(label))
+        hooks.patch(owner, fn, make(label))
         wrapped.append(label)
     return wrapped
 
