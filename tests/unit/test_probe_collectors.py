@@ -20,7 +20,8 @@ from pitstop.probe.collectors.sampled import SamplersCollector  # noqa: E402
 from pitstop.probe.collectors.saves import SaveCollector  # noqa: E402
 from pitstop.probe.config import ProbeConfig  # noqa: E402
 from pitstop.probe.probe import Probe  # noqa: E402
-from pitstop.profile import RankProfile, StepRecord  # noqa: E402
+from pitstop.profile import Environment, RankProfile, StepRecord  # noqa: E402
+from pitstop.vocabulary import Device  # noqa: E402
 
 
 class Loader:
@@ -106,9 +107,10 @@ def test_a_collector_in_the_list_is_measured_with_no_change_to_the_probe(
 def test_only_collectors_with_work_per_step_are_called_per_step() -> None:
     """A collector without ``step_end`` costs a step nothing: the probe calls only those that have one."""
     probe = Probe(ProbeConfig(announce=False))
-    called = {type(step_end.__self__) for step_end in probe._step_ends}
-    assert called == {SaveCollector, MemoryCollector, CollectivesCollector}
-    assert {type(stream.__self__) for stream in probe._streamers} == {SamplersCollector}
+    owners = {type(c) for c in probe.collectors if any(c.step_end == f for f in probe._step_ends)}
+    assert owners == {SaveCollector, MemoryCollector, CollectivesCollector} and len(probe._step_ends) == 3
+    streams = {type(c) for c in probe.collectors if any(c.stream == f for f in probe._streamers)}
+    assert streams == {SamplersCollector} and len(probe._streamers) == 1
 
 
 def test_the_window_counts_only_its_own_calls() -> None:
@@ -147,3 +149,27 @@ def test_a_collector_that_fails_to_stop_stops_none_of_the_others(monkeypatch: py
     assert "Broken.stop_window: RuntimeError: stuck" in profile.probe_errors
     samplers = next(c for c in probe.collectors if isinstance(c, SamplersCollector))
     assert samplers.host is None or samplers.host._stop.is_set()  # stopped after the broken one failed
+
+
+def test_the_allocator_is_read_at_every_step_end_of_the_window_and_not_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU the memory collector keeps the allocator's counters at the window's start and at each step end
+    (under the adaptive window too: every window rule closes steps the same way), and none once it stopped."""
+    allocs = iter([10, 10, 14, 14, 99])  # the window's start, three step ends, the peaks' read in fill
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {"num_device_alloc": next(allocs)})
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 7)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 9)
+    probe = Probe(ProbeConfig(announce=False))
+    probe.ctx.environment = Environment(device=Device.CUDA)
+    memory = next(c for c in probe.collectors if isinstance(c, MemoryCollector))
+    memory.start_window()
+    for index in (3, 4, 5):
+        memory.step_end(StepRecord(index=index, wall_s=0.1))
+    memory.stop_window()
+    memory.step_end(StepRecord(index=6, wall_s=0.1))  # after the window: not read
+    draft = RankProfile(environment=Environment(device=Device.CUDA))
+    memory.fill(draft)  # the peaks read once more, at the end
+    stats = draft.memory
+    assert (stats.window_steps, stats.window_device_allocs, stats.steps_with_device_allocs) == (3, 4, 1)
+    assert (stats.peak_allocated, stats.peak_reserved) == (7, 9)
