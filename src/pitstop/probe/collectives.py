@@ -402,7 +402,7 @@ class CollectiveRecorder:
 
         local = self._local
 
-        def pitstop_allreduce_hook(process_group, bucket):
+        def pitstop_allreduce_hook(process_group, bucket):  # type: ignore[no-untyped-def]
             """The reducer's built-in default, in Python: the bucket holds the raw gradients, which it
             multiplies by 1/world size (exactly as the reducer's copy does) before a sum all-reduce.
             Unannotated on purpose: DDP checks a hook's annotations, which this module's are strings."""
