@@ -33,13 +33,17 @@ lint: setup
 	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/mypy
 
+# tests run on WORKERS processes (pytest-xdist; worksteal: an idle worker takes queued tests from a busy one)
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist worksteal
+
 # the fast tier: lint, types, every test that starts no process, and one real run per front door (smoke)
 test: lint
-	$(BIN)/pytest -m "not slow or smoke"
+	$(BIN)/pytest $(XDIST) -m "not slow or smoke"
 
 # the rest: every test that starts a process or trains, but the smoke runs `make test` already ran
 test-slow: setup
-	$(BIN)/pytest -m "slow and not smoke"
+	$(BIN)/pytest $(XDIST) -m "slow and not smoke"
 
 # everything, each test once (CI runs this)
 test-all: test test-slow
