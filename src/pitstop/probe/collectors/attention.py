@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pitstop.probe import environment as envmod
-from pitstop.probe.collectors.base import Collector, ProbeContext
+from pitstop.probe.collectors.base import ProbeContext, WindowCounts
 from pitstop.profile import RankProfile
 
 
@@ -16,10 +16,11 @@ class SdpaCalls:
     with_mask: int = 0
 
 
-class AttentionCollector(Collector):
+class AttentionCollector(WindowCounts[SdpaCalls]):
+    counts_type = SdpaCalls
+
     def __init__(self, ctx: ProbeContext) -> None:
         super().__init__(ctx)
-        self.counts = SdpaCalls()
         self.torch_attention = False  # the model attends with torch's nn.MultiheadAttention
 
     def on_sdpa(self, has_mask: bool) -> None:
@@ -31,9 +32,6 @@ class AttentionCollector(Collector):
         env = self.ctx.environment
         if env is not None and env.attention.implementation is None:
             self.torch_attention = envmod.uses_torch_attention(self.ctx.model)
-
-    def start_window(self) -> None:
-        self.counts = SdpaCalls()
 
     def fill(self, draft: RankProfile) -> None:
         attention = draft.environment.attention

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.hooks import Hooks
@@ -79,6 +79,23 @@ class Collector:
 
     def fill(self, draft: RankProfile) -> None:
         """Write the counters into the rank's profile."""
+
+
+CountsT = TypeVar("CountsT")
+
+
+class WindowCounts(Collector, Generic[CountsT]):
+    """A collector whose counters are one dataclass (``counts_type``): fresh when the collector is made and
+    again at every window start, so no subclass resets them by hand."""
+
+    counts_type: type[CountsT]
+
+    def __init__(self, ctx: ProbeContext) -> None:
+        super().__init__(ctx)
+        self.counts: CountsT = self.counts_type()
+
+    def start_window(self) -> None:
+        self.counts = self.counts_type()
 
 
 def overrides(collector: Collector, name: str) -> bool:

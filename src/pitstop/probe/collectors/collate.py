@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pitstop.data.rawtext import looks_like_text
-from pitstop.probe.collectors.base import Collector, ProbeContext
+from pitstop.probe.collectors.base import ProbeContext, WindowCounts
 from pitstop.profile import RankProfile
 
 
@@ -17,10 +17,11 @@ class CollateTime:
     seconds: float = 0.0
 
 
-class CollateCollector(Collector):
+class CollateCollector(WindowCounts[CollateTime]):
+    counts_type = CollateTime
+
     def __init__(self, ctx: ProbeContext) -> None:
         super().__init__(ctx)
-        self.counts = CollateTime()
         self.examples_are_text: bool | None = None  # decided once, from the first batch's examples
 
     def on_collate(self, samples: Any, seconds: float) -> None:
@@ -29,9 +30,6 @@ class CollateCollector(Collector):
         counts.seconds += seconds
         if self.examples_are_text is None:
             self.examples_are_text = looks_like_text(samples)
-
-    def start_window(self) -> None:
-        self.counts = CollateTime()
 
     def fill(self, draft: RankProfile) -> None:
         loader = draft.environment.dataloader

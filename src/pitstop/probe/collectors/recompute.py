@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pitstop.probe.collectors.base import Collector, ProbeContext
+from pitstop.probe.collectors.base import WindowCounts
 from pitstop.profile import RankProfile
 
 
@@ -14,16 +14,11 @@ class CheckpointCalls:
     calls: int = 0
 
 
-class RecomputeCollector(Collector):
-    def __init__(self, ctx: ProbeContext) -> None:
-        super().__init__(ctx)
-        self.counts = CheckpointCalls()
+class RecomputeCollector(WindowCounts[CheckpointCalls]):
+    counts_type = CheckpointCalls
 
     def on_checkpoint(self) -> None:
         self.counts.calls += 1
-
-    def start_window(self) -> None:
-        self.counts = CheckpointCalls()
 
     def fill(self, draft: RankProfile) -> None:
         env = draft.environment

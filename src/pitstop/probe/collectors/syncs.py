@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from pitstop.probe.collectors.base import Collector, ProbeContext
+from pitstop.probe.collectors.base import WindowCounts
 from pitstop.profile import RankProfile, SyncSite
 
 MAX_SYNC_SITES = 20
@@ -20,10 +20,8 @@ class HostWaits:
     non_blocking: int = 0
 
 
-class SyncCollector(Collector):
-    def __init__(self, ctx: ProbeContext) -> None:
-        super().__init__(ctx)
-        self.counts = HostWaits()
+class SyncCollector(WindowCounts[HostWaits]):
+    counts_type = HostWaits
 
     def begin(self) -> None:
         if self.ctx.on_cuda:
@@ -45,9 +43,6 @@ class SyncCollector(Collector):
         counts.copies += 1
         counts.pinned_blocking += pinned and not non_blocking
         counts.non_blocking += non_blocking
-
-    def start_window(self) -> None:
-        self.counts = HostWaits()
 
     def fill(self, draft: RankProfile) -> None:
         counts = self.counts
