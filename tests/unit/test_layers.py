@@ -9,8 +9,6 @@ import ast
 import textwrap
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[2] / "src" / "pitstop"
 
 # higher imports lower; equal layers may import each other as long as no circle forms
@@ -137,33 +135,45 @@ def _module_file(target: str) -> Path | None:
     return None
 
 
-def test_no_circle_between_modules() -> None:
-    """Within a package too, no two modules import each other, directly or around a circle (type-only and
-    lazy imports included): a circle means neither can be read, tested or moved without the other."""
-    graph: dict[Path, set[Path]] = {}
-    for path in SRC.rglob("*.py"):
-        for target in imported(path.read_text()):
-            there = _module_file(target)
-            if there is not None and there != path:
-                graph.setdefault(path, set()).add(there)
-    state: dict[Path, int] = {}
-    trail: list[Path] = []
+def first_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """The first circle a depth-first walk of ``graph`` meets (its nodes, the first repeated at the end)."""
+    state: dict[str, int] = {}  # 1: on the walk's trail, 2: done
+    trail: list[str] = []
 
-    def visit(node: Path) -> None:
+    def visit(node: str) -> list[str] | None:
         state[node] = 1
         trail.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                loop = [*trail[trail.index(nxt) :], nxt]
-                pytest.fail("circle: " + " -> ".join(str(p.relative_to(SRC)) for p in loop))
-            if state.get(nxt) is None:
-                visit(nxt)
+                return [*trail[trail.index(nxt) :], nxt]
+            if state.get(nxt) is None and (loop := visit(nxt)) is not None:
+                return loop
         trail.pop()
         state[node] = 2
+        return None
 
     for node in sorted(graph):
-        if node not in state:
-            visit(node)
+        if node not in state and (loop := visit(node)) is not None:
+            return loop
+    return None
+
+
+def test_the_circle_search_finds_a_circle_and_only_one_that_is_there() -> None:
+    assert first_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert first_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_circle_between_modules() -> None:
+    """Within a package too, no two modules import each other, directly or around a circle (type-only and
+    lazy imports included): a circle means neither can be read, tested or moved without the other."""
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        for target in imported(path.read_text()):
+            there = _module_file(target)
+            if there is not None and there != path:
+                graph.setdefault(str(path.relative_to(SRC)), set()).add(str(there.relative_to(SRC)))
+    loop = first_circle(graph)
+    assert loop is None, "circle: " + " -> ".join(loop or [])
 
 
 def test_every_part_has_a_layer() -> None:
@@ -190,23 +200,8 @@ def test_no_circle_between_packages() -> None:
     graph: dict[str, set[str]] = {}
     for a, b in imports_by_part():
         graph.setdefault(a, set()).add(b)
-    state: dict[str, int] = {}
-    path: list[str] = []
-
-    def visit(node: str) -> None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                pytest.fail("circle: " + " -> ".join([*path[path.index(nxt) :], nxt]))
-            if state.get(nxt) is None:
-                visit(nxt)
-        path.pop()
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node)
+    loop = first_circle(graph)
+    assert loop is None, "circle: " + " -> ".join(loop or [])
 
 
 MAX_FUNCTION_LINES = 80  # issue 11: a longer function is split into named helpers
