@@ -107,8 +107,10 @@ def main() -> int:
                         q -= 0.01 * q.grad  # type: ignore[operator]
                         q.grad = None
         losses.append(float(loss.detach()))
-        if args.out is not None:  # each step: the probe may end the job at its window's end
-            args.out.write_text(json.dumps({"losses": losses, "padding": padding}))
+        if args.out is not None:  # each step, whole or not at all: the probe may end the job at any moment
+            partial = args.out.with_suffix(".partial")
+            partial.write_text(json.dumps({"losses": losses, "padding": padding}))
+            partial.replace(args.out)
     return 0
 
 
