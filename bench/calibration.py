@@ -1,9 +1,12 @@
 """Calibration: does each rule's estimated speed-up hold up when ``pitstop tune`` measures the fix?
 
 Planted-cause CPU jobs (``bench/calibration_job.py``: padding at several shares, a slow loader at several
-delays, eager attention at two lengths, activation checkpointing on a model that fits). Each runs under
-``pitstop tune --only <the cause's fixes>``: tune's first window is the doctor's diagnosis (the same rules on the
-same probe), so its findings give the estimate, and the fix windows the measurement. Per case: the planted
+delays, eager attention at two lengths, activation checkpointing on a model that fits, oversubscribed threads;
+a Trainer that saves every other step; ``bench/calibration_ddp.py``: a straggler rank and a communication-heavy
+two-rank DDP job). Each runs under ``pitstop tune --only <the cause's fixes>``: tune's first window is the
+doctor's diagnosis (the same rules on the same probe), so its findings give the estimate, and the fix windows
+the measurement. A fix tune cannot apply from outside the job (balancing the ranks, ``no_sync``) is applied by
+the job's own flag instead and measured by ``pitstop doctor`` on both jobs, alternated (A B A B). Per case: the planted
 cause's estimate, the best measured speed-up of its fixes (those that keep the computation), their ratio, and
 the estimate the rule gave before issue 27 (``before``, recomputed from the same window's step split). Then the
 median |log(estimate / measured)| per cause, and whether the top-ranked finding's fix measured within noise
@@ -30,6 +33,25 @@ from pathlib import Path
 from typing import Any
 
 JOB = str(Path(__file__).with_name("calibration_job.py"))
+DDP_JOB = str(Path(__file__).with_name("calibration_ddp.py"))
+TORCHRUN = ("-m", "torch.distributed.run", "--nproc_per_node", "2")
+CORES = len(os.sched_getaffinity(0))
+BALANCED = (*TORCHRUN, DDP_JOB, "--width", "512", "--batch", "2", "--seq", "8")  # two ranks, same work
+# large gradients, little compute: every micro-batch all-reduces 42 MB
+ACCUM_4 = (
+    *TORCHRUN,
+    DDP_JOB,
+    "--width",
+    "2048",
+    "--depth",
+    "2",
+    "--batch",
+    "1",
+    "--seq",
+    "4",
+    "--accum",
+    "4",
+)
 TRL_JOB = str(Path(__file__).resolve().parents[1] / "tests" / "scripts" / "hf_trainer.py")
 FIXED = ["--len-lo", "96", "--len-hi", "96"]  # every example 96 tokens: no padding to muddle other causes
 
@@ -43,6 +65,8 @@ class Case:
     also: tuple[
         tuple[str, tuple[str, ...]], ...
     ] = ()  # more planted causes of the same job, with their fixes
+    fixed: tuple[str, ...] = ()  # the job with the fix applied by its own flag (fixes tune cannot apply)
+    env: tuple[tuple[str, str], ...] = ()  # the job's environment, beside this process's
 
     @property
     def causes(self) -> list[tuple[str, tuple[str, ...]]]:
@@ -77,6 +101,33 @@ CASES = [
         ("no_checkpointing",),
         (JOB, "--checkpointing", "--hidden", "128", "--layers", "4", *FIXED),
     ),
+    Case(
+        "threads-4x",
+        "cpu_oversubscribed",
+        ("cpu_threads",),
+        (JOB, "--threads", str(4 * CORES), *FIXED),  # four torch threads per core the job may use
+    ),
+    Case(
+        "saves-every-2",
+        "checkpoint_stall",
+        ("save_less_often",),
+        (TRL_JOB, "--save-steps", "2", "--batch", "1", "--steps", "100000"),
+        env=(("OMP_NUM_THREADS", "1"),),
+    ),
+    Case(
+        "straggler-100ms",
+        "straggler",
+        ("balance_ranks",),
+        (*BALANCED, "--slow-rank", "1", "--slow-ms", "100"),
+        fixed=BALANCED,
+    ),
+    Case(
+        "ddp-accum-4",
+        "communication_bound",
+        ("no_sync_accumulation",),
+        (*ACCUM_4,),
+        fixed=(*ACCUM_4, "--no-sync"),
+    ),
     # the issue's held-out kind of job: TRL's SFTTrainer with its defaults (checkpointing on), unpacked data
     # padded to each batch's longest, a small Llama on CPU
     Case(
@@ -95,6 +146,11 @@ def _median(values: list[float]) -> str:
     return f"{statistics.median(values):.2f}" if values else "–"
 
 
+def measure(case: Case, budget_s: int) -> dict[str, Any]:
+    """Tune's document for the case, or one of the same shape from doctor runs of the job and its fixed twin."""
+    return by_hand(case) if case.fixed else tune(case, budget_s)
+
+
 def tune(case: Case, budget_s: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "tune.json"
@@ -103,10 +159,55 @@ def tune(case: Case, budget_s: int) -> dict[str, Any]:
             "--budget", f"{budget_s}s", "--only", ",".join(case.all_fixes),
             "--", sys.executable, *case.job,
         ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **dict(case.env)})
         if not out.exists():
             raise RuntimeError(f"{case.name}: tune wrote nothing: {proc.stderr.strip().splitlines()[-1:]}")
         return json.loads(out.read_text())
+
+
+def doctor(case: Case, job: tuple[str, ...], warmup: int = 3, steps: int = 10) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        cmd = [
+            sys.executable, "-m", "pitstop", "doctor", "--quiet", "--no-history", "--json", str(out),
+            "--warmup", str(warmup), "--steps", str(steps), "--", sys.executable, *job,
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **dict(case.env)})
+        if not out.exists():
+            raise RuntimeError(f"{case.name}: doctor wrote nothing: {proc.stderr.strip().splitlines()[-1:]}")
+        return json.loads(out.read_text())
+
+
+RESOLVES = 0.03  # the smallest effect taken as measured (tune's floor)
+
+
+def by_hand(case: Case) -> dict[str, Any]:
+    """The job (A) and its fixed twin (B) under doctor, A B A B: the speed-up is the ratio of the mean step
+    times; the two A runs' disagreement is the noise. Kept / slower past twice the noise (and 3%); within
+    noise when the A runs agree within 3%, else undecided (the machine could not resolve the effect)."""
+    runs = [doctor(case, job) for job in (case.job, case.fixed, case.job, case.fixed)]
+    a = [r["metrics"]["step_time_s"] for r in runs[0::2]]
+    b = [r["metrics"]["step_time_s"] for r in runs[1::2]]
+    speedup = statistics.fmean(a) / statistics.fmean(b)
+    spread = abs(a[0] - a[1]) / statistics.fmean(a)
+    bar = max(RESOLVES, 2 * spread)
+    status = (
+        "kept"
+        if speedup >= 1 + bar
+        else "slower"
+        if speedup <= 1 - bar
+        else "within noise"
+        if spread <= RESOLVES
+        else "undecided"
+    )
+    fix = case.fixes[0]
+    return {
+        "baseline_run": runs[0],
+        "candidates": [{"fix": fix, "status": status, "speedup": speedup, "spread": spread}],
+        "baseline": {"real_tokens_per_s": runs[0]["metrics"].get("real_tokens_per_s")},
+        "undecided": [fix] if status == "undecided" else None,
+        "measured_by": "doctor: the job and its twin with the fix applied by its own flag, A B A B",
+    }
 
 
 def before_estimate(cause: str, metrics: dict[str, Any]) -> float | None:
@@ -211,7 +312,7 @@ def main() -> int:
         return 0
     for case in [c for c in CASES if not wanted or c.name in wanted]:
         started = time.monotonic()
-        doc = tune(case, args.budget)
+        doc = measure(case, args.budget)
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
             (args.keep / f"{case.name}.json").write_text(json.dumps(doc))
