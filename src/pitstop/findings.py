@@ -50,6 +50,57 @@ class Fix:
         return next(iter(self.snippets.values()), None)
 
 
+@dataclass(frozen=True)
+class Saving:
+    """What fixing a finding would save over the rest of the run: remaining steps × step time × (1 − 1/speed-up)
+    of wall time, that × the job's GPUs in GPU-hours, and at a price per GPU-hour the money
+    (``diagnose/savings.py``). Only where the run's length is known; never guessed."""
+
+    seconds: float  # wall time saved
+    gpu_hours: float  # seconds × gpus / 3600
+    remaining_steps: int  # optimizer steps left when measured
+    total_steps: int  # the run's length
+    step_s: float  # the step time the remaining steps are counted at
+    gpus: int
+    length_from: str  # who said how long the run is ("the Trainer's max_steps", "--total-steps")
+    price_per_gpu_hour: float | None = None
+    money: float | None = None  # gpu_hours × price, in the price's currency
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 1),
+            "gpu_hours": round(self.gpu_hours, 4),
+            "remaining_steps": self.remaining_steps,
+            "total_steps": self.total_steps,
+            "step_s": round(self.step_s, 6),
+            "gpus": self.gpus,
+            "length_from": self.length_from,
+            "price_per_gpu_hour": self.price_per_gpu_hour,
+            "money": None if self.money is None else round(self.money, 2),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Saving | None:
+        """A saved saving, or None where the document has none or a damaged one (a saving is a help)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            price, money = data.get("price_per_gpu_hour"), data.get("money")
+            return cls(
+                seconds=float(data["seconds"]),
+                gpu_hours=float(data["gpu_hours"]),
+                remaining_steps=int(data["remaining_steps"]),
+                total_steps=int(data["total_steps"]),
+                step_s=float(data["step_s"]),
+                gpus=int(data["gpus"]),
+                length_from=str(data["length_from"]),
+                price_per_gpu_hour=None if price is None else float(price),
+                money=None if money is None else float(money),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
 @dataclass
 class Finding:
     cause: CauseId
@@ -60,6 +111,7 @@ class Finding:
     est_speedup: float | None  # step-time ratio before/after if fixed (>= 1), None when not estimable
     speedup_basis: str
     fix: Fix
+    saving: Saving | None = None  # over the rest of the run, where its length is known (diagnose/savings.py)
 
     def __post_init__(self) -> None:
         self.cause = CauseId(self.cause)  # an unknown id fails loudly (ValueError)
@@ -101,6 +153,7 @@ class Finding:
                 "snippets": self.fix.snippets,
                 "remedies": [u.to_dict() for u in self.fix.uses],
             },
+            "saving": None if self.saving is None else self.saving.to_dict(),
         }
 
     @property

@@ -259,6 +259,12 @@ class Environment:
     save_steps: int | None = None
     logging_steps: int | None = None
     torch_compile: bool | None = None
+    # the run's length (diagnose/savings.py): optimizer steps the whole run is meant to take, who said so
+    # ("the Trainer's max_steps", "trainer_state.json max_steps"), and the run's own step count minus the
+    # probe's step index (a resumed run's steps before this process; 0 for a fresh one)
+    total_steps: int | None = None
+    total_steps_from: str | None = None
+    step_offset: int | None = None
     cpu: CpuThreads | None = None  # thread counts and CPU load (live probe only)
     kernels: KernelFacts | None = None  # fused optimizer / loss / norms (live probe only)
     config_sources: list[str] = field(default_factory=list)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
-import os
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from pitstop.cli.errors import UserError
+from pitstop.cli.money import resolve_price, with_savings
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.energy import cost_per_million_tokens
@@ -49,9 +48,10 @@ def run_analyze(
     jobs: int | None = None,
     dask: str | None = None,
     price_per_gpu_hour: float | None = None,
+    total_steps: int | None = None,
 ) -> int:
     outputs.check()
-    price = _price(price_per_gpu_hour)
+    price = resolve_price(price_per_gpu_hour)
     if dask is not None:
         _require_dask()
     console = Console(stderr=True)
@@ -68,6 +68,7 @@ def run_analyze(
     except IngestError as exc:
         raise UserError(str(exc), 2) from None
     diagnosis = diagnose(profile)
+    with_savings(diagnosis, price, total_steps)
     doc = diagnosis.to_dict() | {"inputs": inputs.kinds}
     cost = _cost(diagnosis.metrics, price, profile.world_size) if price is not None else None
     if cost is not None:
@@ -79,25 +80,6 @@ def run_analyze(
     if diagnosis.metrics.real_tokens_per_s is not None:  # only a measured throughput belongs in the history
         outputs.remember(doc, "analyze")
     return 0
-
-
-PRICE_ENV = "PITSTOP_PRICE_PER_GPU_HOUR"
-
-
-def _price(given: float | None) -> float | None:
-    """The price per GPU-hour: the option, else $PITSTOP_PRICE_PER_GPU_HOUR; a price that is not a positive
-    number is refused in one line."""
-    text = os.environ.get(PRICE_ENV) if given is None else str(given)
-    if text is None or not text.strip():
-        return None
-    try:
-        price = float(text)
-    except ValueError:
-        price = math.nan
-    if not math.isfinite(price) or not 0 < price < 1e6:
-        where = "--price-per-gpu-hour" if given is not None else PRICE_ENV
-        raise UserError(f"{where} {text[:40]!r}: not a price per GPU-hour (a positive number, e.g. 2.5)", 2)
-    return price
 
 
 def _cost(metrics: Metrics, price: float, gpus: int) -> dict[str, Any]:

@@ -35,6 +35,23 @@ HistoryOpt = Annotated[
 NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not record this result in the history.")]
 CommandArg = Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")]
 TimeoutOpt = Annotated[float | None, typer.Option(help="Stop the command after this many seconds.")]
+PriceOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--price-per-gpu-hour",
+        help="What a GPU costs per hour: adds the cost per million real tokens and what each fix would save "
+        "in money (default: $PITSTOP_PRICE_PER_GPU_HOUR).",
+    ),
+]
+TotalStepsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--total-steps",
+        min=1,
+        help="The run's length in optimizer steps, where it does not say (a plain loop): each finding then "
+        "says the time (and money) its fix would save over the steps left.",
+    ),
+]
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -76,6 +93,8 @@ def doctor(
     tensorboard: TensorboardOpt = None,
     history: HistoryOpt = None,
     no_history: NoHistoryOpt = False,
+    price: PriceOpt = None,
+    total_steps: TotalStepsOpt = None,
 ) -> None:
     """Run a training command, measure a short window of steps, and diagnose it.
 
@@ -107,6 +126,8 @@ def doctor(
                 quiet=bool(quiet),
                 timeout=timeout,
                 outputs=outputs,
+                price_per_gpu_hour=price,
+                total_steps=total_steps,
             )
     except UserError as exc:
         raise fail(str(exc), exc.code) from None
@@ -309,14 +330,8 @@ def analyze(
             "or 'local' for a LocalCluster.",
         ),
     ] = None,
-    price: Annotated[
-        float | None,
-        typer.Option(
-            "--price-per-gpu-hour",
-            help="What a GPU costs per hour: adds the cost per million real tokens "
-            "(default: $PITSTOP_PRICE_PER_GPU_HOUR).",
-        ),
-    ] = None,
+    price: PriceOpt = None,
+    total_steps: TotalStepsOpt = None,
 ) -> None:
     """Diagnose a run from what it left behind: profiler traces, nvidia-smi logs, Trainer outputs, configs."""
     _one_blas_thread()
@@ -335,6 +350,7 @@ def analyze(
             jobs=jobs,
             dask=dask,
             price_per_gpu_hour=price,
+            total_steps=total_steps,
         )
     )
 

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from pitstop.cli.errors import UserError
 from pitstop.cli.live import Feed, LiveView, make_view
+from pitstop.cli.money import resolve_price, with_savings
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.stopping import WindowRule
@@ -101,8 +102,11 @@ def run_doctor(
     timeout: float | None,
     outputs: Outputs,
     auto: bool = False,
+    price_per_gpu_hour: float | None = None,
+    total_steps: int | None = None,
 ) -> int:
     outputs.check()
+    price = resolve_price(price_per_gpu_hour)  # a bad price is refused before the run starts
     quiet = (
         quiet or outputs.takes_stdout()
     )  # '-': standard output holds the document alone, not the job's lines
@@ -112,6 +116,7 @@ def run_doctor(
     )
     diagnosis = _with_single_rank_reference(diagnosis, outputs)
     diagnosis = _with_calibration(diagnosis, outputs)
+    with_savings(diagnosis, price, total_steps)  # from the calibrated estimates
     doc = diagnosis.to_dict()
     outputs.write(doc)
     render(diagnosis, outputs.terminal())

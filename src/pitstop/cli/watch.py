@@ -12,6 +12,7 @@ from rich.console import Console
 
 from pitstop.cli.errors import UserError
 from pitstop.cli.live import Feed, LiveView, make_view
+from pitstop.cli.money import resolve_price, with_savings
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
@@ -40,6 +41,7 @@ class WatchOptions:
 
 def run_watch(command: list[str], options: WatchOptions, outputs: Outputs) -> int:
     outputs.check()
+    price = resolve_price(None)  # $PITSTOP_PRICE_PER_GPU_HOUR, refused before the run rather than after
     try:
         names = parse_report_to(options.report_to)
         spec = WindowSpec(options.window_steps, options.window_seconds)
@@ -74,6 +76,7 @@ def run_watch(command: list[str], options: WatchOptions, outputs: Outputs) -> in
         view.close()
     try:
         diagnosis = _diagnosis(launch, options.warmup, out)
+        with_savings(diagnosis, price, None)  # a run watched to its end has no steps left
         for t in trackers:
             t.finish(report, diagnosis.findings)
         doc = diagnosis.to_dict() | {"watch": report.to_dict()}

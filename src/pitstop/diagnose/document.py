@@ -18,7 +18,7 @@ from pitstop.diagnose.metrics import Metrics, compute_metrics
 from pitstop.diagnose.ranks import analyse, scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.errors import PitstopError
-from pitstop.findings import Finding, Fix, Use, use
+from pitstop.findings import Finding, Fix, Saving, Use, use
 from pitstop.profile import Environment, RunProfile, from_jsonable, word
 from pitstop.remedies import REGISTRY
 from pitstop.vocabulary import CauseId, RemedyId, Severity, Source
@@ -148,6 +148,7 @@ def _finding(data: dict[str, Any]) -> Finding:
         est_speedup=data.get("est_speedup"),
         speedup_basis=str(data.get("speedup_basis") or ""),
         fix=Fix(text=str(fix.get("text") or ""), snippets=snippets, framework=framework, uses=_uses(fix)),
+        saving=Saving.from_dict(data.get("saving")),  # documents before savings have none
     )
 
 

@@ -181,6 +181,8 @@ def _common_trainer_keys(env: Environment, data: dict[str, Any]) -> None:
     env.save_steps = None if save_strategy == "no" else _int(data.get("save_steps"))
     env.logging_steps = _int(data.get("logging_steps"))
     env.torch_compile = _bool(data.get("torch_compile"))
+    env.total_steps = _int(data.get("max_steps"))  # -1 (train by epochs) is not read: no steps per epoch here
+    env.total_steps_from = "max_steps in the training config" if env.total_steps else None
     impl = data.get("attn_implementation")
     init = data.get("model_init_kwargs")
     if impl is None and isinstance(init, dict):
@@ -331,6 +333,8 @@ def _axolotl_keys(facts: ConfigFacts, data: dict[str, Any], base: Path, others: 
     env.save_steps = _int(data.get("save_steps"))
     env.logging_steps = _int(data.get("logging_steps"))
     env.torch_compile = _bool(data.get("torch_compile"))
+    env.total_steps = _int(data.get("max_steps"))  # -1 (train by epochs) is not read: no steps per epoch here
+    env.total_steps_from = "max_steps in the training config" if env.total_steps else None
     impl = data.get("attn_implementation")
     if isinstance(impl, str) and impl.lower() in ATTENTION_NAMES:
         env.attention.implementation = ATTENTION_NAMES[impl.lower()]
@@ -414,7 +418,10 @@ FIELDS = (
     "save_steps",
     "logging_steps",
     "torch_compile",
+    "total_steps",
+    "total_steps_from",
 )
+QUIET = {"total_steps_from"}  # who said it: a disagreement shows on the figure itself
 
 
 def merge_into(target: Environment, source: Environment, notes: list[str]) -> None:
@@ -425,7 +432,7 @@ def merge_into(target: Environment, source: Environment, notes: list[str]) -> No
             continue
         if mine is None or (name == "offload" and mine == {} and theirs):
             setattr(target, name, theirs)
-        elif mine != theirs and not (name == "offload" and theirs == {}):
+        elif mine != theirs and name not in QUIET and not (name == "offload" and theirs == {}):
             notes.append(
                 f"{name}: {mine!r} from one source, {theirs!r} from {source.config_sources[:1] or 'another'}"
             )

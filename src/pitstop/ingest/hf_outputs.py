@@ -107,6 +107,14 @@ def read_trainer_outputs(data: dict[str, Any], name: str) -> TrainerOutputs:
         env.micro_batch_size = batch
     if env.save_steps and totals.steps:
         totals.saves = totals.steps // env.save_steps
+    max_steps = data.get("max_steps")  # the Trainer's computed total (epochs × steps per epoch included)
+    if (
+        is_trainer_state(data)
+        and isinstance(max_steps, int)
+        and not isinstance(max_steps, bool)
+        and max_steps > 0
+    ):
+        env.total_steps, env.total_steps_from = max_steps, f"{name} max_steps"
     env.config_sources.append(name)
     negative = _negative(data, entries)
     if negative:

@@ -505,6 +505,42 @@ def trainer_settings(trainer: Any, env: Environment) -> None:
     env.grad_accum_steps = getattr(args, "gradient_accumulation_steps", None)
 
 
+def _count(value: Any) -> int | None:
+    """A positive whole step count, else None (-1, inf and NaN say "no limit" or "unknown")."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not (value == value and value < 2**62 and value.is_integer()):
+        return None
+    return int(value) if value > 0 else None
+
+
+def run_length(trainer: Any, env: Environment) -> None:
+    """How many optimizer steps the run is meant to take and how many it had done before this process's
+    first step, as its trainer says (read at the end of the probe's step 1, before the trainer counts it).
+    A plain loop says nothing: the length stays unknown unless the user gives it (``--total-steps``)."""
+    state = getattr(trainer, "state", None)
+    args = getattr(trainer, "args", None)
+    with contextlib.suppress(Exception):
+        if state is not None and args is not None and _count(getattr(state, "max_steps", None)):
+            env.total_steps = _count(state.max_steps)
+            by_steps = _count(getattr(args, "max_steps", None)) is not None
+            env.total_steps_from = (
+                "the Trainer's max_steps" if by_steps else "the Trainer's num_train_epochs × steps per epoch"
+            )
+            env.step_offset = _count(getattr(state, "global_step", None)) or 0
+            return
+        if trainer is not None and hasattr(trainer, "estimated_stepping_batches"):  # Lightning
+            steps = _count(getattr(trainer, "max_steps", None))
+            env.total_steps = _count(trainer.estimated_stepping_batches) or steps  # whichever limit ends it
+            if env.total_steps:
+                env.total_steps_from = (
+                    "Lightning's max_steps"
+                    if steps == env.total_steps
+                    else "Lightning's max_epochs × batches per epoch"
+                )
+                env.step_offset = _count(getattr(trainer, "global_step", None)) or 0
+
+
 def versions() -> dict[str, str]:
     found = {}
     for name in _VERSIONED:

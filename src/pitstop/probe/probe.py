@@ -334,6 +334,7 @@ class Probe:
         env.gradient_checkpointing = envmod.gradient_checkpointing(model, trainer)
         env.dataloader = envmod.dataloader_info(self.timeline.train_loader())
         envmod.trainer_settings(trainer, env)
+        envmod.run_length(trainer, env)
         env.save_steps = env.save_steps or trainer_save_steps(trainer)
         if env.micro_batch_size is None:
             env.micro_batch_size = env.dataloader.batch_size

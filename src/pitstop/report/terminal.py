@@ -14,6 +14,7 @@ from rich.text import Text
 
 from pitstop.diagnose import Diagnosis, counting_line
 from pitstop.findings import Finding
+from pitstop.report.savings import context_line, describe, first_saving
 from pitstop.report.untrusted import as_text
 from pitstop.report.untrusted import shown as plain
 from pitstop.vocabulary import Device, Source
@@ -329,6 +330,7 @@ def _finding_panel(i: int, f: Finding) -> Panel:
         as_text(f.summary),
         Text.assemble(("evidence  ", "dim"), plain(evidence)),
         Text.assemble(("estimate  ", "dim"), plain(f.speedup_basis)),
+        *([Text.assemble(("saves     ", "dim"), plain(describe(f.saving)))] if f.saving else []),
         Text.assemble(("fix       ", "dim"), plain(f.fix.text)),
     ]
     snippet = f.fix.snippet
@@ -378,6 +380,9 @@ def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
         console.print(_ranks_table(diagnosis))
     if diagnosis.findings:
         console.print(Text("Findings, ranked by estimated time saved", style="bold"))
+        saving = first_saving(diagnosis.findings)
+        if saving is not None:
+            console.print(as_text(context_line(saving), style="dim"))
         for i, finding in enumerate(diagnosis.findings, 1):
             console.print(_finding_panel(i, finding))
     else:

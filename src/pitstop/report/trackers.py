@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from pitstop.errors import PitstopError
 from pitstop.findings import Finding
+from pitstop.report.savings import describe
 from pitstop.wholerun.changes import Change
 from pitstop.wholerun.run import WholeRunReport
 from pitstop.wholerun.windows import WindowSummary
@@ -46,24 +47,40 @@ def _scalars(window: WindowSummary) -> dict[str, float]:
 
 
 def findings_rows(findings: list[Finding]) -> list[list[Any]]:
-    return [
-        [f.cause, str(f.severity), round(f.confidence, 2), f.est_speedup, f.summary, f.fix.text]
-        for f in findings
-    ]
+    """One row per finding; the saving's columns are empty where the run's length was unknown."""
+    rows = []
+    for f in findings:
+        s = f.saving
+        saved = [None, None, None] if s is None else [round(s.seconds, 1), round(s.gpu_hours, 4), s.money]
+        rows.append(
+            [f.cause, str(f.severity), round(f.confidence, 2), f.est_speedup, *saved, f.summary, f.fix.text]
+        )
+    return rows
 
 
-FINDING_COLUMNS = ["cause", "severity", "confidence", "est_speedup", "summary", "fix"]
+FINDING_COLUMNS = [
+    "cause",
+    "severity",
+    "confidence",
+    "est_speedup",
+    "saved_s",  # wall time the fix would save over the rest of the run (diagnose/savings.py)
+    "saved_gpu_hours",
+    "saved_money",  # at the price per GPU-hour, where one was given
+    "summary",
+    "fix",
+]
 CHANGE_COLUMNS = ["step", "kind", "cause", "text"]
 
 
 def findings_markdown(report: WholeRunReport, findings: list[Finding]) -> str:
     """The findings, changes and periodic stalls as one markdown text (what a text panel shows)."""
-    lines = ["| cause | severity | est. speed-up | summary |", "|---|---|---|---|"]
+    lines = ["| cause | severity | est. speed-up | saves | summary |", "|---|---|---|---|---|"]
     for f in findings:
         speed = "?" if f.est_speedup is None else f"×{f.est_speedup:.2f}"
-        lines.append(f"| {f.cause} | {f.severity} | {speed} | {f.summary.replace('|', '/')} |")
+        saves = "" if f.saving is None else describe(f.saving)
+        lines.append(f"| {f.cause} | {f.severity} | {speed} | {saves} | {f.summary.replace('|', '/')} |")
     if not findings:
-        lines.append("| none | | | |")
+        lines.append("| none | | | | |")
     lines += ["", "**Changes**", ""]
     lines += [f"- step {c.step:,} ({c.kind}): {c.text}" for c in report.changes] or ["- none"]
     lines += ["", "**Periodic stalls**", ""]

@@ -13,6 +13,7 @@ from pitstop.diagnose.series import PHASES
 from pitstop.profile import TraceStats
 from pitstop.report.html import svg
 from pitstop.report.html.page import num, section, snippet, stat, table
+from pitstop.report.savings import context_line, describe, first_saving
 
 PHASE_LABELS = {
     "data_wait_s": "data wait",
@@ -54,10 +55,14 @@ def verdict(d: Diagnosis) -> str:
     lines = "".join(
         f"<li><b>{escape(f.title)}</b> — {escape(f.severity)}"
         + (f", est. ×{f.est_speedup:.2f}" if f.est_speedup else "")
+        + (f", saves {escape(describe(f.saving))}" if f.saving else "")
         + "</li>"
         for f in top
     )
     body = f'<p class="meta">{escape(_where(d))}</p><div class="verdict">{"".join(stats)}</div>'
+    saving = first_saving(d.findings)
+    if saving is not None:
+        body += f'<p class="meta">{escape(context_line(saving))}</p>'
     body += (
         f"<h3 style='margin-top:14px'>Top findings</h3><ol>{lines}</ol>"
         if top
@@ -83,7 +88,8 @@ def findings(d: Diagnosis) -> str:
             f'<code>{escape(f.cause)}</code></h3><p class="meta">{escape(" · ".join(meta))}'
             f"{(' — ' + escape(f.speedup_basis)) if f.speedup_basis else ''}</p>"
             f"<p>{escape(f.summary)}</p>"
-            f"<p><b>Fix:</b> {escape(f.fix.text)}</p>"
+            + (f"<p><b>Saves:</b> {escape(describe(f.saving))}</p>" if f.saving else "")
+            + f"<p><b>Fix:</b> {escape(f.fix.text)}</p>"
             + (snippet(code) if code else "")
             + f'<details class="evidence"><summary>evidence</summary><pre>{escape(evidence)}</pre></details></div>'
         )
