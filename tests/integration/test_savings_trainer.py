@@ -1,0 +1,46 @@
+"""`pitstop doctor` on a real Hugging Face Trainer run with max_steps: every finding with an estimate says the
+time and money its fix would save over the steps the run had left (issue 30 item 4)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS, causes, doctor
+
+pytestmark = pytest.mark.slow
+
+
+def test_trainer_findings_carry_the_saving_over_the_steps_left(tmp_path: Path) -> None:
+    doc, proc = doctor(
+        tmp_path,
+        sys.executable,
+        str(SCRIPTS / "hf_trainer.py"),
+        "--packed",
+        "--slow-ms",
+        "20",
+        "--steps",
+        "200",
+        env={"PITSTOP_PRICE_PER_GPU_HOUR": "2.5"},
+    )
+    assert causes(doc)[0] == "dataloader_bound"
+    env = doc["profile"]["ranks"][0]["environment"]
+    assert (env["total_steps"], env["total_steps_from"], env["step_offset"]) == (
+        200,
+        "the Trainer's max_steps",
+        0,
+    )
+    step_s = doc["metrics"]["step_time_s"]
+    estimated = [f for f in doc["findings"] if f["est_speedup"] and f["est_speedup"] > 1]
+    assert estimated and all(f["saving"] is not None for f in estimated)
+    for f in estimated:
+        s = f["saving"]
+        # 3 warm-up + 12 measured steps done: 185 of 200 left, at the run's own median step time
+        assert (s["remaining_steps"], s["total_steps"], s["gpus"]) == (185, 200, 1)
+        assert s["step_s"] == pytest.approx(step_s, rel=1e-3)
+        assert s["seconds"] == pytest.approx(185 * step_s * (1 - 1 / f["est_speedup"]), rel=0.01)
+        assert s["price_per_gpu_hour"] == 2.5 and s["money"] == pytest.approx(s["gpu_hours"] * 2.5, abs=0.01)
+    assert "Saved over the rest of the run: 185 of 200 steps left (the Trainer's max_steps)" in proc.stdout
+    assert not any("length is unknown" in n for n in doc["notes"])
