@@ -21,7 +21,15 @@ from pitstop.cli.errors import UserError
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.diagnose.document import read_run
-from pitstop.diagnose.savings import UNKNOWN, add_savings, run_length, step_seconds, steps_done
+from pitstop.diagnose.savings import (
+    UNKNOWN,
+    add_savings,
+    parse_price,
+    price_from_env,
+    run_length,
+    step_seconds,
+    steps_done,
+)
 from pitstop.findings import Saving
 from pitstop.history import open_store
 from pitstop.ingest.configs import read_config
@@ -280,3 +288,16 @@ def test_doctor_refuses_a_bad_price_before_starting_the_run(tmp_path: Path) -> N
             price_per_gpu_hour=-3.0,
         )
     assert err.value.code == 2 and "--price-per-gpu-hour" in str(err.value)
+
+
+def test_a_callbacks_price_comes_from_the_environment_and_a_bad_one_is_ignored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PITSTOP_PRICE_PER_GPU_HOUR", "3.5")
+    assert price_from_env() == 3.5
+    monkeypatch.setenv(
+        "PITSTOP_PRICE_PER_GPU_HOUR", "-1"
+    )  # inside the user's job: no saving in money, no crash
+    assert price_from_env() is None
+    with pytest.raises(ValueError):
+        parse_price("free")

@@ -3,14 +3,11 @@ rest of the run added to a diagnosis (``diagnose/savings.py``), shared by doctor
 
 from __future__ import annotations
 
-import math
 import os
 
 from pitstop.cli.errors import UserError
 from pitstop.diagnose import Diagnosis
-from pitstop.diagnose.savings import add_savings
-
-PRICE_ENV = "PITSTOP_PRICE_PER_GPU_HOUR"
+from pitstop.diagnose.savings import PRICE_ENV, add_savings, parse_price
 
 
 def with_savings(diagnosis: Diagnosis, price: float | None, total_steps: int | None) -> None:
@@ -24,14 +21,8 @@ def with_savings(diagnosis: Diagnosis, price: float | None, total_steps: int | N
 def resolve_price(given: float | None) -> float | None:
     """The price per GPU-hour: the option, else $PITSTOP_PRICE_PER_GPU_HOUR; a price that is not a positive
     number is refused in one line."""
-    text = os.environ.get(PRICE_ENV) if given is None else str(given)
-    if text is None or not text.strip():
-        return None
     try:
-        price = float(text)
-    except ValueError:
-        price = math.nan
-    if not math.isfinite(price) or not 0 < price < 1e6:
+        return parse_price(os.environ.get(PRICE_ENV) if given is None else str(given))
+    except ValueError as exc:
         where = "--price-per-gpu-hour" if given is not None else PRICE_ENV
-        raise UserError(f"{where} {text[:40]!r}: not a price per GPU-hour (a positive number, e.g. 2.5)", 2)
-    return price
+        raise UserError(f"{where} {exc}", 2) from None

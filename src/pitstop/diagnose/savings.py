@@ -9,6 +9,8 @@ loop says nothing, and nothing is guessed: one note says the length is unknown, 
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 from pitstop.diagnose.metrics import Metrics
@@ -16,6 +18,7 @@ from pitstop.findings import Finding, Saving
 from pitstop.profile import RunProfile, RunTotals
 from pitstop.vocabulary import Source
 
+PRICE_ENV = "PITSTOP_PRICE_PER_GPU_HOUR"
 TOTAL_STEPS_OPTION = "--total-steps"
 PROBED = (Source.DOCTOR, Source.CALLBACK, Source.WATCH, Source.TUNE)  # step indexes are the run's own
 UNKNOWN = (
@@ -122,3 +125,25 @@ def add_savings(
             f"({length.source}) as still to go"
         )
     return None
+
+
+def parse_price(text: str | None) -> float | None:
+    """A price per GPU-hour from text (None: none given); ValueError when it is not a positive number."""
+    if text is None or not text.strip():
+        return None
+    try:
+        price = float(text)
+    except ValueError:
+        price = math.nan
+    if not math.isfinite(price) or not 0 < price < 1e6:
+        raise ValueError(f"{text[:40]!r}: not a price per GPU-hour (a positive number, e.g. 2.5)")
+    return price
+
+
+def price_from_env() -> float | None:
+    """$PITSTOP_PRICE_PER_GPU_HOUR, or None where it is unset or not a price (a callback inside the user's job
+    must not fail the job over it)."""
+    try:
+        return parse_price(os.environ.get(PRICE_ENV))
+    except ValueError:
+        return None

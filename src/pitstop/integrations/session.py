@@ -101,6 +101,7 @@ class Session:
             return
         profile = merge([rank], self.source, self.config.steps)
         self.diagnosis = diagnose(profile)
+        _add_savings(self.diagnosis)
         if self.json_path is not None:
             path = Path(str(self.json_path).replace("{rank}", str(rank.rank)))
             path.write_text(json.dumps(self.diagnosis.to_dict(), indent=1, default=str))
@@ -108,6 +109,16 @@ class Session:
             from pitstop.report.terminal import render
 
             render(self.diagnosis)
+
+
+def _add_savings(diagnosis: Any) -> None:
+    """Each finding's saving over the steps the run has left (the Trainer's or Lightning's length, the price
+    from $PITSTOP_PRICE_PER_GPU_HOUR), or the one note saying why there is none."""
+    from pitstop.diagnose.savings import add_savings, price_from_env
+
+    note = add_savings(diagnosis.findings, diagnosis.profile, diagnosis.metrics, price_from_env())
+    if note is not None:
+        diagnosis.notes.append(note)
 
 
 class SessionCallback:
