@@ -57,8 +57,9 @@ test-busy: lint
 	stress-ng --cpu 2 --quiet & pid=$$!; $(BIN)/pytest $(PYTEST_ARGS); rc=$$?; kill $$pid; exit $$rc
 
 # every GPU path checked on a real GPU, one pass/fail table (skips cleanly without CUDA); not part of CI
+# ONLY=activity runs only the checks whose names match (pytest's -k)
 gpu-check: setup
-	$(BIN)/python bench/gpu_check.py
+	$(BIN)/python bench/gpu_check.py $(ONLY)
 
 # the documentation site into site/: docs/causes.md must match the code, and --strict fails on any warning
 # (a broken link or anchor, a page missing from the nav)

@@ -1,9 +1,13 @@
-"""Confirm the GPU paths on a real GPU (issue 19 items 1-8): run tests/gpu, print one pass/fail table.
+"""Confirm the GPU paths on a real GPU (issue 19 items 1-8, issue 30 item 5): run tests/gpu, print one
+pass/fail table.
 
     python bench/gpu_check.py            # `make gpu-check`
+    python bench/gpu_check.py activity   # only the checks whose names match (pytest's -k): `make gpu-check ONLY=activity`
 
-Without a CUDA device it prints "skipped: no CUDA GPU" and exits 0. With one it runs every test in
-tests/gpu, prints each check with its outcome and the figures it measured, and exits with pytest's status.
+Without a CUDA device it prints "skipped: no CUDA GPU" and exits 0. With one it runs the tests in tests/gpu
+(among them tests/gpu/test_gpu_activity.py: GPM's SM, tensor and DRAM activity and the energy counter over
+one window of a small training, and SM activity against the kernel-busy share of a profiler trace of the
+same window), prints each check with its outcome and the figures it measured, and exits with pytest's status.
 """
 
 from __future__ import annotations
@@ -44,12 +48,26 @@ def outcomes(junit: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
-def main() -> int:
+def table(rows: list[tuple[str, str, str]], measured: dict[str, dict[str, object]]) -> list[str]:
+    """The printed table: each check, its outcome, and its figures (else why it failed or was skipped)."""
+    width = max((len(name) for name, _, _ in rows), default=10)
+    lines = [f"{'check':<{width}}  {'result':<7}  measured"]
+    for name, status, why in rows:
+        figs = measured.get(name, {})
+        text = ", ".join(f"{k}={v}" for k, v in figs.items()) or why
+        if figs and why and status != "passed":
+            text += f" ({why})"
+        lines.append(f"{name:<{width}}  {status:<7}  {text}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    only = " ".join(sys.argv[1:] if argv is None else argv).strip()
     device = cuda_device()
     if device is None:
         print("skipped: no CUDA GPU")
         return 0
-    print(f"gpu-check on {device}")
+    print(f"gpu-check on {device}" + (f" (only: {only})" if only else ""))
     with tempfile.TemporaryDirectory() as tmp:
         junit, figures = Path(tmp) / "junit.xml", Path(tmp) / "figures.json"
         env = {**os.environ, "PITSTOP_GPU_FIGURES": str(figures)}
@@ -62,6 +80,7 @@ def main() -> int:
             "no:cacheprovider",
             f"--junitxml={junit}",
             "tests/gpu",
+            *(["-k", only] if only else []),
         ]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if not junit.exists():
@@ -69,12 +88,7 @@ def main() -> int:
             return proc.returncode or 1
         rows = outcomes(junit)
         measured = json.loads(figures.read_text()) if figures.exists() else {}
-    width = max((len(name) for name, _, _ in rows), default=10)
-    print(f"{'check':<{width}}  {'result':<7}  measured")
-    for name, status, why in rows:
-        figs = measured.get(name, {})
-        text = ", ".join(f"{k}={v}" for k, v in figs.items()) or why
-        print(f"{name:<{width}}  {status:<7}  {text}")
+    print("\n".join(table(rows, measured)))
     if proc.returncode not in (0, 5):
         print(proc.stdout[-3000:])
     failed = sum(1 for _, status, _ in rows if status == "FAILED")
