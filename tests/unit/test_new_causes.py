@@ -119,6 +119,29 @@ def test_a_container_with_fewer_cores_than_the_machine() -> None:
     assert f.evidence["suggested_threads"] == 4 and f.confidence == 0.5  # nothing measured
 
 
+def test_on_a_machine_others_keep_busy_capping_is_said_to_cost_the_jobs_share() -> None:
+    """The scheduler shares cores per thread: where other processes alone fill the cores, fewer threads is a
+    smaller share for the job (the calibration harness measured capping 8 threads to 2 at x0.09-x0.42 at load 7
+    on 2 cores), so the finding says so and its confidence drops below a measured oversubscription's."""
+    busy = _threads(
+        cores_allowed=2, machine_cores=2, torch_threads=8, runnable_threads=2.5, machine_run_queue=6.6
+    )
+    p = profile("cpu", steps(), cpu=busy)
+    p.environment.dataloader = dataclasses.replace(p.environment.dataloader, num_workers=0)
+    f = finding(p, "cpu_oversubscribed")
+    assert f is not None and f.evidence["others_runnable"] == 4.1
+    assert "Other processes keep the cores busy too (4.1 runnable threads" in f.summary
+    assert f.confidence == 0.4 and f.evidence["suggested_threads"] == 2
+    alone = _threads(
+        cores_allowed=2, machine_cores=2, torch_threads=8, runnable_threads=7.5, machine_run_queue=8.0
+    )
+    q = profile("cpu", steps(), cpu=alone)
+    q.environment.dataloader = dataclasses.replace(q.environment.dataloader, num_workers=0)
+    g = finding(q, "cpu_oversubscribed")
+    assert g is not None and g.evidence["others_runnable"] == 0.5 and g.confidence == 0.8
+    assert "Other processes" not in g.summary
+
+
 def test_threads_that_fit_are_no_finding() -> None:
     fits = profile("cpu", steps(), cpu=_threads(torch_threads=12))  # 12 + 4 workers on 16 cores
     assert finding(fits, "cpu_oversubscribed") is None

@@ -28,6 +28,11 @@ def _busy_workers(ctx: RuleContext, workers: int) -> tuple[float, bool]:
     return float(workers), False
 
 
+def _others_runnable(machine: float | None, job: float | None) -> float | None:
+    """Runnable threads of other processes: the machine's run queue less the job's own (both sampled)."""
+    return None if machine is None or job is None else max(0.0, round(machine - job, 2))
+
+
 def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
     cpu = ctx.env.cpu
     if cpu is None or not cpu.cores_allowed or not cpu.torch_threads:
@@ -56,6 +61,9 @@ def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
         "suggested_threads": fair,
     }
     measured_over = cpu.runnable_threads is not None and cpu.runnable_threads > cores
+    others = _others_runnable(cpu.machine_run_queue, cpu.runnable_threads)
+    shared = others is not None and others >= cores  # other processes alone keep every core busy
+    evidence["others_runnable"] = None if others is None else round(others, 2)
     ratio = demand / cores
     severity = (
         Severity.HIGH
@@ -81,6 +89,13 @@ def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
             else ""
         )
         + (". OMP_NUM_THREADS is unset, so each process takes every core." if unset else ".")
+        + (
+            f" Other processes keep the cores busy too ({others:g} runnable threads besides the job's): "
+            "with fewer threads the job also gets a smaller share of them, so capping its threads may slow "
+            "it on this shared machine; it helps where the job has the cores to itself."
+            if shared and others is not None
+            else ""
+        )
     )
     basis = f"{cores} cores / {ranks} process{'es' if ranks > 1 else ''}" + (
         f", minus {busy_workers:.1f} core{'s' if busy_workers != 1 else ''} the workers use"
@@ -90,7 +105,9 @@ def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
     return Finding(
         cause=CauseId.CPU_OVERSUBSCRIBED,
         severity=severity,
-        confidence=0.8 if measured_over else 0.5,
+        # on a shared machine the scheduler shares the cores per thread: fewer threads, a smaller share (a
+        # calibration job at load 7 on 2 cores ran 2.4x slower with 2 threads than with 8)
+        confidence=0.4 if shared else 0.8 if measured_over else 0.5,
         summary=summary,
         evidence=evidence,
         est_speedup=None,
