@@ -1,3 +1,4 @@
-"""``pitstop attach PID``: a running job, sampled from outside (py-spy, non-blocking), turned into the same
-RunProfile the rules read. The sampler is one module (``sampler.py``) behind a small interface, so a PEP 768
-remote-exec path (the full probe armed in the running process) can be added beside it."""
+"""``pitstop attach PID``: a running job, diagnosed without a restart. Where the job runs Python 3.14+ with
+remote debugging on, pitstop's own probe is armed in it for one window by ``sys.remote_exec`` (``remote``,
+``probed``, ``inject``); elsewhere its stacks are sampled from outside (py-spy, non-blocking: ``sampler``) and
+turned into the same RunProfile the rules read."""

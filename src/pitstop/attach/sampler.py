@@ -7,13 +7,12 @@ One ``py-spy record`` for the whole window costs one process and a read of the t
 ``py-spy dump`` once per tick would start a process each time. The speedscope output keeps each thread's
 samples in order, which the step counting needs (the raw format only counts stacks).
 
-``Sampler`` is what the rest of attach sees; a PEP 768 ``sys.remote_exec`` path (Python >= 3.14) that arms
-pitstop's probe in the job would be a second implementation beside ``PySpySampler``."""
+This is the fallback beside the full probe that ``remote`` / ``probed`` arm in the job by PEP 768's
+``sys.remote_exec`` where Python allows it (3.14+)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -171,15 +170,3 @@ class _Poller:
                 if reading is not None:
                     self.series.setdefault(pid, ProcSeries(pid)).readings.append(reading)
             self._stop.wait(self.every_s)
-
-
-def remote_exec_available() -> str | None:
-    """Why the PEP 768 path (the full probe armed in the job) is not taken, or None when it could be.
-    Not built yet: it needs Python >= 3.14 in both pitstop and the job."""
-    if sys.version_info < (3, 14):
-        return (
-            f"the full probe by remote exec needs Python >= 3.14 (pitstop runs on {sys.version.split()[0]})"
-        )
-    if os.environ.get("PYTHON_DISABLE_REMOTE_DEBUG"):
-        return "PYTHON_DISABLE_REMOTE_DEBUG is set"
-    return "the remote-exec probe is not built yet"

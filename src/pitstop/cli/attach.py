@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -32,9 +32,14 @@ def attach_command(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the diagnosis as JSON (pitstop.run/1).")
     ] = None,
+    sample: Annotated[
+        bool,
+        typer.Option("--sample", help="Sample the stacks even where the full probe could be armed (3.14+)."),
+    ] = False,
 ) -> None:
-    """Diagnose a job that is already running, without restarting it: its stacks are sampled from outside
-    (py-spy, non-blocking: the job is never paused) for a window.
+    """Diagnose a job that is already running, without restarting it. On Python 3.14+ pitstop's probe is
+    armed in the job for the window by sys.remote_exec (PEP 768) and removed after it; elsewhere (or where
+    remote debugging is off, said why) its stacks are sampled from outside (py-spy, non-blocking).
 
     pitstop attach 12345 --for 60s --json now.json
     """
@@ -43,32 +48,78 @@ def attach_command(
     try:
         if not 1.0 <= rate <= MAX_RATE:
             raise UserError(f"--rate: between 1 and {MAX_RATE:g} samples per second")
-        code = run_attach(pid, parse_window(for_), rate, json_out)
+        code = run_attach(pid, parse_window(for_), rate, json_out, sample)
     except UserError as exc:
         typer.secho(f"pitstop: {shown(str(exc))}", err=True, fg="red")
         raise typer.Exit(exc.code) from None
     raise typer.Exit(code)
 
 
-def run_attach(pid: int, seconds: float, rate: float, json_out: Path | None) -> int:
+def run_attach(pid: int, seconds: float, rate: float, json_out: Path | None, sample: bool = False) -> int:
     from datetime import datetime, timezone
 
-    from rich.console import Console
-
-    from pitstop.attach.build import build_profile
     from pitstop.attach.procs import AttachRefused, check_pid
-    from pitstop.attach.sampled import annotate
-    from pitstop.attach.sampler import PySpySampler
-    from pitstop.attach.view import job_view
     from pitstop.cli.outputs import Outputs
-    from pitstop.diagnose import diagnose
-    from pitstop.report.terminal import render
 
     outputs = Outputs(json_out)
     outputs.check()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
         check_pid(pid)
+    except AttachRefused as exc:
+        raise UserError(str(exc), 2) from None
+    diagnosis, why_not = (None, "--sample asked for sampling") if sample else _probed(pid, seconds, started)
+    if diagnosis is None:
+        diagnosis = _sampled(pid, seconds, rate, started)
+        diagnosis.notes.insert(0, f"full probe not armed ({why_not}): the stacks were sampled instead")
+    from pitstop.report.terminal import render
+
+    outputs.write(diagnosis.to_dict())
+    render(diagnosis, outputs.terminal())
+    return 0
+
+
+def _probed(pid: int, seconds: float, started: str) -> tuple[Any, str]:
+    """The full probe armed in the job by sys.remote_exec for the window: (its diagnosis, '') or (None, why
+    it was not used)."""
+    from rich.console import Console
+
+    from pitstop.attach import procs
+    from pitstop.attach.probed import probe_window
+    from pitstop.attach.remote import RemoteFailed, decide
+    from pitstop.diagnose import diagnose
+    from pitstop.profile import RunProfile
+    from pitstop.vocabulary import Source
+
+    decision = decide(pid)
+    if not decision.ok:
+        return None, decision.reason or "no interpreter to make the call"
+    shown = ", ".join(map(str, decision.pids))
+    try:
+        with Console(stderr=True).status(
+            f"arming pitstop's probe in PID {shown} by sys.remote_exec for {seconds:g} s of steps"
+        ):
+            ranks, notes = probe_window(decision, seconds)
+    except RemoteFailed as exc:
+        return None, str(exc)
+    profile = RunProfile(source=Source.ATTACH, ranks=ranks, started_at=started)
+    profile.command = procs.cmdline(pid) or None
+    diagnosis = diagnose(profile)
+    diagnosis.notes += notes
+    return diagnosis, ""
+
+
+def _sampled(pid: int, seconds: float, rate: float, started: str) -> Any:
+    from rich.console import Console
+
+    from pitstop.attach.build import build_profile
+    from pitstop.attach.procs import AttachRefused
+    from pitstop.attach.sampled import annotate
+    from pitstop.attach.sampler import PySpySampler
+    from pitstop.attach.view import job_view
+    from pitstop.diagnose import diagnose
+
+    try:
         with Console(stderr=True).status(
             f"sampling PID {pid} for {seconds:g} s at {rate:g} Hz (non-blocking)"
         ):
@@ -82,8 +133,4 @@ def run_attach(pid: int, seconds: float, rate: float, json_out: Path | None) -> 
             f"{seconds:g} s of samples",
             2,
         )
-    diagnosis = annotate(diagnose(build_profile(view, started)), view)
-    doc = diagnosis.to_dict()
-    outputs.write(doc)
-    render(diagnosis, outputs.terminal())
-    return 0
+    return annotate(diagnose(build_profile(view, started)), view)

@@ -51,6 +51,7 @@ class StepTimeline:
         self._loaders: dict[int, Any] = {}  # loader key -> weak reference to the DataLoader
         self._iter_loader: dict[int, int] = {}  # iterator id -> its loader's key
         self._grad_enabled: Callable[[], bool] | None = None
+        self._known: list[int] = []  # loader keys made known by pitstop attach (know_loader)
 
     def on_train_thread(self) -> bool:
         ident = threading.get_ident()
@@ -69,8 +70,29 @@ class StepTimeline:
             return
         self.builder.data_wait(wait_s)
         self.builder.mark(DATA)
-        key = self._iter_loader.get(id(iterator), id(iterator))
+        key = self._iter_loader.get(id(iterator))
+        if key is None:
+            key = self._adopt(iterator)
         self._pending.append((key, count_batch(batch, self.pad_token_id)))
+
+    def know_loader(self, loader: Any) -> None:
+        """A DataLoader the job holds, made known by ``pitstop attach`` (which arms the probe mid-epoch): an
+        iterator made before the probe was installed is matched to it by its dataset."""
+        self._loaders[id(loader)] = weakref.ref(loader)
+        self._known.append(id(loader))
+
+    def _adopt(self, iterator: Any) -> int:
+        """The key of an iterator whose creation the probe did not see: a known loader over the same dataset,
+        else the iterator itself."""
+        dataset = getattr(iterator, "_dataset", None)
+        key = id(iterator)
+        for loader_key, ref in self._loaders.items():
+            loader = ref()
+            if dataset is not None and loader is not None and getattr(loader, "dataset", None) is dataset:
+                key = loader_key
+                break
+        self._iter_loader[id(iterator)] = key
+        return key
 
     def _evaluating(self) -> bool:
         """A batch taken for evaluation: under ``torch.no_grad`` / ``inference_mode``, or while the training
@@ -156,8 +178,11 @@ class StepTimeline:
         return sources.get(self.builder.index) if sources else None
 
     def train_loader(self) -> Any:
-        """The DataLoader the job trains on, while it lives."""
+        """The DataLoader the job trains on, while it lives (armed mid-step by pitstop attach, before a batch
+        was trained on: the one loader found on the job's stacks)."""
         key = self._train_loader_key
+        if key is None and len(self._known) == 1:
+            key = self._known[0]
         ref = self._loaders.get(key) if key is not None else None
         return ref() if ref is not None else None
 

@@ -1,0 +1,151 @@
+"""One window of the full probe in a running job (``remote.decide`` said it can be armed): the arm script sent
+to every rank by ``sys.remote_exec``, the ranks' RankProfiles read as each job process writes its own (whole
+or not at all), and the disarm script sent in a ``finally`` whatever happened (pitstop interrupted included).
+What pitstop cannot do after a SIGKILL, the watchdog armed in the job does (``inject``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pitstop.attach import inject
+from pitstop.attach.remote import Decision, RemoteFailed, call, make_plan, read_status, script_text
+from pitstop.profile import RankProfile, from_jsonable
+
+Caller = Callable[[list[str], int, Path], None]
+POLL_S = 0.2
+DISARM_WAIT_S = 10.0
+
+
+def probe_window(
+    decision: Decision, seconds: float, steps: int | None = None, caller: Caller = call
+) -> tuple[list[RankProfile], list[str]]:
+    """Arm, collect, disarm: the ranks' profiles and what to note about the window. RemoteFailed when no
+    profile came (the reason is the fallback's)."""
+    assert decision.caller is not None
+    folder = Path(tempfile.mkdtemp(prefix="pitstop-attach-"))
+    share_with(folder, decision.pids[0])
+    plan = make_plan(folder, seconds, steps)
+    arm_script, disarm_script = folder / "arm.py", folder / "disarm.py"
+    for path, action in ((arm_script, "arm"), (disarm_script, "disarm")):
+        path.write_text(script_text(action, plan, decision.pids[0]))
+        share_with(path, decision.pids[0])
+    called: list[int] = []
+    notes: list[str] = []
+    try:
+        for pid in decision.pids:
+            caller(decision.caller, pid, arm_script)
+            called.append(pid)
+        armed = wait_for(folder, decision.pids, "armed", float(plan["arm_by"]) + 1.0)
+        notes.append(_armed_note(armed, decision, seconds))
+        return wait_profiles(folder, decision.pids, float(plan["expires_at"])), notes
+    finally:
+        confirmed = _disarm(called, decision.caller, disarm_script, folder, caller)
+        if confirmed:
+            shutil.rmtree(folder, ignore_errors=True)
+            notes.append("disarmed: every patch restored in the job (confirmed by each process)")
+        elif called:
+            notes.append(
+                f"not every process confirmed the disarm within {DISARM_WAIT_S:g} s; the watchdog armed in the "
+                f"job removes the probe by itself at its deadline ({folder} kept)"
+            )
+
+
+def share_with(path: Path, pid: int) -> None:
+    """pitstop as root attaching to another user's job: the folder and scripts must be that user's to read
+    and write (the job writes its profile there)."""
+    if os.geteuid() != 0:
+        return
+    with contextlib.suppress(OSError):
+        st = os.stat(f"/proc/{pid}")
+        if st.st_uid != 0:
+            os.chown(path, st.st_uid, st.st_gid)
+
+
+def wait_for(folder: Path, pids: list[int], kind: str, deadline: float) -> dict[int, dict[str, object]]:
+    """Each PID's ``kind`` status; RemoteFailed at the first refusal or error, or at the deadline."""
+    seen: dict[int, dict[str, object]] = {}
+    while True:
+        for pid in pids:
+            _raise_if_failed(folder, pid)
+            status = read_status(folder, kind, pid)
+            if status is not None:
+                seen[pid] = status
+        if len(seen) == len(pids):
+            return seen
+        if time.time() > deadline:
+            missing = [p for p in pids if p not in seen]
+            raise RemoteFailed(
+                f"PID {missing[0]} did not run pitstop's script in time (its main thread never reached a "
+                "Python bytecode: blocked in C code, or stopped)"
+            )
+        time.sleep(POLL_S)
+
+
+def _raise_if_failed(folder: Path, pid: int) -> None:
+    for kind in ("refused", "error"):
+        status = read_status(folder, kind, pid)
+        if status is not None:
+            why = status.get("reason") or status.get("error")
+            raise RemoteFailed(f"PID {pid} did not arm the probe: {why}")
+
+
+def wait_profiles(folder: Path, pids: list[int], deadline: float) -> list[RankProfile]:
+    profiles: dict[int, RankProfile] = {}
+    while len(profiles) < len(pids):
+        for pid in pids:
+            if pid in profiles:
+                continue
+            _raise_if_failed(folder, pid)
+            path = inject.profile_path(folder, pid)
+            if path.exists():
+                profiles[pid] = read_profile(path)
+        if len(profiles) == len(pids):
+            break
+        if time.time() > deadline:
+            raise RemoteFailed(
+                "the probe's window did not complete before its deadline (the job took too few optimizer "
+                "steps: stopped, evaluating, or a step longer than the window)"
+            )
+        time.sleep(POLL_S)
+    return sorted(profiles.values(), key=lambda r: r.rank)
+
+
+def read_profile(path: Path) -> RankProfile:
+    try:
+        return from_jsonable(RankProfile, json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise RemoteFailed(f"the job's profile {path} could not be read: {exc}") from None
+
+
+def _disarm(called: list[int], command: list[str], script: Path, folder: Path, caller: Caller) -> bool:
+    """The disarm script to every process that was sent the arm script; True when each confirmed it."""
+    for pid in called:
+        with contextlib.suppress(RemoteFailed):
+            caller(command, pid, script)
+    if not called:
+        return True
+    with contextlib.suppress(RemoteFailed):
+        wait_for(folder, called, "disarmed", time.time() + DISARM_WAIT_S)
+        return True
+    return False
+
+
+def _armed_note(armed: dict[int, dict[str, object]], decision: Decision, seconds: float) -> str:
+    first = next(iter(armed.values()))
+    command = decision.caller or ["?"]
+    own = command[0] == sys.executable
+    via = "pitstop's own interpreter" if own else f"the job's own executable ({command[0]})"
+    return (
+        f"full probe: armed in PID {', '.join(map(str, armed))} by sys.remote_exec (PEP 768; Python "
+        f"{first.get('python')}, torch {first.get('torch')}, the call made by {via}) for {inject.WARMUP} "
+        f"warm-up steps and {seconds:g} s of steps, then disarmed: the same probe and rules as a doctor run, "
+        "without a restart"
+    )

@@ -1,0 +1,307 @@
+"""pitstop attach's remote-exec path (PEP 768), its decisions on Python 3.11 where no 3.14 exists: which
+reason keeps the full probe out (on a hand-made /proc), the interpreter that would make the call, the script
+it sends, the window's failures and its disarm in a ``finally``, and what the probe armed by that script
+leaves behind when its window never completes (nothing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from pitstop.attach import inject, probed, remote
+from pitstop.attach.remote import Interpreter, RemoteFailed
+
+PID = 4242
+
+
+def fake_proc(
+    tmp: Path,
+    exe: str = "/usr/bin/python3.14",
+    cmdline: tuple[str, ...] = ("python3.14", "train.py"),
+    env: dict[str, str] | None = None,
+    maps: str = "",
+) -> Path:
+    """/proc/PID as far as the decision reads it: exe (a link), cmdline, environ, maps."""
+    proc = tmp / "proc"
+    d = proc / str(PID)
+    d.mkdir(parents=True)
+    (d / "exe").symlink_to(exe)
+    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in cmdline) + b"\0")
+    (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in (env or {}).items()) + b"\0")
+    (d / "maps").write_text(maps)
+    return proc
+
+
+def asker_for(version: tuple[int, int, int], built: int | None = 1, has: bool = True) -> remote.Asker:
+    def ask(command: list[str]) -> Interpreter:
+        ask.commands.append(command)  # type: ignore[attr-defined]
+        return Interpreter(version, True, has, built)
+
+    ask.commands = []  # type: ignore[attr-defined]
+    return ask
+
+
+def test_a_job_on_python_3_11_is_said_too_old(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path, exe="/usr/bin/python3.11")
+    caller, reason = remote.decide_one(PID, proc, asker_for((3, 11, 7)))
+    assert caller is None
+    assert reason == f"PID {PID} runs Python 3.11.7: sys.remote_exec (PEP 768) needs the job on 3.14 or newer"
+
+
+def test_a_3_14_job_is_called_through_its_own_executable_when_pitstop_is_older(tmp_path: Path) -> None:
+    """pitstop on 3.11 has no sys.remote_exec: the job's binary (/proc/PID/exe, -I -S) makes the call."""
+    proc = fake_proc(tmp_path)
+    ask = asker_for((3, 14, 0))
+    caller, reason = remote.decide_one(PID, proc, ask)
+    assert reason is None
+    assert caller == [str(proc / str(PID) / "exe"), "-I", "-S"]
+    assert ask.commands == [caller]  # type: ignore[attr-defined]  # asked with the very same command
+
+
+def test_pitstop_on_the_jobs_version_calls_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    Version = namedtuple("Version", "major minor micro releaselevel serial")
+    monkeypatch.setattr(sys, "version_info", Version(3, 14, 1, "final", 0))
+    monkeypatch.setattr(sys, "remote_exec", lambda pid, path: None, raising=False)
+    caller, reason = remote.decide_one(PID, fake_proc(tmp_path), asker_for((3, 14, 0)))
+    assert reason is None and caller == [sys.executable, "-I", "-S"]
+
+
+@pytest.mark.parametrize(
+    ("env", "cmdline", "expected"),
+    [
+        (
+            {"PYTHON_DISABLE_REMOTE_DEBUG": "1"},
+            ("python3.14", "train.py"),
+            "PYTHON_DISABLE_REMOTE_DEBUG=1 is set",
+        ),
+        ({}, ("python3.14", "-X", "disable_remote_debug", "train.py"), "-X disable_remote_debug"),
+        ({}, ("python3.14", "-u", "-Xdisable_remote_debug", "-m", "train"), "-X disable_remote_debug"),
+        ({"PYTHON_DISABLE_REMOTE_DEBUG": "1"}, ("python3.14", "-E", "train.py"), None),  # -E: env ignored
+        ({"PYTHON_DISABLE_REMOTE_DEBUG": "1"}, ("python3.14", "-I", "train.py"), None),
+        ({"PYTHON_DISABLE_REMOTE_DEBUG": ""}, ("python3.14", "train.py"), None),  # empty: not set
+        ({}, ("python3.14", "train.py", "-X", "disable_remote_debug"), None),  # the script's own argument
+    ],
+)
+def test_the_jobs_own_switches(
+    tmp_path: Path, env: dict[str, str], cmdline: tuple[str, ...], expected: str | None
+) -> None:
+    proc = fake_proc(tmp_path, cmdline=cmdline, env=env)
+    caller, reason = remote.decide_one(PID, proc, asker_for((3, 14, 0)))
+    if expected is None:
+        assert reason is None and caller is not None
+    else:
+        assert reason is not None and expected in reason and caller is None
+
+
+def test_a_build_without_remote_debugging(tmp_path: Path) -> None:
+    caller, reason = remote.decide_one(PID, fake_proc(tmp_path), asker_for((3, 14, 0), built=0))
+    assert caller is None
+    assert reason == f"PID {PID}'s Python 3.14.0 was built without remote debugging (--without-remote-debug)"
+
+
+def test_an_application_embedding_python_is_never_run(tmp_path: Path) -> None:
+    """A binary that is not a python (an app embedding libpython3.14) is not run with Python's options;
+    the version comes from its mapped libpython, and pitstop on 3.11 cannot make the call itself."""
+    maps = "7f00-7f10 r-xp 0 08:01 1 /opt/app/lib/libpython3.14.so.1.0\n"
+    proc = fake_proc(tmp_path, exe="/opt/app/bin/serve", maps=maps)
+    ask = asker_for((3, 14, 0))
+    caller, reason = remote.decide_one(PID, proc, ask)
+    assert ask.commands == []  # type: ignore[attr-defined]
+    assert caller is None and reason is not None
+    assert "pitstop runs on Python 3.11" in reason and "/opt/app/bin/serve" in reason
+    old = fake_proc(tmp_path / "old", exe="/opt/app/bin/serve", maps=maps.replace("3.14", "3.12"))
+    assert "runs Python 3.12" in str(remote.decide_one(PID, old, ask)[1])
+
+
+def test_an_unreadable_process_is_said_unknown(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / str(PID)).mkdir(parents=True)
+    caller, reason = remote.decide_one(PID, proc, asker_for((3, 14, 0)))
+    assert (
+        caller is None and reason is not None and reason.startswith(f"could not tell which Python PID {PID}")
+    )
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "flags", "xopts"),
+    [
+        (["python", "-u", "-X", "dev", "train.py", "-X", "nope"], {"u"}, ["dev"]),
+        (["python", "-BuXfrozen_modules=off", "-c", "pass"], {"B", "u", "c"}, ["frozen_modules=off"]),
+        (["python", "-W", "ignore", "-Xdisable_remote_debug", "-m", "x"], {"m"}, ["disable_remote_debug"]),
+        (["python", "-Ic", "import x", "-X", "y"], {"I", "c"}, []),
+        (["python"], set(), []),
+    ],
+)
+def test_interpreter_options(cmdline: list[str], flags: set[str], xopts: list[str]) -> None:
+    assert remote.interpreter_options(cmdline) == (flags, xopts)
+
+
+def test_looks_like_python() -> None:
+    for name in ("python", "python3", "python3.14", "python3.14t", "python3.14 (deleted)"):
+        assert remote.looks_like_python(Path("/usr/bin") / name), name
+    for name in ("serve", "pythonista-app", "uwsgi"):
+        assert not remote.looks_like_python(Path("/usr/bin") / name), name
+
+
+def test_call_errors_name_the_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote.procs, "yama_scope", lambda: 1)
+    text = "Traceback (most recent call last):\nPermissionError: [Errno 1] Operation not permitted\n"
+    line = remote.call_error(PID, text)
+    assert "no ptrace permission" in line and "ptrace_scope is 1" in line and "\n" not in line
+    assert remote.call_error(PID, "RuntimeError: Failed to find the PyRuntime section\n") == (
+        f"sys.remote_exec on PID {PID} failed: RuntimeError: Failed to find the PyRuntime section"
+    )
+
+
+def test_the_scripts_compile_and_carry_their_plan(tmp_path: Path) -> None:
+    plan = remote.make_plan(tmp_path, seconds=5, steps=None, now=1000.0)
+    assert plan["arm_by"] == 1000.0 + remote.ARM_WAIT_S
+    assert plan["expires_at"] == plan["arm_by"] + 5 + remote.GRACE_S
+    assert Path(plan["pitstop_path"], "pitstop", "attach", "inject.py").exists()
+    for action in ("arm", "disarm"):
+        text = remote.script_text(action, plan, PID)
+        compile(text, f"{action}.py", "exec")
+        assert f"inject.{action}(plan, added, had)" in text and repr(plan) in text
+    with pytest.raises(ValueError):
+        remote.script_text("exec", plan, PID)
+
+
+def test_a_script_that_cannot_import_pitstop_writes_its_error(tmp_path: Path) -> None:
+    """The folder it appends is wrong: the import fails, the error goes to error-PID.json, sys.path and the
+    job's namespace are as before, nothing is raised."""
+    plan = remote.make_plan(tmp_path, seconds=5, steps=None)
+    plan["pitstop_path"] = str(tmp_path / "nowhere")
+    text = remote.script_text("arm", plan, PID).replace(
+        "from pitstop.attach import inject", "import pitstop_nope"
+    )
+    path_before, namespace = list(sys.path), {"__name__": "__main__"}
+    exec(compile(text, "arm.py", "exec"), namespace)
+    assert sys.path == path_before and set(namespace) == {"__name__", "__builtins__"}
+    error = json.loads((tmp_path / f"error-{os.getpid()}.json").read_text())
+    assert error["error"].startswith("ModuleNotFoundError")
+
+
+def _fake_caller(tmp: Path, on_arm: str) -> tuple[probed.Caller, list[str]]:
+    """A stand-in for the remote call that answers as the job would: ``on_arm`` (refused / error) to the arm
+    script, 'disarmed' to the disarm script."""
+    calls: list[str] = []
+
+    def caller(command: list[str], pid: int, script: Path) -> None:
+        calls.append(script.name)
+        kind = "disarmed" if script.name == "disarm.py" else on_arm
+        text = json.dumps({"pid": pid, "reason": "this process has not imported torch"})
+        inject.status_path(script.parent, kind, pid).write_text(text)
+
+    return caller, calls
+
+
+def test_a_refused_arm_is_the_fallbacks_reason_and_is_disarmed_anyway(tmp_path: Path) -> None:
+    caller, calls = _fake_caller(tmp_path, "refused")
+    decision = remote.Decision([PID], caller=["python3.14"])
+    with pytest.raises(
+        RemoteFailed, match=f"PID {PID} did not arm the probe: this process has not imported torch"
+    ):
+        probed.probe_window(decision, 2.0, caller=caller)
+    assert calls == ["arm.py", "disarm.py"]  # the finally sent the disarm, and the job confirmed it
+
+
+def test_a_refused_call_sends_no_disarm(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def caller(command: list[str], pid: int, script: Path) -> None:
+        calls.append(script.name)
+        raise RemoteFailed(remote.call_error(pid, "PermissionError: [Errno 1] Operation not permitted"))
+
+    with pytest.raises(RemoteFailed, match="no ptrace permission"):
+        probed.probe_window(remote.Decision([PID], caller=["python3.14"]), 2.0, caller=caller)
+    assert calls == ["arm.py"]
+
+
+def test_rank_pids_of_a_single_process_is_itself() -> None:
+    assert remote.rank_pids(os.getpid()) == [os.getpid()] or "RANK" in os.environ
+
+
+# -- the probe the arm script installs, in this process (the same functions the remote call runs) ----------
+
+
+def _hooks_state() -> dict[str, object]:
+    import torch
+    import torch.utils.data.dataloader as dl
+    from torch.nn.modules import module as mm
+    from torch.optim import optimizer as om
+
+    return {
+        "next": dl._BaseDataLoaderIter.__dict__["__next__"],
+        "iter_init": dl._BaseDataLoaderIter.__dict__["__init__"],
+        "backward": torch.autograd.backward,
+        "sdpa": torch.nn.functional.scaled_dot_product_attention,
+        "save": torch.save,
+        "opt_hooks": (len(om._global_optimizer_pre_hooks), len(om._global_optimizer_post_hooks)),
+        "module_hooks": (len(mm._global_forward_pre_hooks), len(mm._global_forward_hooks)),
+        "path": list(sys.path),
+        "filters": len(__import__("warnings").filters),
+    }
+
+
+def _watchdogs() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "pitstop-attach-watchdog" and t.is_alive()]
+
+
+def test_an_armed_window_that_never_completes_is_disarmed_by_its_watchdog(tmp_path: Path) -> None:
+    """No step after arming (the job stopped stepping, pitstop was killed): at expires_at the job's own
+    watchdog removes the probe; no profile is written, the error says why."""
+    pytest.importorskip("torch")
+    before = _hooks_state()
+    plan = remote.make_plan(tmp_path, seconds=5, steps=None)
+    plan["expires_at"] = time.time() + 0.5
+    assert inject.arm(plan)
+    assert _hooks_state() != before and _watchdogs()
+    deadline = time.time() + 10
+    while not inject.status_path(tmp_path, "disarmed", os.getpid()).exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert _hooks_state() == before and not _watchdogs()
+    assert not inject.profile_path(tmp_path, os.getpid()).exists()
+    error = json.loads(inject.status_path(tmp_path, "error", os.getpid()).read_text())
+    assert "did not complete before its deadline" in error["error"]
+    assert inject._armed is None
+
+
+def test_disarm_removes_every_patch_and_a_late_or_second_arm_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    before = _hooks_state()
+    plan = remote.make_plan(tmp_path, seconds=5, steps=None)
+    assert inject.arm(plan)
+    other = remote.make_plan(tmp_path / "b", seconds=5, steps=None)
+    (tmp_path / "b").mkdir()
+    assert not inject.arm(other)  # one attach at a time
+    refused = json.loads(inject.status_path(tmp_path / "b", "refused", os.getpid()).read_text())
+    assert "another pitstop attach" in refused["reason"]
+    assert inject.disarm(other) is False  # another session's token removes nothing
+    assert inject.disarm(plan) is True
+    assert _hooks_state() == before and not _watchdogs() and inject._armed is None
+    assert inject.disarm(plan) is False  # twice: nothing left to remove, still confirmed
+    late = remote.make_plan(tmp_path, seconds=5, steps=None, now=time.time() - 60)
+    assert not inject.arm(late)
+    assert (
+        "after pitstop had stopped waiting"
+        in json.loads(inject.status_path(tmp_path, "refused", os.getpid()).read_text())["reason"]
+    )
+    assert _hooks_state() == before
+
+
+def test_forget_drops_only_what_the_script_added(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    monkeypatch.setattr(sys, "path", [*sys.path, "/added/by/script"])
+    for name in ("fakepkg", "fakepkg.sub", "fakepkgother"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    inject._forget("/added/by/script", had_pitstop=False, prefix="fakepkg")
+    assert "/added/by/script" not in sys.path
+    assert "fakepkg" not in sys.modules and "fakepkg.sub" not in sys.modules and "fakepkgother" in sys.modules
