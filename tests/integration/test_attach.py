@@ -62,6 +62,16 @@ def test_attach_finds_the_planted_slow_loader(tmp_path: Path) -> None:
     assert job.returncode == 0  # the job ran on and exited as it would have
     assert "loss" in rest and "done" in rest  # its losses kept coming during and after the window
     assert doc["source"] == "attach"
+    if sys.version_info < (3, 14):  # the job runs this interpreter: no PEP 768, said, and sampled instead
+        version = ".".join(map(str, sys.version_info[:3]))
+        assert doc["notes"][0] == (
+            f"full probe not armed (PID {job.pid} runs Python {version}: sys.remote_exec (PEP 768) needs the "
+            "job on 3.14 or newer): the stacks were sampled instead"
+        )
+    counted = doc["environment"]["counted"]
+    assert counted.startswith("steps from ") and counted.endswith(
+        "tokens unknown (not in a stack, and no log of the job's was read)"
+    )
     findings = {f["cause"]: f for f in doc["findings"]}
     assert next(iter(findings)) == "dataloader_bound"  # ranked first
     ev = findings["dataloader_bound"]["evidence"]

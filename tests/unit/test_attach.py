@@ -344,3 +344,30 @@ def test_the_report_of_an_attached_job_is_titled_attach() -> None:
     out = io.StringIO()
     render(diagnose(profile), Console(file=out, width=120))
     assert "pitstop attach" in out.getvalue().splitlines()[0] and "pitstop doctor" not in out.getvalue()
+
+
+def test_the_counted_line_says_where_a_sampled_view_found_its_steps_and_that_tokens_are_unknown() -> None:
+    """Not 'counted from unknown · steps: optimizer step' (what a probed run's line would say): the steps came
+    from frames in the stacks, the tokens from nowhere unless a log of the job's was read."""
+    from pitstop.diagnose import counting_line
+    from pitstop.profile import RunTotals
+
+    well = build_profile(job_view(_window(_steps(40, data=14, fwd=2, bwd=3, opt=1))))
+    assert well.ranks[0].step_boundary_reason == "sampled: forward/backward cycles"
+    assert counting_line(well) == (
+        "steps from forward/backward cycles in the sampled stacks (one per micro-batch) · "
+        "tokens unknown (not in a stack, and no log of the job's was read)"
+    )
+    well.ranks[0].step_boundary_reason = "sampled: optimizer step, a lower bound"
+    well.totals = RunTotals(tokens=123_456)  # a trainer_state.json was read
+    assert counting_line(well) == (
+        "steps from optimizer-step frames in the sampled stacks (a lower bound) · "
+        "tokens from the job's trainer_state.json"
+    )
+    # a lone backward sample between batches: the steps are not resolved, and the line says so
+    short = build_profile(job_view(_window(([DATA] * 20 + [BACKWARD]) * 4 + [DATA])))
+    assert short.ranks[0].step_boundary_reason == "sampled: forward/backward cycles, a lower bound"
+    assert str(counting_line(short)).startswith(
+        "steps from forward/backward cycles in the sampled stacks (one"
+    )
+    assert "(a lower bound) · tokens unknown" in str(counting_line(short))

@@ -84,7 +84,9 @@ def _rank_profile(rank: RankView, view: JobView) -> RankProfile:
     profile.window_start_t, profile.window_end_t = 0.0, rank.main.seconds
     profile.checkpoints = _saves(rank, len(steps))
     profile.steps_delimited_by = StepBoundary.OPTIMIZER_STEP
-    profile.step_boundary_reason = f"sampled: {rank.steps.method}"
+    # "sampled: " marks a sampled rank for the report's counting line (diagnose.counting_line)
+    bound = "" if rank.steps.resolved else ", a lower bound"
+    profile.step_boundary_reason = f"sampled: {rank.steps.method}{bound}"
     gpu = view.window.gpu
     index = gpu.of_pid.get(rank.pid)
     if index is not None:

@@ -16,7 +16,7 @@ from pitstop.display import html_of
 from pitstop.findings import Finding, rank_findings
 from pitstop.profile import CountSource, RunProfile, StepBoundary, to_jsonable
 from pitstop.version import __version__
-from pitstop.vocabulary import CauseId, Device
+from pitstop.vocabulary import CauseId, Device, Source
 
 
 @dataclass
@@ -159,10 +159,26 @@ _DELIMITED_BY = {StepBoundary.OPTIMIZER_STEP: "optimizer step", StepBoundary.MOD
 def counting_line(profile: RunProfile) -> str | None:
     """Where the lowest measured rank's rows and tokens were counted and what delimited its steps, in one line
     ("counted from DataLoader batches · steps: optimizer step"); None where the source does not say (offline
-    inputs, older profiles)."""
+    inputs, older profiles). A sampled ``pitstop attach`` view says where its steps came from in the stacks
+    and that tokens are unknown unless a log of the job's was read."""
     rank = next((r for r in profile.ranks if r.steps), None)
     if rank is None or (rank.tokens_counted_from is None and rank.steps_delimited_by is None):
         return None
+    sampled = (rank.step_boundary_reason or "").removeprefix("sampled: ")
+    if profile.source == Source.ATTACH and sampled != (rank.step_boundary_reason or ""):
+        # pitstop attach's sampled view: steps were found in stacks, and tokens are in no stack
+        method, _, bound = sampled.partition(", ")
+        where = (
+            "optimizer-step frames in the sampled stacks"
+            if method == StepBoundary.OPTIMIZER_STEP
+            else "forward/backward cycles in the sampled stacks (one per micro-batch)"
+        )
+        tokens = (
+            "tokens from the job's trainer_state.json"
+            if profile.totals is not None and profile.totals.tokens is not None
+            else "tokens unknown (not in a stack, and no log of the job's was read)"
+        )
+        return f"steps from {where}{' (a lower bound)' if bound else ''} · {tokens}"
     source = rank.tokens_counted_from
     boundary = rank.steps_delimited_by
     counted = _COUNTED_FROM.get(source, "unknown") if source is not None else "unknown"
