@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 from pitstop.remedies.arming import patch_dataloader, patch_training_arguments  # noqa: E402
 from pitstop.remedies.group_by_length import EpochGroupedBatchSampler, example_length  # noqa: E402
 from pitstop.remedies.micro_batch import largest_factor  # noqa: E402
-from pitstop.trials.collate import pack_batch, right_padded_lengths, trim_padding  # noqa: E402
+from pitstop.trials.collate import first_fit, pack_batch, right_padded_lengths, trim_padding  # noqa: E402
 from pitstop.trials.pretokenize import build_cache, build_packed  # noqa: E402
 from pitstop.trials.request import FixReport, FixRequest  # noqa: E402
 
@@ -58,6 +58,22 @@ def test_trimmed_and_packed_batches_give_the_same_loss(attn: str) -> None:
         packed = model(**pack_batch({k: v.clone() for k, v in batch.items()}, attn, PAD)).loss
     assert float(trimmed) == pytest.approx(float(full), rel=1e-5)
     assert float(packed) == pytest.approx(float(full), rel=1e-5)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_a_dense_mask_packs_rows_no_wider_than_the_padded_ones_and_keeps_the_loss(attn: str) -> None:
+    """With a dense mask a row's attention costs its width squared: rows of at most the padded width (here
+    32: 5+17+9 in one, 30 alone) rather than one row of all 61 tokens, and the same loss."""
+    batch = padded_batch([5, 17, 9, 30], width=32)
+    model = tiny_llama(attn)
+    packed = pack_batch({k: v.clone() for k, v in batch.items()}, attn, PAD)
+    assert packed["input_ids"].shape == (2, 31)
+    assert packed["position_ids"][1, :30].tolist() == list(range(30))
+    with torch.no_grad():
+        full = model(**{k: v.clone() for k, v in batch.items()}).loss
+        assert float(model(**packed).loss) == pytest.approx(float(full), rel=1e-5)
+    assert first_fit([0, 1, 2, 3], [5, 17, 9, 30], None) == [[0, 1, 2, 3]]  # varlen attention: one row
+    assert first_fit([0, 1, 2, 3], [20, 20, 10, 12], 32) == [[0, 2], [1, 3]]
 
 
 def test_trim_cuts_only_columns_that_are_padding_everywhere() -> None:

@@ -1,4 +1,4 @@
-"""Pack each batch into one padding-free row, attention kept inside each example."""
+"""Pack each batch into padding-free rows, attention kept inside each example."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def trial_attention(request: FixRequest) -> str:
 @register
 class PackBatch(Remedy):
     id = RemedyId.PACK_BATCH
-    title = "pack each batch into one padding-free row"
+    title = "pack each batch into padding-free rows"
     causes = (CauseId.PADDING_WASTE,)
     effect = "same examples per batch; attention kept per example"
     tunable = True
@@ -69,4 +69,4 @@ class PackBatch(Remedy):
             return
         attn = trial_attention(request)
         params["collate_fn"] = Pack(collate, attn, pad_token_id=0)
-        report.apply(self.id, f"each batch packed into one padding-free row ({attn} mask)")
+        report.apply(self.id, f"each batch packed into padding-free rows ({attn} mask)")

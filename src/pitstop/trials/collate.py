@@ -5,8 +5,14 @@ over labelled tokens) is the same:
 
 * :class:`TrimPadding` cuts the columns that are padding in every row of a right-padded batch. Causal
   attention never lets a real token see a later position, so the real tokens compute exactly what they did.
-* :class:`PackBatch` concatenates the batch's examples into one padding-free row, with positions restarting
-  per example and attention kept inside each example (``pitstop.data.PackingCollator``).
+* :class:`PackBatch` concatenates the batch's examples into padding-free rows, with positions restarting
+  per example and attention kept inside each example (``pitstop.data.PackingCollator``). With a varlen
+  attention (FlashAttention's, flex) the whole batch is one row: each example's attention costs its own L².
+  With a dense mask (SDPA, eager) a row's attention costs its whole width squared, so the examples are laid
+  first-fit into rows no wider than the batch's padded rows, as packing a dataset into rows of that length
+  does: one row of the whole batch would attend over more positions than the padded batch did (a padded
+  batch of 8 × 256 with 544 real tokens: 8 · 256² = 524k scores, one packed row 544² = 296k, rows of at
+  most 256: about 3 · 181² = 98k).
 
 Both are module-level classes so DataLoader workers can pickle them under any start method.
 """
@@ -85,10 +91,34 @@ def pack_batch(batch: Any, attn: str, pad_token_id: int = 0) -> Any:
         return batch
     import torch
 
+    from pitstop.data.collate import FLASH
+
     lens = [int(n) for n in lengths]
-    row = {
-        "input_ids": torch.cat([ids[b, :n] for b, n in enumerate(lens)]),
-        "labels": torch.cat([labels[b, :n] for b, n in enumerate(lens)]),
-        "seq_lens": [n for n in lens if n],
-    }
-    return PackingCollator(attn, pad_token_id)([row])
+    width = None if attn in (*FLASH, "flex_attention") else ids.shape[1]
+    rows = [
+        {
+            "input_ids": torch.cat([ids[b, : lens[b]] for b in members]),
+            "labels": torch.cat([labels[b, : lens[b]] for b in members]),
+            "seq_lens": [lens[b] for b in members],
+        }
+        for members in first_fit([b for b, n in enumerate(lens) if n], lens, width)
+    ]
+    return PackingCollator(attn, pad_token_id)(rows)
+
+
+def first_fit(examples: list[int], lens: list[int], width: int | None) -> list[list[int]]:
+    """The examples (indices into ``lens``) in rows of at most ``width`` tokens, each into the first row it
+    fits, in the batch's order; one row of them all when ``width`` is None."""
+    if width is None:
+        return [examples]
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for b in examples:
+        at = next((i for i, free in enumerate(room) if free >= lens[b]), None)
+        if at is None:
+            rows.append([b])
+            room.append(width - lens[b])
+        else:
+            rows[at].append(b)
+            room[at] -= lens[b]
+    return rows
