@@ -165,7 +165,7 @@ def tune(case: Case, budget_s: int) -> dict[str, Any]:
         return json.loads(out.read_text())
 
 
-def doctor(case: Case, job: tuple[str, ...], warmup: int = 3, steps: int = 10) -> dict[str, Any]:
+def doctor(case: Case, job: tuple[str, ...], warmup: int = 3, steps: int = 16) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         cmd = [
@@ -210,9 +210,15 @@ def by_hand(case: Case) -> dict[str, Any]:
     }
 
 
-def before_estimate(cause: str, metrics: dict[str, Any]) -> float | None:
+def before_estimate(
+    cause: str, metrics: dict[str, Any], evidence: dict[str, Any] | None = None
+) -> float | None:
     """What the rule estimated before issue 27, from the same window: needless_recompute took the whole
-    forward share; padding_waste took forward + backward + optimizer as the share that scales with tokens."""
+    forward share; padding_waste took forward + backward + optimizer as the share that scales with tokens;
+    communication_bound took the exposed share (blocked after the last rank arrived) whatever the fix."""
+    exposed = (evidence or {}).get("exposed_frac_of_step")
+    if cause == "communication_bound" and isinstance(exposed, float) and exposed < 1:
+        return 1 / (1 - exposed)
     fwd, bwd, opt = metrics.get("forward_frac"), metrics.get("backward_frac"), metrics.get("optimizer_frac")
     if cause == "needless_recompute" and fwd is not None:
         return 1 / (1 - fwd)
@@ -242,7 +248,7 @@ def row_of(name: str, cause: str, fixes: tuple[str, ...], doc: dict[str, Any]) -
         "rank": None if planted is None else findings.index(planted) + 1,
         "top": top,
         "estimate": est,
-        "before": before_estimate(cause, run["metrics"]),
+        "before": before_estimate(cause, run["metrics"], planted["evidence"] if planted else None),
         "measured": None if best is None else best["speedup"],
         "measured_fix": None if best is None else best["fix"],
         "status": None if best is None else best["status"],
