@@ -15,6 +15,7 @@ No Python 3.14 exists on the machines this was written on, so the path is exerci
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -211,3 +212,25 @@ def test_live_full_probe_on_a_python_3_14_job(tmp_path: Path) -> None:
     ev = findings["dataloader_bound"]["evidence"]
     assert ev["num_workers"] == 0 and "view" not in ev
     assert doc["ranks"][0]["tokens_counted_from"] == "dataloader batch"
+
+
+@pytest.mark.slow
+def test_a_shell_scripts_python_is_the_process_to_arm() -> None:
+    """attach to the PID of `bash train.sh`: the python below it is armed, not the shell (nor its workers)."""
+    code = "import os, time; os.fork() or time.sleep(60); time.sleep(60)"  # a python with a forked child
+    shell = subprocess.Popen(["bash", "-c", f"{sys.executable} -c '{code}'; true"])
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            kids = remote.procs.descendants(shell.pid)
+            if len(kids) >= 2:
+                break
+            time.sleep(0.1)
+        pythons = [p for p in remote.procs.descendants(shell.pid) if remote.procs.parent(p) == shell.pid]
+        assert remote.rank_pids(shell.pid) == pythons and len(pythons) == 1
+    finally:
+        for pid in remote.procs.descendants(shell.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        shell.kill()
+        shell.wait()

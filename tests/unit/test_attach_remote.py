@@ -305,3 +305,44 @@ def test_forget_drops_only_what_the_script_added(monkeypatch: pytest.MonkeyPatch
     inject._forget("/added/by/script", had_pitstop=False, prefix="fakepkg")
     assert "/added/by/script" not in sys.path
     assert "fakepkg" not in sys.modules and "fakepkg.sub" not in sys.modules and "fakepkgother" in sys.modules
+
+
+def test_a_process_that_never_imported_torch_is_left_out_and_the_others_give_the_window(
+    tmp_path: Path,
+) -> None:
+    """A shell script's two pythons: a logger (refuses: no torch) and the trainer (armed, writes its
+    profile). The window is the trainer's; both were sent the disarm."""
+    from pitstop.profile import RankProfile, to_jsonable
+
+    trainer, logger = PID, PID + 1
+    calls: list[tuple[int, str]] = []
+
+    def caller(command: list[str], pid: int, script: Path) -> None:
+        calls.append((pid, script.name))
+        folder = script.parent
+        if script.name == "disarm.py":
+            inject.status_path(folder, "disarmed", pid).write_text(json.dumps({"pid": pid}))
+        elif pid == logger:
+            refused = {"pid": pid, "reason": inject.NOT_TRAINING, "not_training": True}
+            inject.status_path(folder, "refused", pid).write_text(json.dumps(refused))
+        else:
+            armed = {"pid": pid, "python": "3.14.0", "torch": "2.9.0"}
+            inject.status_path(folder, "armed", pid).write_text(json.dumps(armed))
+            profile = to_jsonable(RankProfile(rank=0, local_rank=0, pid=pid))
+            inject.profile_path(folder, pid).write_text(json.dumps(profile))
+
+    decision = remote.Decision([trainer, logger], caller=["python3.14"])
+    ranks, notes = probed.probe_window(decision, 2.0, caller=caller)
+    assert [r.pid for r in ranks] == [trainer]
+    assert notes[0].startswith(
+        f"full probe: armed in PID {trainer} by sys.remote_exec (PEP 768; Python 3.14.0"
+    )
+    assert sorted(calls) == [
+        (trainer, "arm.py"),
+        (trainer, "disarm.py"),
+        (logger, "arm.py"),
+        (logger, "disarm.py"),
+    ]
+    only_logger = remote.Decision([logger], caller=["python3.14"])
+    with pytest.raises(RemoteFailed, match=f"no process of PID {logger} has imported torch"):
+        probed.probe_window(only_logger, 2.0, caller=caller)

@@ -33,6 +33,7 @@ from typing import Any
 
 STATUS_KINDS = ("armed", "refused", "error", "disarmed")
 WARMUP = 2  # a job hours in is warm: the first step after arming is partial, the second settles the hooks
+NOT_TRAINING = "this process has not imported torch: it is not a training process (nothing armed)"
 STEPS_CAP = 2000  # the most steps one window keeps, whatever its seconds
 
 
@@ -80,7 +81,7 @@ def arm(plan: dict[str, Any], added_path: str | None = None, had_pitstop: bool =
                 else:
                     _armed = _install(plan, added_path, had_pitstop)
         if reason is not None:
-            _say(plan, "refused", reason=reason)
+            _say(plan, "refused", reason=reason, not_training=reason == NOT_TRAINING)
             _forget(added_path, had_pitstop)
             return False
         torch = sys.modules["torch"]
@@ -99,7 +100,7 @@ def _refusal(plan: dict[str, Any]) -> str | None:
     if time.time() > float(plan["arm_by"]):
         return "the script ran after pitstop had stopped waiting for it (the main thread was busy in C code)"
     if "torch" not in sys.modules:
-        return "this process has not imported torch: it is not a training process (nothing armed)"
+        return NOT_TRAINING
     return None
 
 
@@ -177,7 +178,7 @@ def _finished(token: str, profile: Any) -> None:
         _say(armed.plan, "error", error=f"writing the profile: {type(exc).__name__}: {exc}")
     with _lock:
         _armed = None
-    armed.timer.cancel()
+    _stop(armed.timer)
     _forget(armed.added_path, armed.had_pitstop)
 
 
@@ -200,7 +201,7 @@ def disarm(plan: dict[str, Any], added_path: str | None = None, had_pitstop: boo
             if armed is not None:
                 _armed = None
         if armed is not None:
-            armed.timer.cancel()
+            _stop(armed.timer)
             if not armed.probe.finished:
                 _halt(armed.probe)
                 removed = True
@@ -210,6 +211,13 @@ def disarm(plan: dict[str, Any], added_path: str | None = None, had_pitstop: boo
         _say(plan, "disarmed", removed=removed)
         _forget(added_path, had_pitstop)
     return removed
+
+
+def _stop(timer: threading.Timer) -> None:
+    """Cancel the watchdog and let its thread end (at once: it waits on the event cancel sets)."""
+    timer.cancel()
+    if timer is not threading.current_thread() and timer.is_alive():
+        timer.join(timeout=1.0)
 
 
 def _halt(probe: Any) -> None:

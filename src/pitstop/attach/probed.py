@@ -43,9 +43,12 @@ def probe_window(
         for pid in decision.pids:
             caller(decision.caller, pid, arm_script)
             called.append(pid)
-        armed = wait_for(folder, decision.pids, "armed", float(plan["arm_by"]) + 1.0)
+        armed = wait_for(folder, decision.pids, "armed", float(plan["arm_by"]) + 1.0, skip_idle=True)
+        if not armed:
+            shown = ", ".join(map(str, decision.pids))
+            raise RemoteFailed(f"no process of PID {shown} has imported torch: none is a training process")
         notes.append(_armed_note(armed, decision, seconds))
-        return wait_profiles(folder, decision.pids, float(plan["expires_at"])), notes
+        return wait_profiles(folder, list(armed), float(plan["expires_at"])), notes
     finally:
         confirmed = _disarm(called, decision.caller, disarm_script, folder, caller)
         if confirmed:
@@ -69,19 +72,28 @@ def share_with(path: Path, pid: int) -> None:
             os.chown(path, st.st_uid, st.st_gid)
 
 
-def wait_for(folder: Path, pids: list[int], kind: str, deadline: float) -> dict[int, dict[str, object]]:
-    """Each PID's ``kind`` status; RemoteFailed at the first refusal or error, or at the deadline."""
+def wait_for(
+    folder: Path, pids: list[int], kind: str, deadline: float, skip_idle: bool = False
+) -> dict[int, dict[str, object]]:
+    """Each PID's ``kind`` status; RemoteFailed at the first refusal or error, or at the deadline.
+    ``skip_idle``: a process that refused because it never imported torch (a shell's other child, a logger)
+    is left out of the answer instead."""
     seen: dict[int, dict[str, object]] = {}
+    idle: set[int] = set()
     while True:
         for pid in pids:
+            refused = read_status(folder, "refused", pid) if skip_idle else None
+            if refused is not None and refused.get("not_training"):
+                idle.add(pid)
+                continue
             _raise_if_failed(folder, pid)
             status = read_status(folder, kind, pid)
             if status is not None:
                 seen[pid] = status
-        if len(seen) == len(pids):
+        if len(seen) + len(idle) == len(pids):
             return seen
         if time.time() > deadline:
-            missing = [p for p in pids if p not in seen]
+            missing = [p for p in pids if p not in seen and p not in idle]
             raise RemoteFailed(
                 f"PID {missing[0]} did not run pitstop's script in time (its main thread never reached a "
                 "Python bytecode: blocked in C code, or stopped)"

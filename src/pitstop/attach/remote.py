@@ -173,12 +173,16 @@ def _environ(proc: Path, pid: int, *names: str) -> dict[str, str]:
     return {k.decode(): v.decode(errors="replace") for k, v in pairs if k.decode() in names}
 
 
-def rank_pids(pid: int) -> list[int]:
+def rank_pids(pid: int, proc: Path = procs.PROC) -> list[int]:
     """The processes to arm: the ranks below a launcher (the topmost processes with RANK in their
-    environment; their DataLoader workers inherit it from them), else the PID itself."""
+    environment; their DataLoader workers inherit it from them), else the topmost Python processes of the
+    tree (the PID itself, or a shell script's python), else the PID itself. A process among them that never
+    imported torch refuses the arm and is left out (``probed``)."""
     tree = [pid, *procs.descendants(pid)]
     ranked = [p for p in tree if "RANK" in procs.environ(p, "RANK")]
-    tops = sorted(p for p in ranked if procs.parent(p) not in ranked)
+    if not ranked:
+        ranked = [p for p in tree if looks_like_python(executable(p, proc)) or libpython_version(p, proc)]
+    tops = sorted(p for p in ranked if p == pid or procs.parent(p) not in ranked)
     return tops or [pid]
 
 
