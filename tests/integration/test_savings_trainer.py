@@ -3,12 +3,13 @@ time and money its fix would save over the steps the run had left (issue 30 item
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCRIPTS, causes, doctor
+from tests.conftest import SCRIPTS, causes, doctor, run_pitstop
 
 pytestmark = pytest.mark.slow
 
@@ -43,4 +44,27 @@ def test_trainer_findings_carry_the_saving_over_the_steps_left(tmp_path: Path) -
         assert s["seconds"] == pytest.approx(185 * step_s * (1 - 1 / f["est_speedup"]), rel=0.01)
         assert s["price_per_gpu_hour"] == 2.5 and s["money"] == pytest.approx(s["gpu_hours"] * 2.5, abs=0.01)
     assert "Saved over the rest of the run: 185 of 200 steps left (the Trainer's max_steps)" in proc.stdout
+    assert not any("length is unknown" in n for n in doc["notes"])
+
+
+def test_a_plain_loop_needs_total_steps_and_says_so_once(tmp_path: Path) -> None:
+    script = [sys.executable, str(SCRIPTS / "plain_loop.py"), "--pad-to", "256", "--steps", "60"]
+    window = ["--quiet", "--warmup", "3", "--steps", "8", "--no-history"]
+    out = tmp_path / "unknown.json"
+    proc = run_pitstop("doctor", *window, "--json", str(out), "--", *script)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert "padding_waste" in causes(doc) and all(f["saving"] is None for f in doc["findings"])
+    assert sum("the run's length is unknown" in n for n in doc["notes"]) == 1
+    assert proc.stdout.count("the run's length is unknown") == 1  # said once, not per finding
+
+    out = tmp_path / "given.json"
+    given = ["--total-steps", "1000", "--price-per-gpu-hour", "4"]
+    proc = run_pitstop("doctor", *window, *given, "--json", str(out), "--", *script)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    padding = next(f for f in doc["findings"] if f["cause"] == "padding_waste")
+    s = padding["saving"]
+    assert (s["remaining_steps"], s["total_steps"], s["length_from"]) == (989, 1000, "--total-steps")
+    assert s["money"] == pytest.approx(s["gpu_hours"] * 4, abs=0.01)
     assert not any("length is unknown" in n for n in doc["notes"])
