@@ -301,3 +301,32 @@ def test_a_callbacks_price_comes_from_the_environment_and_a_bad_one_is_ignored(
     assert price_from_env() is None
     with pytest.raises(ValueError):
         parse_price("free")
+
+
+def test_analyze_saves_over_trainer_state_steps_left_and_takes_total_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PITSTOP_PRICE_PER_GPU_HOUR", raising=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = "".join(f"GPU 0     0.985  0.31{i % 10}  0.110  0.21{i % 10}  0.240  512.0\n" for i in range(30))
+    (run / "dmon.txt").write_text(  # utilization full, SMs a third busy: small_batch, with an estimate
+        "#Entity   GRACT  SMACT  SMOCC  TENSO  DRAMA  POWER\nID                                  W\n" + rows
+    )
+    state = {"global_step": 250, "max_steps": 1000, "log_history": [{"train_runtime": 100.0}]}
+    (run / "trainer_state.json").write_text(json.dumps(state))
+    out = tmp_path / "out.json"
+
+    def saving(**options: Any) -> dict[str, Any]:
+        run_analyze([run], "h100", None, None, False, Outputs(json=out, record=False), **options)
+        doc = json.loads(out.read_text())
+        found = next(f for f in doc["findings"] if f["cause"] == "small_batch")
+        assert found["est_speedup"] > 1
+        return dict(found["saving"], est_speedup=found["est_speedup"])
+
+    s = saving(price_per_gpu_hour=2.0)  # 750 steps left at the Trainer's 100 s / 250 steps
+    assert (s["remaining_steps"], s["step_s"], s["length_from"]) == (750, 0.4, "trainer_state.json max_steps")
+    assert s["seconds"] == pytest.approx(750 * 0.4 * (1 - 1 / s["est_speedup"]), rel=1e-3)
+    assert s["money"] == pytest.approx(s["gpu_hours"] * 2.0, abs=0.01)
+    s = saving(total_steps=2000)
+    assert (s["remaining_steps"], s["length_from"], s["money"]) == (1750, "--total-steps", None)
