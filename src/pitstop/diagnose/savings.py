@@ -23,7 +23,7 @@ TOTAL_STEPS_OPTION = "--total-steps"
 PROBED = (Source.DOCTOR, Source.CALLBACK, Source.WATCH, Source.TUNE)  # step indexes are the run's own
 UNKNOWN = (
     "time and money each fix would save over the rest of the run: not given, because the run's length is "
-    f"unknown (a plain loop does not say it; pass {TOTAL_STEPS_OPTION} N)"
+    f"unknown (a plain loop does not say it; `pitstop doctor` and `analyze` take {TOTAL_STEPS_OPTION} N)"
 )
 
 
