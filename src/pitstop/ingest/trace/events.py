@@ -414,17 +414,18 @@ def _category(raw: object) -> tuple[str, int]:
     return lowered, _role_of(lowered)
 
 
-def read_columns(path: Path, c_loop: bool = True) -> TraceColumns:
+def read_columns(path: Path, c_loop: bool = True, from_text: bool = True) -> TraceColumns:
     """One streaming pass over a Kineto trace (the loop itself: ``_EventLoop.take``; ``c_loop=False``
-    reads every event with the Python loop, which the C one is tested against)."""
+    reads every event with the Python loop, which the C one is tested against; ``from_text=False`` has the
+    C loop take msgspec's structs only, which its reader of text is tested against)."""
     from msgspec import Struct
 
-    from pitstop.ingest.trace.fastevents import as_event, decode
+    from pitstop.ingest.trace.fastevents import as_event
 
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
-    loop = _EventLoop(cols, fast=c_loop)
-    for batch in event_batches(path, decode):
+    loop = _EventLoop(cols, fast=c_loop, from_text=from_text)
+    for batch in event_batches(path, loop.text):
         loop.n_events += len(batch)
         if batch and not isinstance(batch[0], Struct):  # the exact path's plain JSON values
             batch = [ev for ev in map(as_event, batch) if ev is not None]
@@ -441,7 +442,7 @@ class _EventLoop:
     an event it leaves to Python (a time that is an int past 2**52, say) hands the rest of the trace to
     ``_take``, with the running state."""
 
-    def __init__(self, cols: TraceColumns, fast: bool = True) -> None:
+    def __init__(self, cols: TraceColumns, fast: bool = True, from_text: bool = True) -> None:
         self.cols = cols
         runtime = cols.runtime
         columns = (runtime.ts, runtime.end, runtime.correlation, runtime.sync, runtime.launch, runtime.driver)
@@ -460,6 +461,31 @@ class _EventLoop:
         # locals until one that does not overlap it arrives; half of a trace's events are CPU operators
         self.open_ts, self.open_end = math.inf, -math.inf  # none yet
         self.fast = _c_loop(self) if fast and os.environ.get("PITSTOP_TRACE_LOOP") != "python" else None
+        self.from_text = from_text
+
+    def text(self, chunk: memoryview) -> list[Any] | None:
+        """A chunk of whole events (``[...]`` text), as jsonstream's ``fast`` decoder: the C loop takes its
+        events straight from the text where it can (an empty batch comes back, the events are counted here);
+        else msgspec's structs (None: the stdlib's values), which ``take`` then takes."""
+        from pitstop.ingest.trace.fastevents import decode
+
+        if self.fast is None or not self.from_text:
+            return decode(chunk)
+        done = self.fast.take_text(chunk)
+        if done is None:  # something the C reader does not hold as msgspec would: msgspec's
+            return decode(chunk)
+        items, taken = done
+        self.n_events += taken
+        if taken == items:
+            return []
+        # an event left to Python: it and the rest of the chunk go to the Python loop, with the C loop's state
+        self._leave_c_loop()
+        batch = decode(chunk)
+        if batch is None:  # not expected (the C reader took the chunk for valid): the stdlib's values
+            import json
+
+            batch = json.loads(str(chunk, "utf-8"))
+        return batch[taken:]
 
     def take(self, batch: list[Any]) -> None:
         fast = self.fast
@@ -576,7 +602,7 @@ def _c_loop(loop: _EventLoop) -> Any:
         from pitstop.ingest.trace._eventloop import Loop
     except ImportError:  # installed without a C compiler: the Python loop reads every event
         return None
-    from pitstop.ingest.trace.fastevents import BAD, MISSING, NO_ARGS, Args, Event
+    from pitstop.ingest.trace.fastevents import BAD, MISSING, NO_ARGS, Args, Event, decode_one
 
     cols, runtime, kernels = loop.cols, loop.cols.runtime, loop.cols.kernels
     try:
@@ -601,6 +627,7 @@ def _c_loop(loop: _EventLoop) -> Any:
                 *(kernels.external, kernels.code, cols.cpu_ops.ts, cols.cpu_ops.end),
             ),
             roles=(_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _CPU, _STREAM_OTHER, _IGNORED),
+            one=decode_one,
         )
     except (TypeError, ValueError):  # a msgspec whose structs hold their fields otherwise: the Python loop
         return None

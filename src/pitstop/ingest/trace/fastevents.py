@@ -111,6 +111,9 @@ _EVENT_OR_SKIPPED: Any = functools.reduce(
     operator.or_, (_skipped(p) for p in PHASES), Event
 )  # Event | Phase_B | ...
 _TAGGED = msgspec.json.Decoder(list[_EVENT_OR_SKIPPED])
+# one event's text, as an item of _TAGGED's list decodes: the C loop's reader of text (take_text) hands it
+# the events its own values do not settle
+decode_one = msgspec.json.Decoder(_EVENT_OR_SKIPPED).decode
 _UNTAGGED = msgspec.json.Decoder(list[_AnyPhase])
 NO_ARGS = Args()
 _OTHER = _AnyPhase()  # what an event that is not complete becomes: the event loop skips it
