@@ -14,6 +14,7 @@ import statistics
 
 from pitstop.diagnose.context import RuleContext
 from pitstop.findings import Finding, use
+from pitstop.profile import CpuThreads
 from pitstop.remedies import advise
 from pitstop.vocabulary import CauseId, RemedyId, Severity
 
@@ -31,6 +32,37 @@ def _busy_workers(ctx: RuleContext, workers: int) -> tuple[float, bool]:
 def _others_runnable(machine: float | None, job: float | None) -> float | None:
     """Runnable threads of other processes: the machine's run queue less the job's own (both sampled)."""
     return None if machine is None or job is None else max(0.0, round(machine - job, 2))
+
+
+def _summary(cpu: CpuThreads, ranks: int, threads: int, workers: int, others: float | None) -> str:
+    """Who competes for how many cores, what was measured, and (``others``: the other processes' runnable
+    threads, when they alone fill the cores) what capping costs on a shared machine."""
+    cores = cpu.cores_allowed
+    who = f"{ranks} processes × ({threads} torch threads" if ranks > 1 else f"{threads} torch threads"
+    who += f" + {workers} DataLoader workers" if workers else ""
+    who += ")" if ranks > 1 else ""
+    unset = ranks > 1 and cpu.omp_num_threads is None
+    return (
+        f"{who} compete for {cores} core{'s' if cores != 1 else ''}"
+        + (
+            f" (of the machine's {cpu.machine_cores})"
+            if cpu.machine_cores and cpu.machine_cores != cores
+            else ""
+        )
+        + (
+            f"; {cpu.runnable_threads:g} of the job's threads were runnable on average (measured)"
+            if cpu.runnable_threads is not None
+            else ""
+        )
+        + (". OMP_NUM_THREADS is unset, so each process takes every core." if unset else ".")
+        + (
+            f" Other processes keep the cores busy too ({others:g} runnable threads besides the job's): "
+            "with fewer threads the job also gets a smaller share of them, so capping its threads may slow "
+            "it on this shared machine; it helps where the job has the cores to itself."
+            if others is not None
+            else ""
+        )
+    )
 
 
 def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
@@ -72,31 +104,7 @@ def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
         if ratio >= 1.5 or measured_over
         else Severity.LOW
     )
-    who = f"{ranks} processes × ({threads} torch threads" if ranks > 1 else f"{threads} torch threads"
-    who += f" + {workers} DataLoader workers" if workers else ""
-    who += ")" if ranks > 1 else ""
-    unset = ranks > 1 and cpu.omp_num_threads is None
-    summary = (
-        f"{who} compete for {cores} core{'s' if cores != 1 else ''}"
-        + (
-            f" (of the machine's {cpu.machine_cores})"
-            if cpu.machine_cores and cpu.machine_cores != cores
-            else ""
-        )
-        + (
-            f"; {cpu.runnable_threads:g} of the job's threads were runnable on average (measured)"
-            if cpu.runnable_threads is not None
-            else ""
-        )
-        + (". OMP_NUM_THREADS is unset, so each process takes every core." if unset else ".")
-        + (
-            f" Other processes keep the cores busy too ({others:g} runnable threads besides the job's): "
-            "with fewer threads the job also gets a smaller share of them, so capping its threads may slow "
-            "it on this shared machine; it helps where the job has the cores to itself."
-            if shared and others is not None
-            else ""
-        )
-    )
+    summary = _summary(cpu, ranks, threads, workers, others if shared else None)
     basis = f"{cores} cores / {ranks} process{'es' if ranks > 1 else ''}" + (
         f", minus {busy_workers:.1f} core{'s' if busy_workers != 1 else ''} the workers use"
         if busy_workers
