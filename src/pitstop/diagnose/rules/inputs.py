@@ -160,6 +160,7 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
     if p < PADDING_MIN:
         return None
     c, share_basis = _token_share(ctx)
+    kept, kept_basis = _packed_work(ctx)
     rows = [s.seq_len for r in ctx.profile.ranks for s in r.steps if s.seq_len]
     fixed_length = bool(rows) and len(set(rows)) == 1 and len(rows) > 2
     evidence = {
@@ -182,12 +183,42 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
         confidence=0.9,
         summary=summary,
         evidence=evidence,
-        est_speedup=amdahl(c * p, float("inf")),
+        est_speedup=amdahl(c * (1 - kept), float("inf")) if kept is not None else amdahl(c * p, float("inf")),
         speedup_basis=(
             f"pad tokens are {p:.1%} of all tokens (measured from attention masks); {share_basis}: "
-            "1/(1 − share·pad); attention's quadratic part gains more"
+            + (kept_basis if kept is not None else "1/(1 − share·pad); attention's quadratic part gains more")
         ),
         fix=advise(ctx.framework, *_padding_uses(fixed_length)),
+    )
+
+
+VARLEN = ("flash_attention_2", "flash_attention_3", "flex_attention")  # packed rows attend per example
+
+
+def _packed_work(ctx: RuleContext) -> tuple[float | None, str]:
+    """The share of today's forward and backward FLOPs left once the batches are packed, when attention
+    packs per example (a varlen kernel): dense work falls with the tokens (T → R), attention from each padded
+    row's L² to each example's own (Σ L·T over rows → Σ L² over examples), so it falls faster than the
+    tokens. With a dense mask a packed row of width L still attends over L, and the share is R / T: None."""
+    from pitstop.plan.flops import flops_per_token
+
+    impl = ctx.env.attention.implementation
+    steps = [s for r in ctx.profile.ranks for s in r.steps]
+    if impl not in VARLEN or not steps:
+        return None, ""
+    tokens = sum(s.tokens or 0 for s in steps)
+    real = sum(s.real_tokens or 0 for s in steps)
+    padded = sum((s.tokens or 0) * (s.seq_len or 0) for s in steps)  # Σ over rows of L², L the row width
+    attended = sum(s.attended or 0 for s in steps)  # Σ over examples of their own L²
+    fpt = flops_per_token(ctx.env.model, 1.0)  # attention FLOPs per token per position of context
+    if fpt is None or not fpt.attention or not (tokens and real and padded and attended):
+        return None, ""
+    before = fpt.dense * tokens + fpt.attention * padded
+    after = fpt.dense * real + fpt.attention * attended
+    kept = min(1.0, after / before)
+    return kept, (
+        f"packed per example ({impl}), {kept:.0%} of the forward and backward FLOPs remain (dense work with "
+        "the tokens, attention from each padded row's L² to each example's own): 1/(1 − share·(1 − kept))"
     )
 
 
