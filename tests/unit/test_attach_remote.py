@@ -12,6 +12,7 @@ import threading
 import time
 from collections import namedtuple
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -346,3 +347,43 @@ def test_a_process_that_never_imported_torch_is_left_out_and_the_others_give_the
     only_logger = remote.Decision([logger], caller=["python3.14"])
     with pytest.raises(RemoteFailed, match=f"no process of PID {logger} has imported torch"):
         probed.probe_window(only_logger, 2.0, caller=caller)
+
+
+def test_an_arm_that_lands_inside_a_forward_says_later_and_installs_nothing(tmp_path: Path) -> None:
+    """The probe finds the model as the first module called outside any other: armed mid-forward, it would
+    take a submodule for the model. So the script, run inside a module call, asks to be sent again."""
+    torch = pytest.importorskip("torch")
+    before = _hooks_state()
+    plan = remote.make_plan(tmp_path, seconds=5, steps=None)
+    answers: list[bool] = []
+
+    class Arming(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            answers.append(inject.arm(plan))  # as if sys.remote_exec's script ran between these bytecodes
+            return x
+
+    Arming()(torch.zeros(1))
+    assert answers == [False] and _hooks_state() == before and inject._armed is None
+    later = json.loads(inject.status_path(tmp_path, "later", os.getpid()).read_text())
+    assert later["reason"] == inject.MID_FORWARD
+    assert not inject.status_path(tmp_path, "refused", os.getpid()).exists()
+
+
+def test_a_later_answer_is_sent_again_until_it_arms(tmp_path: Path) -> None:
+    from pitstop.profile import RankProfile, to_jsonable
+
+    sent: list[str] = []
+
+    def caller(command: list[str], pid: int, script: Path) -> None:
+        sent.append(script.name)
+        folder = script.parent
+        if script.name == "disarm.py":
+            inject.status_path(folder, "disarmed", pid).write_text("{}")
+        elif sent.count("arm.py") < 3:  # mid-forward twice
+            inject.status_path(folder, "later", pid).write_text(json.dumps({"reason": inject.MID_FORWARD}))
+        else:
+            inject.status_path(folder, "armed", pid).write_text(json.dumps({"python": "3.14.0"}))
+            inject.profile_path(folder, pid).write_text(json.dumps(to_jsonable(RankProfile(pid=pid))))
+
+    ranks, _ = probed.probe_window(remote.Decision([PID], caller=["python3.14"]), 2.0, caller=caller)
+    assert [r.pid for r in ranks] == [PID] and sent == ["arm.py"] * 3 + ["disarm.py"]

@@ -31,7 +31,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-STATUS_KINDS = ("armed", "refused", "error", "disarmed")
+STATUS_KINDS = ("armed", "later", "refused", "error", "disarmed")
+MID_FORWARD = "a forward is under way: armed between two forwards instead"
+_MODULE_CALLS = ("_call_impl", "_wrapped_call_impl")
+_MODULE_FILE = os.path.join("torch", "nn", "modules", "module.py")
 WARMUP = 2  # a job hours in is warm: the first step after arming is partial, the second settles the hooks
 NOT_TRAINING = "this process has not imported torch: it is not a training process (nothing armed)"
 STEPS_CAP = 2000  # the most steps one window keeps, whatever its seconds
@@ -80,6 +83,10 @@ def arm(plan: dict[str, Any], added_path: str | None = None, had_pitstop: bool =
                     reason = f"another pitstop attach (token {_armed.token}) is armed in this process"
                 else:
                     _armed = _install(plan, added_path, had_pitstop)
+        if reason == MID_FORWARD:
+            _say(plan, "later", reason=reason)  # pitstop sends the script again a moment later
+            _forget(added_path, had_pitstop)
+            return False
         if reason is not None:
             _say(plan, "refused", reason=reason, not_training=reason == NOT_TRAINING)
             _forget(added_path, had_pitstop)
@@ -101,7 +108,25 @@ def _refusal(plan: dict[str, Any]) -> str | None:
         return "the script ran after pitstop had stopped waiting for it (the main thread was busy in C code)"
     if "torch" not in sys.modules:
         return NOT_TRAINING
+    if inside_forward():
+        return MID_FORWARD
     return None
+
+
+def inside_forward(depth: int = 256) -> bool:
+    """Whether a thread is inside an ``nn.Module`` call now. The probe finds the training model as the first
+    module called outside any other: armed in the middle of a forward it would take a submodule for the
+    model, so the arm waits for a moment between forwards (the loop fetching data, backward's C++, the
+    optimizer step)."""
+    for top in sys._current_frames().values():
+        frame: FrameType | None = top
+        level = 0
+        while frame is not None and level < depth:
+            code = frame.f_code
+            if code.co_name in _MODULE_CALLS and code.co_filename.endswith(_MODULE_FILE):
+                return True
+            frame, level = frame.f_back, level + 1
+    return False
 
 
 def _install(plan: dict[str, Any], added_path: str | None, had_pitstop: bool) -> Armed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -43,7 +44,13 @@ def probe_window(
         for pid in decision.pids:
             caller(decision.caller, pid, arm_script)
             called.append(pid)
-        armed = wait_for(folder, decision.pids, "armed", float(plan["arm_by"]) + 1.0, skip_idle=True)
+
+        def resend(pid: int) -> None:
+            caller(decision.caller or [], pid, arm_script)
+
+        armed = wait_for(
+            folder, decision.pids, "armed", float(plan["arm_by"]) + 1.0, skip_idle=True, resend=resend
+        )
         if not armed:
             shown = ", ".join(map(str, decision.pids))
             raise RemoteFailed(f"no process of PID {shown} has imported torch: none is a training process")
@@ -73,15 +80,28 @@ def share_with(path: Path, pid: int) -> None:
 
 
 def wait_for(
-    folder: Path, pids: list[int], kind: str, deadline: float, skip_idle: bool = False
+    folder: Path,
+    pids: list[int],
+    kind: str,
+    deadline: float,
+    skip_idle: bool = False,
+    resend: Callable[[int], None] | None = None,
 ) -> dict[int, dict[str, object]]:
     """Each PID's ``kind`` status; RemoteFailed at the first refusal or error, or at the deadline.
     ``skip_idle``: a process that refused because it never imported torch (a shell's other child, a logger)
-    is left out of the answer instead."""
+    is left out of the answer instead. ``resend``: a process that said 'later' (mid-forward) is sent the
+    script again after a short random pause, until the deadline."""
     seen: dict[int, dict[str, object]] = {}
     idle: set[int] = set()
+    tries: dict[int, int] = {}  # 'later' answers per PID
     while True:
         for pid in pids:
+            later = inject.status_path(folder, "later", pid)
+            if resend is not None and later.exists():
+                later.unlink()
+                tries[pid] = tries.get(pid, 0) + 1
+                time.sleep(random.uniform(0.02, 0.2))  # not in step with the job's forwards
+                resend(pid)
             refused = read_status(folder, "refused", pid) if skip_idle else None
             if refused is not None and refused.get("not_training"):
                 idle.add(pid)
@@ -94,6 +114,11 @@ def wait_for(
             return seen
         if time.time() > deadline:
             missing = [p for p in pids if p not in seen and p not in idle]
+            if tries.get(missing[0]):
+                raise RemoteFailed(
+                    f"PID {missing[0]} was inside a model's forward each of the {tries[missing[0]] + 1} times "
+                    "pitstop's script ran (the probe is armed between two forwards only)"
+                )
             raise RemoteFailed(
                 f"PID {missing[0]} did not run pitstop's script in time (its main thread never reached a "
                 "Python bytecode: blocked in C code, or stopped)"
