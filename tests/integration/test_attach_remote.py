@@ -165,6 +165,28 @@ def test_a_job_on_this_python_is_said_too_old_for_the_full_probe() -> None:
         assert decision.reason == expected
 
 
+@pytest.mark.slow
+def test_the_jobs_switches_are_read_from_a_real_process() -> None:
+    """PYTHON_DISABLE_REMOTE_DEBUG from /proc/PID/environ, -X disable_remote_debug from /proc/PID/cmdline
+    (any interpreter accepts an -X option it does not know, so this runs on 3.11 too)."""
+    sleep = ["-c", "import time; time.sleep(60)"]
+    env = {**os.environ, "PYTHON_DISABLE_REMOTE_DEBUG": "1"}
+    by_env = subprocess.Popen([sys.executable, *sleep], env=env)
+    by_flag = subprocess.Popen([sys.executable, "-X", "disable_remote_debug", *sleep])
+    try:
+        time.sleep(0.3)
+        assert remote.disabled_by_job(by_env.pid) == (
+            f"PYTHON_DISABLE_REMOTE_DEBUG=1 is set in PID {by_env.pid}'s environment: remote debugging is off"
+        )
+        assert remote.disabled_by_job(by_flag.pid) == (
+            f"PID {by_flag.pid} was started with -X disable_remote_debug: remote debugging is off"
+        )
+    finally:
+        for job in (by_env, by_flag):
+            job.kill()
+            job.wait()
+
+
 def python_314_with_torch() -> str | None:
     """An interpreter >= 3.14 that imports torch: PITSTOP_PY314, python3.14+ on PATH, uv's managed ones."""
     found = [os.environ.get("PITSTOP_PY314")]
