@@ -72,6 +72,10 @@ def test_pitstop_on_the_jobs_version_calls_itself(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(sys, "remote_exec", lambda pid, path: None, raising=False)
     caller, reason = remote.decide_one(PID, fake_proc(tmp_path), asker_for((3, 14, 0)))
     assert reason is None and caller == [sys.executable, "-I", "-S"]
+    # a pre-release pitstop must match the job exactly: the job's own executable makes the call instead
+    monkeypatch.setattr(sys, "version_info", Version(3, 14, 0, "candidate", 1))
+    caller, reason = remote.decide_one(PID, fake_proc(tmp_path / "rc"), asker_for((3, 14, 0)))
+    assert reason is None and caller == [str(tmp_path / "rc" / "proc" / str(PID) / "exe"), "-I", "-S"]
 
 
 @pytest.mark.parametrize(

@@ -213,7 +213,8 @@ def decide_one(pid: int, proc: Path = procs.PROC, asker: Asker = ask) -> tuple[l
             "(--without-remote-debug)"
         )
     own = sys.version_info
-    if hasattr(sys, "remote_exec") and (own[:2] == version and (facts is None or facts.final)):
+    own_final = own.releaselevel == "final"  # a pre-release caller must match the job exactly: never assumed
+    if hasattr(sys, "remote_exec") and own[:2] == version and own_final and (facts is None or facts.final):
         return [sys.executable, "-I", "-S"], None
     if facts is not None:
         return exe_cmd, None
