@@ -101,9 +101,10 @@ class Loop:
 
 
 def _in_process(command: list[str], pid: int, script: Path) -> None:
-    """The stand-in for sys.remote_exec(pid, script): the script run here, in a fresh __main__-like namespace."""
+    """The stand-in for sys.remote_exec(pid, script): the script's source run here in a fresh dict, as
+    CPython's eval loop runs it (PyRun_String with a new namespace)."""
     assert pid == os.getpid()
-    exec(compile(script.read_text(), str(script), "exec"), {"__name__": "__main__"})
+    exec(compile(script.read_text(), "<string>", "exec"), {})
 
 
 @pytest.mark.slow

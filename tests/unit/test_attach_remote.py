@@ -186,9 +186,9 @@ def test_a_script_that_cannot_import_pitstop_writes_its_error(tmp_path: Path) ->
     text = remote.script_text("arm", plan, PID).replace(
         "from pitstop.attach import inject", "import pitstop_nope"
     )
-    path_before, namespace = list(sys.path), {"__name__": "__main__"}
+    path_before, namespace = list(sys.path), {}  # CPython runs the script in a fresh dict (PyRun_String)
     exec(compile(text, "arm.py", "exec"), namespace)
-    assert sys.path == path_before and set(namespace) == {"__name__", "__builtins__"}
+    assert sys.path == path_before and set(namespace) == {"__builtins__"}
     error = json.loads((tmp_path / f"error-{os.getpid()}.json").read_text())
     assert error["error"].startswith("ModuleNotFoundError")
 
