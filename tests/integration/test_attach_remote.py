@@ -257,3 +257,40 @@ def test_a_shell_scripts_python_is_the_process_to_arm() -> None:
                 os.kill(pid, 9)
         shell.kill()
         shell.wait()
+
+
+@pytest.mark.slow
+def test_the_cli_reports_a_probed_window_as_a_doctor_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pitstop attach`'s own path (cli.attach.run_attach) on a real loop in this process: the decision and
+    the call stood in for (no 3.14 here), everything after them real: the report's notes, the Counted line
+    of a probed run, the JSON document."""
+    pytest.importorskip("torch")
+    import functools
+
+    from pitstop.attach import procs
+    from pitstop.cli.attach import run_attach
+
+    monkeypatch.setattr(procs, "check_pid", lambda pid: None)  # it refuses pitstop's own PID
+    monkeypatch.setattr(remote, "decide", lambda pid: remote.Decision([pid], caller=["(in process)"]))
+    monkeypatch.setattr(probed, "probe_window", functools.partial(probed.probe_window, caller=_in_process))
+    loop = Loop()
+    before = _patched_state()
+    loop.thread.start()
+    out = tmp_path / "attach.json"
+    try:
+        while len(loop.losses) < 5:
+            time.sleep(0.05)
+        assert run_attach(os.getpid(), 1.5, 100.0, out) == 0
+    finally:
+        loop.stop.set()
+        loop.thread.join(timeout=30)
+    assert loop.error is None and _patched_state() == before
+    doc = json.loads(out.read_text())
+    assert doc["source"] == "attach"
+    assert any(n.startswith(f"full probe: armed in PID {os.getpid()}") for n in doc["notes"])
+    assert not any(n.startswith("full probe not armed") for n in doc["notes"])
+    assert doc["environment"]["counted"] == "counted from DataLoader batches · steps: optimizer step"
+    first = doc["findings"][0]
+    assert first["cause"] == "dataloader_bound" and "view" not in first["evidence"]
