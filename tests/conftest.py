@@ -197,3 +197,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if any(word in reason for word in MISSING_IN_CI):
             report.outcome = "failed"
             report.longrepr = f"skipped in CI, which installs what this test needs: {reason}"
+
+
+# The slow tier's longest tests (each 1.5-4 min on the quiet 2-core machine, 2026-12-04), started first: on
+# two xdist workers the run ends when the later worker does, and a four-minute test picked up last would
+# leave the other worker idle that long. Longest first leaves the short tests to fill in at the end.
+LONGEST_FIRST = (
+    "tests/integration/test_tune.py",
+    "tests/integration/test_tune_slow_job.py",
+    "tests/integration/test_batch_finder.py",
+    "tests/browser/test_reports.py",
+    "tests/fuzz/test_fuzz.py",
+    "tests/integration/test_public_scripts.py",
+    "tests/integration/test_analyze_cli.py",  # four recorded CPU traces analyzed in one test
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first (LONGEST_FIRST's order), every other test after them in collection order."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests stay together and in their order
