@@ -183,6 +183,14 @@ static inline int id_value(Loop *self, PyObject *v, long long *out) {
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* memo[key] (a new reference): the dict's own lookup where the key is there (nearly always), the memo's
+   __missing__ (through the subscript) where it is not. */
+static inline PyObject *memo_get(PyObject *memo, PyObject *key) {
+    PyObject *value = PyDict_GetItemWithError(memo, key);
+    if (value != NULL) return Py_NewRef(value);
+    return PyErr_Occurred() ? NULL : PyObject_GetItem(memo, key);
+}
+
 static inline int is_true(PyObject *v) { return v == Py_True ? 1 : v == Py_False ? 0 : PyObject_IsTrue(v); }
 
 /* -- the loop ------------------------------------------------------------------------------------------ */
@@ -219,7 +227,7 @@ error:
 
 static int add_kernel(Loop *self, PyObject *name, double ts, double dur, PyObject *ts_obj, PyObject *dur_obj,
                       PyObject *args) {
-    PyObject *info = PyObject_GetItem(self->kernel_cache, name);  /* (kernel class, GEMM kind or None) */
+    PyObject *info = memo_get(self->kernel_cache, name);  /* (kernel class, GEMM kind or None) */
     if (info == NULL) return -1;
     long long stream, device, correlation, external;
     PyObject *ext = SLOT(args, self->off_external);
@@ -243,7 +251,7 @@ error:
 }
 
 static int runtime_columns(Loop *self, PyObject *cat, PyObject *name, double ts, double dur, long long correlation) {
-    PyObject *flags = PyObject_GetItem(self->runtime_flags, name);  /* (blocking sync, kernel launch) */
+    PyObject *flags = memo_get(self->runtime_flags, name);  /* (blocking sync, kernel launch) */
     if (flags == NULL) return -1;
     long sync = PyLong_AsLong(PyTuple_GET_ITEM(flags, 0)), launch = PyLong_AsLong(PyTuple_GET_ITEM(flags, 1));
     Py_DECREF(flags);
@@ -277,7 +285,7 @@ static int cpu_union(Loop *self, double ts, double dur);
 /* A CPU operator or annotation: what _cpu_event keeps, then the union's open interval. */
 static int add_cpu(Loop *self, PyObject *cat, PyObject *name, double ts, double dur, PyObject *ts_obj,
                    PyObject *dur_obj, PyObject *args) {
-    PyObject *plain = PyObject_GetItem(self->plain_names, name);
+    PyObject *plain = memo_get(self->plain_names, name);
     if (plain == NULL) return -1;
     int keep = is_true(plain);
     Py_DECREF(plain);
@@ -338,7 +346,7 @@ static int take_event(Loop *self, PyObject *ev) {
         self->bad++;
         return 1;
     }
-    PyObject *category = PyObject_GetItem(self->cat_cache, raw_cat);  /* (lower-cased, role) */
+    PyObject *category = memo_get(self->cat_cache, raw_cat);  /* (lower-cased, role) */
     if (category == NULL) return -1;
     PyObject *cat = PyTuple_GET_ITEM(category, 0);
     long role = PyLong_AsLong(PyTuple_GET_ITEM(category, 1));
@@ -1018,7 +1026,7 @@ static int take_item(Loop *self, const unsigned char *data, Item *it) {
     }
     PyObject *raw_cat = it->cat.kind == V_ABSENT ? Py_NewRef(STR_EMPTY) : cached_str(self, it->cat.s, it->cat.n);
     if (raw_cat == NULL) return -1;
-    PyObject *category = PyObject_GetItem(self->cat_cache, raw_cat);  /* (lower-cased, role) */
+    PyObject *category = memo_get(self->cat_cache, raw_cat);  /* (lower-cased, role) */
     Py_DECREF(raw_cat);
     if (category == NULL) return -1;
     PyObject *cat = PyTuple_GET_ITEM(category, 0), *name = NULL, *info = NULL;
@@ -1039,7 +1047,7 @@ static int take_item(Loop *self, const unsigned char *data, Item *it) {
     if (it->args == V_OTHER && args[ID_EXTERNAL].kind == V_ABSENT) ids[ID_EXTERNAL] = ids[ID_EXTERNAL_LOWER];
     if (!plain_ids) goto uncommon;
     if (role == CPU) {
-        PyObject *plain = PyObject_GetItem(self->plain_names, name);
+        PyObject *plain = memo_get(self->plain_names, name);
         if (plain == NULL) goto error;
         int keep = is_true(plain);
         Py_DECREF(plain);
@@ -1051,7 +1059,7 @@ static int take_item(Loop *self, const unsigned char *data, Item *it) {
                  ? -1
                  : 1;
     } else if (role == KERNEL) {
-        info = PyObject_GetItem(self->kernel_cache, name);  /* (kernel class, GEMM kind or None) */
+        info = memo_get(self->kernel_cache, name);  /* (kernel class, GEMM kind or None) */
         if (info == NULL) goto error;
         if (PyLong_AsLong(PyTuple_GET_ITEM(info, 0)) == COMMUNICATION) goto uncommon;
         rc = count_category(self, cat) < 0 || kernel_columns(self, info, ts, dur, ids[ID_STREAM], ids[ID_DEVICE],
