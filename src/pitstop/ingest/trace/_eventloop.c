@@ -191,6 +191,11 @@ static inline PyObject *memo_get(PyObject *memo, PyObject *key) {
     return PyErr_Occurred() ? NULL : PyObject_GetItem(memo, key);
 }
 
+/* Two strs equal (a category against a constant: most differ in length, and are not compared further). */
+static inline int same_str(PyObject *a, PyObject *b) {
+    return a == b || (PyUnicode_GET_LENGTH(a) == PyUnicode_GET_LENGTH(b) && PyUnicode_Compare(a, b) == 0);
+}
+
 static inline int is_true(PyObject *v) { return v == Py_True ? 1 : v == Py_False ? 0 : PyObject_IsTrue(v); }
 
 /* -- the loop ------------------------------------------------------------------------------------------ */
@@ -255,7 +260,7 @@ static int runtime_columns(Loop *self, PyObject *cat, PyObject *name, double ts,
     if (flags == NULL) return -1;
     long sync = PyLong_AsLong(PyTuple_GET_ITEM(flags, 0)), launch = PyLong_AsLong(PyTuple_GET_ITEM(flags, 1));
     Py_DECREF(flags);
-    int driver = PyUnicode_Compare(cat, STR_CUDA_DRIVER) == 0;
+    int driver = same_str(cat, STR_CUDA_DRIVER);
     PUSH(self, RT_TS, double, ts);
     PUSH(self, RT_END, double, ts + dur);
     PUSH(self, RT_CORR, long long, correlation);
@@ -290,7 +295,7 @@ static int add_cpu(Loop *self, PyObject *cat, PyObject *name, double ts, double 
     int keep = is_true(plain);
     Py_DECREF(plain);
     if (keep < 0) return -1;
-    if (keep) keep = PyUnicode_Compare(cat, STR_USER_ANNOTATION) != 0;
+    if (keep) keep = !same_str(cat, STR_USER_ANNOTATION);
     if (!keep) {
         PyObject *call[5] = {cat, name, ts_obj, dur_obj, args};
         PyObject *r = PyObject_Vectorcall(self->cpu_event, call, 5, NULL);
@@ -1052,7 +1057,7 @@ static int take_item(Loop *self, const unsigned char *data, Item *it) {
         int keep = is_true(plain);
         Py_DECREF(plain);
         if (keep < 0) goto error;
-        if (!keep || PyUnicode_Compare(cat, STR_USER_ANNOTATION) == 0) goto uncommon;
+        if (!keep || same_str(cat, STR_USER_ANNOTATION)) goto uncommon;
         rc = count_category(self, cat) < 0 || cpu_union(self, ts, dur) < 0 ? -1 : 1;
     } else if (role == RUNTIME) {
         rc = count_category(self, cat) < 0 || runtime_columns(self, cat, name, ts, dur, ids[ID_CORRELATION]) < 0
