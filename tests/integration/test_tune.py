@@ -48,8 +48,14 @@ def assert_schema(doc: dict[str, Any]) -> None:
 
 def test_demo_plain_loop_text_collate_eager(tmp_path: Path, history_file: Path) -> None:
     """The demo: a plain PyTorch loop, eager attention, text tokenized in the collate, padded to max length."""
-    # pretokenize is asked for: its finding (data wait ~9%) can fall under the threshold on a busy machine
-    doc, proc = tune(tmp_path, "--demo", "--try", "pretokenize", window=("--steps", "24", "--warmup", "3"))
+    # pretokenize is asked for: its finding (data wait ~9%) can fall under the threshold on a busy machine.
+    # The fixes asserted on below, no others: pack_batch and workers would add two windows (and a baseline)
+    # that nothing here reads; pack_batch is asserted in test_trainer_padded_to_max_length, workers' trial
+    # in test_survives_a_crashing_fix_and_leaves_nothing_running. 24 steps a window: at 12, on a busy
+    # machine, pack measured ×1.8 against trim_padding's ×2.0 and was not the best (×4.8 at 24)
+    fixes_asserted = "trim_padding,pack,group_by_length,attention,pretokenize"
+    window = ("--steps", "24", "--warmup", "3")
+    doc, proc = tune(tmp_path, "--demo", "--try", "pretokenize", "--only", fixes_asserted, window=window)
     assert_schema(doc)
     fixes = by_fix(doc)
     # half of every row is padding and a tiny model's step has a large fixed cost: full rows win on a CPU
@@ -74,8 +80,12 @@ def test_demo_plain_loop_text_collate_eager(tmp_path: Path, history_file: Path) 
 def test_trainer_padded_to_max_length(tmp_path: Path) -> None:
     """A Hugging Face Trainer job padded to 256 tokens, micro-batch 2 × accumulation 4."""
     script = SCRIPTS / "hf_trainer.py"
+    # the fixes asserted on below, no others: group_by_length cannot help rows padded to a fixed length
+    # (test_survives_a_crashing_fix_and_leaves_nothing_running asserts that) and would add a window
     doc, _ = tune(
         tmp_path,
+        "--only",
+        "trim_padding,pack_batch,pack,micro_batch",
         "--",
         sys.executable,
         str(script),
@@ -110,10 +120,13 @@ def test_survives_a_crashing_fix_and_leaves_nothing_running(tmp_path: Path) -> N
     """Workers under the spawn start method must pickle the job's collate, a local function here: that
     trial crashes; tune records it and goes on. Eager attention and fixed-length padding are planted too."""
     marker = f"pitstop-tune-test-{tmp_path.name}"
+    # the fixes asserted on below, no others: pack and pack_batch would add two windows nothing here reads
     doc, proc = tune(
         tmp_path,
         "--try",
         "workers",
+        "--only",
+        "trim_padding,group_by_length,workers,attention",
         "--",
         sys.executable,
         str(SCRIPTS / "plain_loop.py"),
@@ -162,8 +175,12 @@ def test_a_trainer_script_written_without_pitstop(tmp_path: Path) -> None:
     Sixteen rows up to 256 tokens are a third padding (est. ×1.5): at the script's defaults (4 × 128,
     13% padding) packing's gain was within a busy machine's noise and once measured ×0.93."""
     require_shared("datasets")
+    # the fixes asserted on below, no others (pack_batch would add a window of ~40 s that nothing here reads;
+    # test_trainer_padded_to_max_length asserts it on a Trainer)
     doc, _ = tune(
         tmp_path,
+        "--only",
+        "pack,group_by_length,trim_padding",
         "--",
         sys.executable,
         str(SCRIPTS / "external" / "hf_trainer_alpaca.py"),
