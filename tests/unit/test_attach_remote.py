@@ -22,6 +22,13 @@ from pitstop.attach.remote import Interpreter, RemoteFailed
 PID = 4242
 
 
+@pytest.fixture(autouse=True)
+def _not_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decisions below are a user's attaching to their own job; the tests run as root on some machines,
+    where pitstop refuses to run a job's binary it cannot trust (the root tests set this back to 0)."""
+    monkeypatch.setattr(remote.os, "geteuid", lambda: 1000)
+
+
 def fake_proc(
     tmp: Path,
     exe: str = "/usr/bin/python3.14",
@@ -391,3 +398,44 @@ def test_a_later_answer_is_sent_again_until_it_arms(tmp_path: Path) -> None:
 
     ranks, _ = probed.probe_window(remote.Decision([PID], caller=["python3.14"]), 2.0, caller=caller)
     assert [r.pid for r in ranks] == [PID] and sent == ["arm.py"] * 3 + ["disarm.py"]
+
+
+def test_root_never_runs_a_binary_the_jobs_user_could_have_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pitstop as root on another user's job: running /proc/PID/exe would run that user's code as root when
+    the binary (or a folder above it) is theirs. It is never run: pitstop's own interpreter makes the call
+    when it matches the job's version (read from the binary's name), else the reason is the fallback's."""
+    mine = (
+        tmp_path / "env" / "bin" / "python3.14"
+    )  # a user's venv / conda binary: owned by this (non-root) user
+    mine.parent.mkdir(parents=True)
+    mine.write_text("#!/bin/sh\n")
+    mine.chmod(0o775)  # group-writable; and owned by its user where the tests do not run as root
+    monkeypatch.setattr(remote.os, "geteuid", lambda: 0)
+    ask = asker_for((3, 14, 0))
+    caller, reason = remote.decide_one(PID, fake_proc(tmp_path / "a", exe=str(mine)), ask)
+    assert ask.commands == []  # type: ignore[attr-defined]  # never run, not even to ask its version
+    assert caller is None and reason is not None
+    assert f"pitstop runs as root and will not run PID {PID}'s executable" in reason
+    owner = f"owned by uid {os.getuid()}, not root" if os.getuid() else "writable by its group or others"
+    assert f"{mine} is {owner}" in reason
+    Version = namedtuple("Version", "major minor micro releaselevel serial")
+    monkeypatch.setattr(sys, "version_info", Version(3, 14, 1, "final", 0))
+    monkeypatch.setattr(sys, "remote_exec", lambda pid, path: None, raising=False)
+    caller, reason = remote.decide_one(PID, fake_proc(tmp_path / "b", exe=str(mine)), ask)
+    assert reason is None and caller == [sys.executable, "-I", "-S"] and ask.commands == []  # type: ignore[attr-defined]
+
+
+def test_root_runs_a_root_owned_binary_in_root_owned_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    system = Path(os.path.realpath(sys.executable))
+    if any(p.stat().st_uid != 0 or p.stat().st_mode & 0o022 for p in (system, *system.parents)):
+        pytest.skip(f"{system} is not a root-owned install here")
+    if not remote.looks_like_python(system):
+        pytest.skip(f"{system.name} is not named like a python")
+    monkeypatch.setattr(remote.os, "geteuid", lambda: 0)
+    assert remote.untrusted_binary(PID, fake_proc(tmp_path, exe=str(system))) is None
+    caller, reason = remote.decide_one(PID, fake_proc(tmp_path / "b", exe=str(system)), asker_for((3, 14, 0)))
+    assert reason is None and caller == [str(tmp_path / "b" / "proc" / str(PID) / "exe"), "-I", "-S"]

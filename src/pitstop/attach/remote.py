@@ -103,6 +103,43 @@ def looks_like_python(path: Path | None) -> bool:
     return re.fullmatch(r"python(\d+(\.\d+)?[a-z]*)?", name) is not None
 
 
+def untrusted_binary(pid: int, proc: Path = procs.PROC) -> str | None:
+    """Why pitstop, as root, must not run the job's executable (None when it may, or pitstop is not root).
+
+    Root running a binary its owner can rewrite (or swap: a folder above it writable by them) would hand
+    that user root: the binary, and every folder above its path, must be root's and written by no group or
+    other. A binary since replaced or deleted on disk is not run either (its path no longer names it)."""
+    if os.geteuid() != 0:
+        return None
+    link = proc / str(pid) / "exe"
+    try:
+        path = Path(os.readlink(link))
+        st = os.stat(link)
+        on_disk = os.stat(path)
+    except OSError as exc:
+        return f"its executable could not be checked ({exc.strerror or exc})"
+    if (st.st_dev, st.st_ino) != (on_disk.st_dev, on_disk.st_ino):
+        return f"its executable {path} was replaced on disk since the job started"
+    for part in (path, *path.parents):
+        try:
+            info = st if part == path else os.stat(part)
+        except OSError as exc:
+            return f"{part} could not be checked ({exc.strerror or exc})"
+        if info.st_uid != 0:
+            return f"{part} is owned by uid {info.st_uid}, not root"
+        if info.st_mode & 0o022:
+            return f"{part} is writable by its group or others (mode {info.st_mode & 0o7777:o})"
+    return None
+
+
+def name_version(path: Path | None) -> tuple[int, int] | None:
+    """The X.Y a binary's name says (python3.14, python3.14t), for a binary pitstop will not run."""
+    if path is None:
+        return None
+    match = re.fullmatch(r"python(\d+)\.(\d+)[a-z]*", path.name.removesuffix(" (deleted)"))
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def ask(command: list[str]) -> Interpreter | None:
     """Run ``command -c QUERY`` (an interpreter with -I -S) and read what it says of itself."""
     try:
@@ -192,10 +229,15 @@ Asker = Callable[[list[str]], Interpreter | None]
 def decide_one(pid: int, proc: Path = procs.PROC, asker: Asker = ask) -> tuple[list[str] | None, str | None]:
     """(the caller command, None) when the full probe can be armed in ``pid``, else (None, the reason)."""
     exe = executable(pid, proc)
-    runnable = looks_like_python(exe)
+    distrust = untrusted_binary(pid, proc) if looks_like_python(exe) else None
+    runnable = looks_like_python(exe) and distrust is None
     exe_cmd = [str(proc / str(pid) / "exe"), "-I", "-S"]  # the job's binary, even one replaced on disk
     facts = asker(exe_cmd) if runnable else None
     version = facts.version[:2] if facts is not None else libpython_version(pid, proc)
+    if version is None and distrust is not None:
+        version = name_version(exe)
+    if version is None and distrust is not None:
+        return None, f"pitstop runs as root and will not run PID {pid}'s executable: {distrust}"
     if version is None:
         return None, f"could not tell which Python PID {pid} runs ({exe or 'no executable readable'})"
     if version < MIN_VERSION:
@@ -218,6 +260,12 @@ def decide_one(pid: int, proc: Path = procs.PROC, asker: Asker = ask) -> tuple[l
         return [sys.executable, "-I", "-S"], None
     if facts is not None:
         return exe_cmd, None
+    if distrust is not None:
+        return None, (
+            f"pitstop runs as root and will not run PID {pid}'s executable to make the call: {distrust} "
+            f"(its user could make it run their code as root); pitstop's own Python {own.major}.{own.minor} "
+            "cannot make the call itself"
+        )
     return None, (
         f"pitstop runs on Python {own.major}.{own.minor} (sys.remote_exec exists only from 3.14) and PID "
         f"{pid}'s executable ({exe}) is not a python interpreter pitstop can run to make the call"
