@@ -140,6 +140,15 @@ def test_on_a_machine_others_keep_busy_capping_is_said_to_cost_the_jobs_share() 
     g = finding(q, "cpu_oversubscribed")
     assert g is not None and g.evidence["others_runnable"] == 0.5 and g.confidence == 0.8
     assert "Other processes" not in g.summary
+    # the job's own other ranks are not "other processes", nor is load on cores outside its cpuset
+    ranks4 = _threads(torch_threads=16, local_ranks=4, runnable_threads=20.0, machine_run_queue=80.0)
+    r = finding(profile("cpu", steps(), cpu=ranks4), "cpu_oversubscribed")
+    assert r is not None and r.evidence["others_runnable"] == 0.0 and r.confidence == 0.8
+    cpuset = _threads(
+        cores_allowed=4, machine_cores=64, torch_threads=64, runnable_threads=4.5, machine_run_queue=40.5
+    )
+    c = finding(profile("cpu", steps(), cpu=cpuset), "cpu_oversubscribed")
+    assert c is not None and c.evidence["others_runnable"] == 2.25 and "Other processes" not in c.summary
 
 
 def test_threads_that_fit_are_no_finding() -> None:

@@ -29,9 +29,17 @@ def _busy_workers(ctx: RuleContext, workers: int) -> tuple[float, bool]:
     return float(workers), False
 
 
-def _others_runnable(machine: float | None, job: float | None) -> float | None:
-    """Runnable threads of other processes: the machine's run queue less the job's own (both sampled)."""
-    return None if machine is None or job is None else max(0.0, round(machine - job, 2))
+def _others_runnable(cpu: CpuThreads, ranks: int) -> float | None:
+    """Runnable threads of other processes on the cores the job may use: the machine's run queue less every
+    local rank's own (each rank sampled its process), scaled to the job's share of the machine's cores when a
+    cpuset or quota gives it fewer; None unless both queues were sampled."""
+    machine, job = cpu.machine_run_queue, cpu.runnable_threads
+    if machine is None or job is None or not cpu.cores_allowed:
+        return None
+    outside = max(0.0, machine - ranks * job)
+    if cpu.machine_cores and cpu.machine_cores > cpu.cores_allowed:
+        outside *= cpu.cores_allowed / cpu.machine_cores
+    return round(outside, 2)
 
 
 def _summary(cpu: CpuThreads, ranks: int, threads: int, workers: int, others: float | None) -> str:
@@ -93,7 +101,7 @@ def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
         "suggested_threads": fair,
     }
     measured_over = cpu.runnable_threads is not None and cpu.runnable_threads > cores
-    others = _others_runnable(cpu.machine_run_queue, cpu.runnable_threads)
+    others = _others_runnable(cpu, ranks)
     shared = others is not None and others >= cores  # other processes alone keep every core busy
     evidence["others_runnable"] = None if others is None else round(others, 2)
     ratio = demand / cores
