@@ -103,25 +103,30 @@ def test_tune_records_each_measured_fix_with_what_its_finding_predicted() -> Non
 
 
 def test_packing_per_example_gains_the_attention_of_the_padding_too() -> None:
-    """With a varlen attention (FlashAttention's) packing drops each padded row's L² to each example's own:
-    rows of 1024 holding examples of 512 keep half the dense work but a quarter of the attention, so the
-    estimate beats the token share; with a dense mask (SDPA) a packed row still attends over its width."""
+    """Flex attention over padded rows computes each row's L²; packed, each example's own: rows of 1024
+    holding examples of 512 keep half the dense work but a quarter of the attention, so the estimate beats the
+    token share. FlashAttention already unpads a padded batch: only the dense work falls, and the estimate is
+    below the token share. With a dense mask (SDPA) a packed row still attends over its width."""
     from pitstop.plan.flops import flops_per_token
 
-    def run(impl: str) -> Finding:
+    def run(impl: str, attended: int | None = 8 * 512 * 512) -> Finding:
         records = steps(wall=0.1, fwd=0.03, bwd=0.06, opt=0.01, rows=8, row_len=1024, real_frac=0.5)
         for s in records:
-            s.attended = 8 * 512 * 512
+            s.attended = attended
         p = profile("cuda", records)
         p.ranks[0].environment.attention.implementation = impl
         return _finding(p, "padding_waste")
 
-    flash, sdpa = run("flash_attention_2"), run("sdpa")
-    assert sdpa.est_speedup == pytest.approx(1 / (1 - 0.9 * 0.5), rel=0.01)  # the token share
+    flex, flash, sdpa = run("flex_attention"), run("flash_attention_2"), run("sdpa")
+    token_share = 1 / (1 - 0.9 * 0.5)
+    assert sdpa.est_speedup == pytest.approx(token_share, rel=0.01)
     fpt = flops_per_token(profile("cuda").environment.model, 1.0)
     assert fpt is not None
-    before = fpt.dense * 8192 + fpt.attention * 8 * 1024**2
     after = fpt.dense * 4096 + fpt.attention * 8 * 512**2
-    assert flash.est_speedup == pytest.approx(1 / (1 - 0.9 * (1 - after / before)), rel=0.01)
-    assert flash.est_speedup > sdpa.est_speedup
-    assert "packed per example (flash_attention_2)" in flash.speedup_basis
+    for finding, now in ((flex, 8 * 1024**2), (flash, 8 * 512**2)):
+        kept = after / (fpt.dense * 8192 + fpt.attention * now)
+        assert finding.est_speedup == pytest.approx(1 / (1 - 0.9 * (1 - kept)), rel=0.01)
+    assert flex.est_speedup > token_share > flash.est_speedup  # type: ignore[operator]
+    assert "packed per example (flex_attention)" in flex.speedup_basis
+    assert "already skips the padding" in flash.speedup_basis
+    assert run("flex_attention", attended=None).est_speedup == pytest.approx(token_share, rel=0.01)

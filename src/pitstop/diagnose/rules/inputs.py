@@ -192,33 +192,44 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
     )
 
 
-VARLEN = ("flash_attention_2", "flash_attention_3", "flex_attention")  # packed rows attend per example
+UNPADDED = ("flash_attention_2", "flash_attention_3")  # attend per example already: padding costs dense work
+VARLEN = (*UNPADDED, "flex_attention")  # packed rows attend per example
 
 
 def _packed_work(ctx: RuleContext) -> tuple[float | None, str]:
-    """The share of today's forward and backward FLOPs left once the batches are packed, when attention
-    packs per example (a varlen kernel): dense work falls with the tokens (T → R), attention from each padded
-    row's L² to each example's own (Σ L·T over rows → Σ L² over examples), so it falls faster than the
-    tokens. With a dense mask a packed row of width L still attends over L, and the share is R / T: None."""
+    """The share of today's forward and backward FLOPs left once the batches are packed, where attention
+    packs per example: dense work falls with the tokens (T → R); flex attention over padded rows computes
+    each row's L² and packed, each example's own (Σ L·T over rows → Σ L² over examples), so it falls faster
+    than the tokens; FlashAttention already unpads a padded batch, so its attention stays and only the dense
+    work falls (slower than the tokens). With a dense mask a packed row still attends over its width and the
+    share is R / T: None. Only steps that counted all four quantities are used."""
     from pitstop.plan.flops import flops_per_token
 
     impl = ctx.env.attention.implementation
-    steps = [s for r in ctx.profile.ranks for s in r.steps]
-    if impl not in VARLEN or not steps:
+    steps = [
+        s
+        for r in ctx.profile.ranks
+        for s in r.steps
+        if s.tokens and s.real_tokens and s.seq_len and s.attended
+    ]
+    fpt = flops_per_token(ctx.env.model, 1.0)  # attention FLOPs per token per position of context
+    if impl not in VARLEN or not steps or fpt is None or not fpt.attention:
         return None, ""
     tokens = sum(s.tokens or 0 for s in steps)
     real = sum(s.real_tokens or 0 for s in steps)
     padded = sum((s.tokens or 0) * (s.seq_len or 0) for s in steps)  # Σ over rows of L², L the row width
     attended = sum(s.attended or 0 for s in steps)  # Σ over examples of their own L²
-    fpt = flops_per_token(ctx.env.model, 1.0)  # attention FLOPs per token per position of context
-    if fpt is None or not fpt.attention or not (tokens and real and padded and attended):
-        return None, ""
-    before = fpt.dense * tokens + fpt.attention * padded
-    after = fpt.dense * real + fpt.attention * attended
-    kept = min(1.0, after / before)
+    now = attended if impl in UNPADDED else padded
+    before = fpt.dense * tokens + fpt.attention * now
+    kept = min(1.0, (fpt.dense * real + fpt.attention * attended) / before)
+    how = (
+        "its attention already skips the padding, the dense work falls with the tokens"
+        if impl in UNPADDED
+        else "dense work with the tokens, attention from each padded row's L² to each example's own"
+    )
     return kept, (
-        f"packed per example ({impl}), {kept:.0%} of the forward and backward FLOPs remain (dense work with "
-        "the tokens, attention from each padded row's L² to each example's own): 1/(1 − share·(1 − kept))"
+        f"packed per example ({impl}), {kept:.0%} of the forward and backward FLOPs remain ({how}): "
+        "1/(1 − share·(1 − kept))"
     )
 
 
