@@ -74,6 +74,8 @@ def test_a_dense_mask_packs_rows_no_wider_than_the_padded_ones_and_keeps_the_los
         assert float(model(**packed).loss) == pytest.approx(float(full), rel=1e-5)
     assert first_fit([0, 1, 2, 3], [5, 17, 9, 30], None) == [[0, 1, 2, 3]]  # varlen attention: one row
     assert first_fit([0, 1, 2, 3], [20, 20, 10, 12], 32) == [[0, 2], [1, 3]]
+    empty = padded_batch([0, 0], width=8)
+    assert pack_batch(empty, attn, PAD) is empty  # every row padding: nothing to pack, the batch as it was
 
 
 def test_trim_cuts_only_columns_that_are_padding_everywhere() -> None:

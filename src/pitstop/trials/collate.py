@@ -11,8 +11,8 @@ over labelled tokens) is the same:
   With a dense mask (SDPA, eager) a row's attention costs its whole width squared, so the examples are laid
   first-fit into rows no wider than the batch's padded rows, as packing a dataset into rows of that length
   does: one row of the whole batch would attend over more positions than the padded batch did (a padded
-  batch of 8 × 256 with 544 real tokens: 8 · 256² = 524k scores, one packed row 544² = 296k, rows of at
-  most 256: about 3 · 181² = 98k).
+  batch of 8 × 256 with 544 real tokens: 8 · 256² = 524k scores, one packed row 544² = 296k, three rows of
+  at most 256, padded to the longest of them: 3 · 244² = 179k).
 
 Both are module-level classes so DataLoader workers can pickle them under any start method.
 """
@@ -94,6 +94,8 @@ def pack_batch(batch: Any, attn: str, pad_token_id: int = 0) -> Any:
     from pitstop.data.collate import FLASH
 
     lens = [int(n) for n in lengths]
+    if not any(lens):
+        return batch  # no example left to pack (every row is padding)
     width = None if attn in (*FLASH, "flex_attention") else ids.shape[1]
     rows = [
         {
