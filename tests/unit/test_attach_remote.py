@@ -329,9 +329,12 @@ def test_a_process_that_never_imported_torch_is_left_out_and_the_others_give_the
     trainer, logger = PID, PID + 1
     calls: list[tuple[int, str]] = []
 
+    folders: list[Path] = []
+
     def caller(command: list[str], pid: int, script: Path) -> None:
         calls.append((pid, script.name))
         folder = script.parent
+        folders.append(folder)
         if script.name == "disarm.py":
             inject.status_path(folder, "disarmed", pid).write_text(json.dumps({"pid": pid}))
         elif pid == logger:
@@ -346,6 +349,9 @@ def test_a_process_that_never_imported_torch_is_left_out_and_the_others_give_the
     decision = remote.Decision([trainer, logger], caller=["python3.14"])
     ranks, notes = probed.probe_window(decision, 2.0, caller=caller)
     assert [r.pid for r in ranks] == [trainer]
+    # the logger's refused file says nothing of its disarm: both confirmed it, and the folder is gone
+    assert notes[1] == "disarmed: every patch restored in the job (confirmed by each process)"
+    assert not folders[0].exists()
     assert notes[0].startswith(
         f"full probe: armed in PID {trainer} by sys.remote_exec (PEP 768; Python 3.14.0"
     )

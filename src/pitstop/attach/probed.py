@@ -169,10 +169,18 @@ def _disarm(called: list[int], command: list[str], script: Path, folder: Path, c
             caller(command, pid, script)
     if not called:
         return True
-    with contextlib.suppress(RemoteFailed):
-        wait_for(folder, called, "disarmed", time.time() + DISARM_WAIT_S)
-        return True
-    return False
+    return wait_disarmed(folder, called, time.time() + DISARM_WAIT_S)
+
+
+def wait_disarmed(folder: Path, pids: list[int], deadline: float) -> bool:
+    """True once each PID wrote its ``disarmed`` file. Only those are read: a process's earlier ``refused`` or
+    ``error`` file (a logger that never imported torch, a window that failed) says nothing of its disarm."""
+    while True:
+        if all(inject.status_path(folder, "disarmed", pid).exists() for pid in pids):
+            return True
+        if time.time() > deadline:
+            return False
+        time.sleep(POLL_S)
 
 
 def _armed_note(armed: dict[int, dict[str, object]], decision: Decision, seconds: float) -> str:
