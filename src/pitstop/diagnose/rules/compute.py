@@ -6,6 +6,7 @@ import statistics
 
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import working
+from pitstop.diagnose.ranks import RanksAnalysis
 from pitstop.diagnose.rules.activity import Activity, read_activity
 from pitstop.findings import Finding, Use, use
 from pitstop.hardware import EXPECTED_MFU
@@ -431,6 +432,20 @@ def communication_bound(ctx: RuleContext) -> Finding | None:
     )
 
 
+def _accumulation(ctx: RuleContext, a: RanksAnalysis) -> tuple[float, float, float, bool]:
+    """(micro-batches per step, collectives per step, bytes per step, whether every micro-batch all-reduces
+    the gradients): more bytes per step than one set of fp16 gradients, or, the model's size unknown, at least
+    one collective per micro-batch."""
+    micro = (
+        statistics.median(s.micro_batches for r in ctx.profile.ranks for s in r.steps) if ctx.measured else 0
+    )
+    per_step = statistics.fmean(r.collectives_per_step for r in a.ranks)
+    bytes_per_step = statistics.fmean(r.bytes_per_step for r in a.ranks)
+    params = ctx.env.model.params_trainable or ctx.env.model.params_total
+    no_sync = micro >= 2 and (bytes_per_step >= 3 * params if params else per_step >= micro)
+    return micro, per_step, bytes_per_step, no_sync
+
+
 def _communication_live(ctx: RuleContext) -> Finding | None:
     from pitstop.interconnect import transport
 
@@ -439,15 +454,7 @@ def _communication_live(ctx: RuleContext) -> Finding | None:
     exposed = a.mean_frac("comm_s")
     moving = sum(b.transfer_s_per_step for b in a.bandwidth) / a.step_s if a.step_s > 0 else 0.0
     env = ctx.env
-    micro = (
-        statistics.median(s.micro_batches for r in ctx.profile.ranks for s in r.steps) if ctx.measured else 0
-    )
-    per_step = statistics.fmean(r.collectives_per_step for r in a.ranks)
-    bytes_per_step = statistics.fmean(r.bytes_per_step for r in a.ranks)
-    params = env.model.params_trainable or env.model.params_total
-    # every micro-batch all-reduces the gradients: more bytes per step than one set of fp16 gradients, or (the
-    # model's size unknown) at least one collective per micro-batch
-    no_sync = micro >= 2 and (bytes_per_step >= 3 * params if params else per_step >= micro)
+    micro, per_step, bytes_per_step, no_sync = _accumulation(ctx, a)
     # On a CPU the transfers and their reductions run on the cores that compute: what overlaps the backward
     # still takes its time from it. no_sync removes that time, overlapped or not; no other fix the rule
     # advises does on a CPU, so without accumulation the exposed share stands. A GPU computes meanwhile.
