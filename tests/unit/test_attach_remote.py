@@ -445,3 +445,46 @@ def test_root_runs_a_root_owned_binary_in_root_owned_folders(
     assert remote.untrusted_binary(PID, fake_proc(tmp_path, exe=str(system))) is None
     caller, reason = remote.decide_one(PID, fake_proc(tmp_path / "b", exe=str(system)), asker_for((3, 14, 0)))
     assert reason is None and caller == [str(tmp_path / "b" / "proc" / str(PID) / "exe"), "-I", "-S"]
+
+
+def test_a_job_that_keeps_answering_later_falls_back_with_the_mid_forward_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run of the script lands mid-forward ('later'). A script re-sent after arm_by would be refused as
+    late ('busy in C code'), hiding why: pitstop stops re-sending at arm_by, and a late refusal after 'later'
+    answers is still said as the mid-forward reason."""
+    monkeypatch.setattr(remote, "ARM_WAIT_S", 1.0)
+    plans: list[dict[str, Any]] = []
+
+    def make_plan(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        plans.append(remote.make_plan(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(probed, "make_plan", make_plan)
+    sent: list[str] = []
+
+    def caller(command: list[str], pid: int, script: Path) -> None:
+        sent.append(script.name)
+        folder = script.parent
+        if script.name == "disarm.py":
+            inject.status_path(folder, "disarmed", pid).write_text("{}")
+        elif time.time() > plans[-1]["arm_by"]:  # as inject._refusal answers a script run after arm_by
+            late = {"reason": inject.LATE, "late": True, "not_training": False}
+            inject.status_path(folder, "refused", pid).write_text(json.dumps(late))
+        else:
+            inject.status_path(folder, "later", pid).write_text(json.dumps({"reason": inject.MID_FORWARD}))
+
+    with pytest.raises(RemoteFailed, match=f"PID {PID} was inside a model's forward each of the"):
+        probed.probe_window(remote.Decision([PID], caller=["python3.14"]), 2.0, caller=caller)
+    assert sent.count("arm.py") >= 2 and sent[-1] == "disarm.py"
+    # a re-send that went out just before arm_by and ran after it: still the mid-forward reason
+    folder = tmp_path / "w"
+    folder.mkdir()
+    inject.status_path(folder, "later", PID).write_text("{}")
+
+    def late_resend(pid: int) -> None:
+        late = {"reason": inject.LATE, "late": True}
+        inject.status_path(folder, "refused", pid).write_text(json.dumps(late))
+
+    with pytest.raises(RemoteFailed, match="inside a model's forward each of the 2 times"):
+        probed.wait_for(folder, [PID], "armed", time.time() + 30, True, late_resend, time.time() + 30)

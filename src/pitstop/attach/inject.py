@@ -37,6 +37,7 @@ _MODULE_CALLS = ("_call_impl", "_wrapped_call_impl")
 _MODULE_FILE = os.path.join("torch", "nn", "modules", "module.py")
 WARMUP = 2  # a job hours in is warm: the first step after arming is partial, the second settles the hooks
 NOT_TRAINING = "this process has not imported torch: it is not a training process (nothing armed)"
+LATE = "the script ran after pitstop had stopped waiting for it (the main thread was busy in C code)"
 STEPS_CAP = 2000  # the most steps one window keeps, whatever its seconds
 
 
@@ -88,7 +89,7 @@ def arm(plan: dict[str, Any], added_path: str | None = None, had_pitstop: bool =
             _forget(added_path, had_pitstop)
             return False
         if reason is not None:
-            _say(plan, "refused", reason=reason, not_training=reason == NOT_TRAINING)
+            _say(plan, "refused", reason=reason, not_training=reason == NOT_TRAINING, late=reason == LATE)
             _forget(added_path, had_pitstop)
             return False
         torch = sys.modules["torch"]
@@ -105,7 +106,7 @@ def arm(plan: dict[str, Any], added_path: str | None = None, had_pitstop: bool =
 
 def _refusal(plan: dict[str, Any]) -> str | None:
     if time.time() > float(plan["arm_by"]):
-        return "the script ran after pitstop had stopped waiting for it (the main thread was busy in C code)"
+        return LATE
     if "torch" not in sys.modules:
         return NOT_TRAINING
     if inside_forward():

@@ -48,8 +48,9 @@ def probe_window(
         def resend(pid: int) -> None:
             caller(decision.caller or [], pid, arm_script)
 
+        arm_by = float(plan["arm_by"])
         armed = wait_for(
-            folder, decision.pids, "armed", float(plan["arm_by"]) + 1.0, skip_idle=True, resend=resend
+            folder, decision.pids, "armed", arm_by + 1.0, skip_idle=True, resend=resend, resend_by=arm_by
         )
         if not armed:
             shown = ", ".join(map(str, decision.pids))
@@ -86,11 +87,13 @@ def wait_for(
     deadline: float,
     skip_idle: bool = False,
     resend: Callable[[int], None] | None = None,
+    resend_by: float | None = None,
 ) -> dict[int, dict[str, object]]:
     """Each PID's ``kind`` status; RemoteFailed at the first refusal or error, or at the deadline.
     ``skip_idle``: a process that refused because it never imported torch (a shell's other child, a logger)
     is left out of the answer instead. ``resend``: a process that said 'later' (mid-forward) is sent the
-    script again after a short random pause, until the deadline."""
+    script again after a short random pause, until ``resend_by`` (the plan's arm_by: a script the job runs
+    after it arms nothing, and its refusal would hide the mid-forward reason)."""
     seen: dict[int, dict[str, object]] = {}
     idle: set[int] = set()
     tries: dict[int, int] = {}  # 'later' answers per PID
@@ -100,12 +103,15 @@ def wait_for(
             if resend is not None and later.exists():
                 later.unlink()
                 tries[pid] = tries.get(pid, 0) + 1
-                time.sleep(random.uniform(0.02, 0.2))  # not in step with the job's forwards
-                resend(pid)
-            refused = read_status(folder, "refused", pid) if skip_idle else None
-            if refused is not None and refused.get("not_training"):
+                if resend_by is None or time.time() < resend_by:
+                    time.sleep(random.uniform(0.02, 0.2))  # not in step with the job's forwards
+                    resend(pid)
+            refused = read_status(folder, "refused", pid)
+            if refused is not None and refused.get("not_training") and skip_idle:
                 idle.add(pid)
                 continue
+            if refused is not None and refused.get("late") and tries.get(pid):
+                raise RemoteFailed(_mid_forward(pid, tries[pid] + 1))
             _raise_if_failed(folder, pid)
             status = read_status(folder, kind, pid)
             if status is not None:
@@ -115,15 +121,19 @@ def wait_for(
         if time.time() > deadline:
             missing = [p for p in pids if p not in seen and p not in idle]
             if tries.get(missing[0]):
-                raise RemoteFailed(
-                    f"PID {missing[0]} was inside a model's forward each of the {tries[missing[0]] + 1} times "
-                    "pitstop's script ran (the probe is armed between two forwards only)"
-                )
+                raise RemoteFailed(_mid_forward(missing[0], tries[missing[0]]))
             raise RemoteFailed(
                 f"PID {missing[0]} did not run pitstop's script in time (its main thread never reached a "
                 "Python bytecode: blocked in C code, or stopped)"
             )
         time.sleep(POLL_S)
+
+
+def _mid_forward(pid: int, times: int) -> str:
+    return (
+        f"PID {pid} was inside a model's forward each of the {times} times pitstop's script ran (the probe "
+        "is armed between two forwards only)"
+    )
 
 
 def _raise_if_failed(folder: Path, pid: int) -> None:
