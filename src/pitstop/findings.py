@@ -86,7 +86,7 @@ class Saving:
             return None
         try:
             price, money = data.get("price_per_gpu_hour"), data.get("money")
-            return cls(
+            saving = cls(
                 seconds=float(data["seconds"]),
                 gpu_hours=float(data["gpu_hours"]),
                 remaining_steps=int(data["remaining_steps"]),
@@ -97,8 +97,11 @@ class Saving:
                 price_per_gpu_hour=None if price is None else float(price),
                 money=None if money is None else float(money),
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # int(inf) overflows, int(nan) is ValueError
             return None
+        figures = (saving.seconds, saving.gpu_hours, saving.step_s, saving.price_per_gpu_hour, saving.money)
+        # float("nan") and float("inf") parse: a report must not say "nan s ($inf)" from a damaged document
+        return saving if all(x is None or math.isfinite(x) for x in figures) else None
 
 
 @dataclass

@@ -330,3 +330,21 @@ def test_analyze_saves_over_trainer_state_steps_left_and_takes_total_steps(
     assert s["money"] == pytest.approx(s["gpu_hours"] * 2.0, abs=0.01)
     s = saving(total_steps=2000)
     assert (s["remaining_steps"], s["length_from"], s["money"]) == (1750, "--total-steps", None)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("seconds", "nan"),
+        ("gpu_hours", "inf"),
+        ("step_s", "-inf"),
+        ("money", "nan"),
+        ("price_per_gpu_hour", "inf"),
+    ],
+)
+def test_a_saving_that_is_not_a_finite_number_reads_as_none(field: str, value: str) -> None:
+    good = Saving(39.2, 0.01, 980, 1000, 0.1, 1, TRAINER, 2.0, 0.02).to_dict()
+    assert Saving.from_dict(good) is not None
+    assert Saving.from_dict(good | {field: float(value)}) is None  # as json.loads reads NaN / Infinity
+    assert Saving.from_dict(good | {field: value}) is None  # as a string
+    assert Saving.from_dict(good | {"remaining_steps": float("inf")}) is None  # int(inf): OverflowError
