@@ -488,3 +488,21 @@ def test_a_job_that_keeps_answering_later_falls_back_with_the_mid_forward_reason
 
     with pytest.raises(RemoteFailed, match="inside a model's forward each of the 2 times"):
         probed.wait_for(folder, [PID], "armed", time.time() + 30, True, late_resend, time.time() + 30)
+
+
+def test_a_job_in_another_mount_namespace_is_said_unable_to_read_the_script(tmp_path: Path) -> None:
+    """A container's or a PrivateTmp service's job sees another /tmp: the script's path names nothing there."""
+    proc = fake_proc(tmp_path)
+    (proc / "self" / "ns").mkdir(parents=True)
+    (proc / "self" / "ns" / "mnt").symlink_to("mnt:[4026531841]")
+    (proc / str(PID) / "ns").mkdir()
+    (proc / str(PID) / "ns" / "mnt").symlink_to("mnt:[4026532999]")
+    caller, reason = remote.decide_one(PID, proc, asker_for((3, 14, 0)))
+    assert caller is None
+    assert reason == (
+        f"PID {PID} runs in another mount namespace (mnt:[4026532999], pitstop's is mnt:[4026531841]: a "
+        "container or a private /tmp): it cannot read the script pitstop writes"
+    )
+    (proc / str(PID) / "ns" / "mnt").unlink()
+    (proc / str(PID) / "ns" / "mnt").symlink_to("mnt:[4026531841]")  # the same namespace: armed
+    assert remote.decide_one(PID, proc, asker_for((3, 14, 0)))[1] is None

@@ -210,6 +210,23 @@ def _environ(proc: Path, pid: int, *names: str) -> dict[str, str]:
     return {k.decode(): v.decode(errors="replace") for k, v in pairs if k.decode() in names}
 
 
+def other_mount_namespace(pid: int, proc: Path = procs.PROC) -> str | None:
+    """Why the job cannot read pitstop's script folder: it sees another filesystem (a container, systemd's
+    PrivateTmp), so the path handed to sys.remote_exec names nothing there, or another file. None when
+    both share one mount namespace, or either link cannot be read (the call then says what it finds)."""
+    try:
+        own = os.readlink(proc / "self" / "ns" / "mnt")
+        theirs = os.readlink(proc / str(pid) / "ns" / "mnt")
+    except OSError:
+        return None
+    if own == theirs:
+        return None
+    return (
+        f"PID {pid} runs in another mount namespace ({theirs}, pitstop's is {own}: a container or a private "
+        "/tmp): it cannot read the script pitstop writes"
+    )
+
+
 def rank_pids(pid: int, proc: Path = procs.PROC) -> list[int]:
     """The processes to arm: the ranks below a launcher (the topmost processes with RANK in their
     environment; their DataLoader workers inherit it from them), else the topmost Python processes of the
@@ -246,7 +263,7 @@ def decide_one(pid: int, proc: Path = procs.PROC, asker: Asker = ask) -> tuple[l
             None,
             f"PID {pid} runs Python {shown}: sys.remote_exec (PEP 768) needs the job on 3.14 or newer",
         )
-    blocked = disabled_by_job(pid, proc)
+    blocked = disabled_by_job(pid, proc) or other_mount_namespace(pid, proc)
     if blocked is not None:
         return None, blocked
     if facts is not None and (facts.remote_debug_built == 0 or not facts.has_remote_exec):
