@@ -506,3 +506,21 @@ def test_a_job_in_another_mount_namespace_is_said_unable_to_read_the_script(tmp_
     (proc / str(PID) / "ns" / "mnt").unlink()
     (proc / str(PID) / "ns" / "mnt").symlink_to("mnt:[4026531841]")  # the same namespace: armed
     assert remote.decide_one(PID, proc, asker_for((3, 14, 0)))[1] is None
+
+
+def test_a_probe_that_disables_itself_says_its_error_and_is_no_longer_armed(tmp_path: Path) -> None:
+    """An internal error in the window disables the probe (Probe.disable: hooks removed, no on_done). The arm
+    writes error-PID.json with that error at once, so pitstop's wait fails with it instead of waiting out
+    the deadline and blaming too few steps; the arm and its watchdog are gone, every patch restored."""
+    pytest.importorskip("torch")
+    before = _hooks_state()
+    plan = remote.make_plan(tmp_path, seconds=5, steps=None)
+    assert inject.arm(plan)
+    assert inject._armed is not None
+    inject._armed.probe.disable(RuntimeError("a collector broke"))
+    error = json.loads(inject.status_path(tmp_path, "error", os.getpid()).read_text())
+    assert error["error"] == "the probe disabled itself after an internal error: RuntimeError: a collector broke"
+    assert inject._armed is None and not _watchdogs() and _hooks_state() == before
+    with pytest.raises(RemoteFailed, match=f"PID {os.getpid()} did not arm the probe: the probe disabled"):
+        probed.wait_profiles(tmp_path, [os.getpid()], time.time() + 30)
+    assert inject.disarm(plan) is False  # pitstop's disarm still confirmed, nothing left to remove

@@ -141,6 +141,7 @@ def _install(plan: dict[str, Any], added_path: str | None, had_pitstop: bool) ->
     token = str(plan["token"])
     probe = Probe(config, on_done=lambda profile: _finished(token, profile))
     probe.step_listeners.append(_window_clock(probe, float(plan["seconds"])))
+    probe.disable_listeners.append(lambda error: _disabled(token, error))
     timer = threading.Timer(max(0.0, float(plan["expires_at"]) - time.time()), _expire, (token,))
     timer.daemon = True
     timer.name = "pitstop-attach-watchdog"
@@ -205,6 +206,21 @@ def _finished(token: str, profile: Any) -> None:
     with _lock:
         _armed = None
     _stop(armed.timer)
+    _forget(armed.added_path, armed.had_pitstop)
+
+
+def _disabled(token: str, error: str) -> None:
+    """The probe disabled itself after an internal error (its hooks already removed): pitstop is told at
+    once, in the error file, instead of waiting for a profile until the deadline; the arm is cleared."""
+    global _armed
+    armed = _armed
+    if armed is None or armed.token != token:
+        return
+    _say(armed.plan, "error", error=f"the probe disabled itself after an internal error: {error}")
+    with _lock:
+        _armed = None
+    _stop(armed.timer)
+    _halt(armed.probe)  # whatever disable left (it removes hooks and collectors; this is idempotent)
     _forget(armed.added_path, armed.had_pitstop)
 
 

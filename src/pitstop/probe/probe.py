@@ -101,6 +101,7 @@ class Probe:
         self.timeline = StepTimeline(self._close_step)
         self.records: list[StepRecord] = []
         self.step_listeners: list[Callable[[], None]] = []  # told after each optimizer step (live views)
+        self.disable_listeners: list[Callable[[str], None]] = []  # told the error that disabled the probe
         self._measured = 0  # records past the warm-up, counted as they come (not recounted every step)
         self._stream = RankStream(config.out_dir) if config.out_dir is not None else None
         self.environment: Environment | None = None
@@ -195,6 +196,11 @@ class Probe:
             "your run continues unobserved",
             file=sys.stderr,
         )
+        for listener in self.disable_listeners:  # attach's arm: its window ends here, with this error
+            try:
+                listener(self.errors[-1])
+            except Exception:  # a listener's failure never reaches the run
+                pass
 
     # -- listener callbacks: the step events go to the timeline, the rest to their collectors ------------
     def on_iterator(self, iterator: Any, loader: Any) -> None:
