@@ -519,7 +519,9 @@ def test_a_probe_that_disables_itself_says_its_error_and_is_no_longer_armed(tmp_
     assert inject._armed is not None
     inject._armed.probe.disable(RuntimeError("a collector broke"))
     error = json.loads(inject.status_path(tmp_path, "error", os.getpid()).read_text())
-    assert error["error"] == "the probe disabled itself after an internal error: RuntimeError: a collector broke"
+    assert (
+        error["error"] == "the probe disabled itself after an internal error: RuntimeError: a collector broke"
+    )
     assert inject._armed is None and not _watchdogs() and _hooks_state() == before
     with pytest.raises(RemoteFailed, match=f"PID {os.getpid()} did not arm the probe: the probe disabled"):
         probed.wait_profiles(tmp_path, [os.getpid()], time.time() + 30)

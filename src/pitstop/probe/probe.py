@@ -17,6 +17,7 @@ once (``probe.stream``), so a process killed by a signal still leaves what it me
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -197,10 +198,8 @@ class Probe:
             file=sys.stderr,
         )
         for listener in self.disable_listeners:  # attach's arm: its window ends here, with this error
-            try:
+            with contextlib.suppress(Exception):  # a listener's failure never reaches the run
                 listener(self.errors[-1])
-            except Exception:  # a listener's failure never reaches the run
-                pass
 
     # -- listener callbacks: the step events go to the timeline, the rest to their collectors ------------
     def on_iterator(self, iterator: Any, loader: Any) -> None:
