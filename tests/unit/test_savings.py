@@ -14,10 +14,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 from tests.factories import profile, steps
+from typer.testing import CliRunner
 
 from pitstop.cli.analyze import run_analyze
+from pitstop.cli.app import app
 from pitstop.cli.doctor import run_doctor
 from pitstop.cli.errors import UserError
+from pitstop.cli.money import resolve_price, resolve_total_steps
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.diagnose.document import read_run
@@ -25,6 +28,7 @@ from pitstop.diagnose.savings import (
     UNKNOWN,
     add_savings,
     parse_price,
+    parse_total_steps,
     price_from_env,
     run_length,
     step_seconds,
@@ -324,11 +328,13 @@ def test_analyze_saves_over_trainer_state_steps_left_and_takes_total_steps(
         assert found["est_speedup"] > 1
         return dict(found["saving"], est_speedup=found["est_speedup"])
 
-    s = saving(price_per_gpu_hour=2.0)  # 750 steps left at the Trainer's 100 s / 250 steps
+    s = saving(
+        price_per_gpu_hour="2.0"
+    )  # as the command line gives it; 750 steps left at the Trainer's 100 s / 250 steps
     assert (s["remaining_steps"], s["step_s"], s["length_from"]) == (750, 0.4, "trainer_state.json max_steps")
     assert s["seconds"] == pytest.approx(750 * 0.4 * (1 - 1 / s["est_speedup"]), rel=1e-3)
     assert s["money"] == pytest.approx(s["gpu_hours"] * 2.0, abs=0.01)
-    s = saving(total_steps=2000)
+    s = saving(total_steps="2000")
     assert (s["remaining_steps"], s["length_from"], s["money"]) == (1750, "--total-steps", None)
 
 
@@ -348,3 +354,56 @@ def test_a_saving_that_is_not_a_finite_number_reads_as_none(field: str, value: s
     assert Saving.from_dict(good | {field: float(value)}) is None  # as json.loads reads NaN / Infinity
     assert Saving.from_dict(good | {field: value}) is None  # as a string
     assert Saving.from_dict(good | {"remaining_steps": float("inf")}) is None  # int(inf): OverflowError
+
+
+BAD_OPTIONS = [
+    (["--price-per-gpu-hour", "abc"], "--price-per-gpu-hour 'abc': not a price per GPU-hour"),
+    (["--price-per-gpu-hour", "-1"], "--price-per-gpu-hour '-1': not a price"),  # as typed, not '-1.0'
+    (["--price-per-gpu-hour", "nan"], "--price-per-gpu-hour 'nan': not a price"),
+    (["--total-steps", "-5"], "--total-steps '-5': not a number of optimizer steps"),
+    (["--total-steps", "0"], "--total-steps '0': not a number of optimizer steps"),
+    (["--total-steps", "1e3"], "--total-steps '1e3': not a number of optimizer steps"),
+    (["--total-steps", "2.5"], "--total-steps '2.5': not a number of optimizer steps"),
+]
+
+
+@pytest.mark.parametrize(("option", "said"), BAD_OPTIONS)
+def test_doctor_refuses_a_bad_price_or_length_in_one_line_before_the_run(
+    option: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PITSTOP_PRICE_PER_GPU_HOUR", raising=False)
+    marker = tmp_path / "ran"  # the command would create it: a refusal comes before the job starts
+    command = ["python", "-c", f"open({str(marker)!r}, 'w')"]
+    result = CliRunner().invoke(app, ["doctor", "--no-history", *option, "--", *command])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line, no usage box
+    assert said in result.stderr and "Usage" not in result.output and not marker.exists()
+
+
+@pytest.mark.parametrize(("option", "said"), BAD_OPTIONS)
+def test_analyze_refuses_a_bad_price_or_length_in_one_line(
+    option: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PITSTOP_PRICE_PER_GPU_HOUR", raising=False)
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 1, "log_history": []}))
+    result = CliRunner().invoke(app, ["analyze", str(tmp_path), "--no-history", *option])
+    # the UserError reaches main(), which prints it as one line and exits with its code (test_dcgm does so too)
+    assert isinstance(result.exception, UserError) and result.exception.code == 2, result.output
+    assert said in str(result.exception) and "\n" not in str(result.exception)
+    assert "Usage" not in result.output
+
+
+def test_good_values_as_typed_and_from_code() -> None:
+    assert (resolve_price("2.5"), resolve_price(2.5), resolve_price(" 3 ")) == (2.5, 2.5, 3.0)
+    assert (resolve_total_steps("5000"), resolve_total_steps(" 1_000 "), resolve_total_steps(700)) == (
+        5000,
+        1000,
+        700,
+    )
+    assert resolve_total_steps(None) is None and parse_total_steps("") is None
+    for bad in ("-0", "+5", "１２", "10000000000000", "5 000"):
+        with pytest.raises(ValueError):
+            parse_total_steps(bad)
+    with pytest.raises(UserError) as err:
+        resolve_total_steps(0)
+    assert err.value.code == 2 and str(err.value).startswith("--total-steps '0':")

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 
 from pitstop.cli.errors import UserError
-from pitstop.cli.money import resolve_price, with_savings
+from pitstop.cli.money import resolve_price, resolve_total_steps, with_savings
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.energy import cost_per_million_tokens
@@ -47,11 +47,12 @@ def run_analyze(
     outputs: Outputs,
     jobs: int | None = None,
     dask: str | None = None,
-    price_per_gpu_hour: float | None = None,
-    total_steps: int | None = None,
+    price_per_gpu_hour: str | float | None = None,  # as typed: cli/money.py parses and refuses it
+    total_steps: str | int | None = None,
 ) -> int:
     outputs.check()
     price = resolve_price(price_per_gpu_hour)
+    total = resolve_total_steps(total_steps)
     if dask is not None:
         _require_dask()
     console = Console(stderr=True)
@@ -68,7 +69,7 @@ def run_analyze(
     except IngestError as exc:
         raise UserError(str(exc), 2) from None
     diagnosis = diagnose(profile)
-    with_savings(diagnosis, price, total_steps)
+    with_savings(diagnosis, price, total)
     doc = diagnosis.to_dict() | {"inputs": inputs.kinds}
     cost = _cost(diagnosis.metrics, price, profile.world_size) if price is not None else None
     if cost is not None:

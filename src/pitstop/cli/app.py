@@ -35,19 +35,20 @@ HistoryOpt = Annotated[
 NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not record this result in the history.")]
 CommandArg = Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")]
 TimeoutOpt = Annotated[float | None, typer.Option(help="Stop the command after this many seconds.")]
-PriceOpt = Annotated[
-    float | None,
+PriceOpt = Annotated[  # text, parsed by cli/money.py: a bad one is one line, not typer's usage box
+    str | None,
     typer.Option(
         "--price-per-gpu-hour",
+        metavar="FLOAT",
         help="What a GPU costs per hour: adds the cost per million real tokens and what each fix would save "
         "in money (default: $PITSTOP_PRICE_PER_GPU_HOUR).",
     ),
 ]
-TotalStepsOpt = Annotated[
-    int | None,
+TotalStepsOpt = Annotated[  # text, parsed by cli/money.py like the price
+    str | None,
     typer.Option(
         "--total-steps",
-        min=1,
+        metavar="N",
         help="The run's length in optimizer steps, where it does not say (a plain loop): each finding then "
         "says the time (and money) its fix would save over the steps left.",
     ),

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from pitstop.cli.errors import UserError
 from pitstop.cli.live import Feed, LiveView, make_view
-from pitstop.cli.money import resolve_price, with_savings
+from pitstop.cli.money import resolve_price, resolve_total_steps, with_savings
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.stopping import WindowRule
@@ -102,11 +102,12 @@ def run_doctor(
     timeout: float | None,
     outputs: Outputs,
     auto: bool = False,
-    price_per_gpu_hour: float | None = None,
-    total_steps: int | None = None,
+    price_per_gpu_hour: str | float | None = None,  # as typed: cli/money.py parses and refuses it
+    total_steps: str | int | None = None,
 ) -> int:
     outputs.check()
-    price = resolve_price(price_per_gpu_hour)  # a bad price is refused before the run starts
+    price = resolve_price(price_per_gpu_hour)  # a bad price or length is refused before the run starts
+    total = resolve_total_steps(total_steps)
     quiet = (
         quiet or outputs.takes_stdout()
     )  # '-': standard output holds the document alone, not the job's lines
@@ -116,7 +117,7 @@ def run_doctor(
     )
     diagnosis = _with_single_rank_reference(diagnosis, outputs)
     diagnosis = _with_calibration(diagnosis, outputs)
-    with_savings(diagnosis, price, total_steps)  # from the calibrated estimates
+    with_savings(diagnosis, price, total)  # from the calibrated estimates
     doc = diagnosis.to_dict()
     outputs.write(doc)
     render(diagnosis, outputs.terminal())

@@ -7,7 +7,13 @@ import os
 
 from pitstop.cli.errors import UserError
 from pitstop.diagnose import Diagnosis
-from pitstop.diagnose.savings import PRICE_ENV, add_savings, parse_price
+from pitstop.diagnose.savings import (
+    PRICE_ENV,
+    TOTAL_STEPS_OPTION,
+    add_savings,
+    parse_price,
+    parse_total_steps,
+)
 
 
 def with_savings(diagnosis: Diagnosis, price: float | None, total_steps: int | None) -> None:
@@ -18,11 +24,20 @@ def with_savings(diagnosis: Diagnosis, price: float | None, total_steps: int | N
         diagnosis.notes.append(note)
 
 
-def resolve_price(given: float | None) -> float | None:
-    """The price per GPU-hour: the option, else $PITSTOP_PRICE_PER_GPU_HOUR; a price that is not a positive
-    number is refused in one line."""
+def resolve_price(given: str | float | None) -> float | None:
+    """The price per GPU-hour: the option as the user typed it, else $PITSTOP_PRICE_PER_GPU_HOUR; a price that
+    is not a positive number is refused in one line that quotes what was given."""
     try:
         return parse_price(os.environ.get(PRICE_ENV) if given is None else str(given))
     except ValueError as exc:
         where = "--price-per-gpu-hour" if given is not None else PRICE_ENV
         raise UserError(f"{where} {exc}", 2) from None
+
+
+def resolve_total_steps(given: str | int | None) -> int | None:
+    """The run's length the user gave (``--total-steps``, as typed), or None; one that is not a whole number of
+    steps from 1 is refused in one line before anything runs."""
+    try:
+        return parse_total_steps(None if given is None else str(given))
+    except ValueError as exc:
+        raise UserError(f"{TOTAL_STEPS_OPTION} {exc}", 2) from None

@@ -20,6 +20,7 @@ from pitstop.vocabulary import Source
 
 PRICE_ENV = "PITSTOP_PRICE_PER_GPU_HOUR"
 TOTAL_STEPS_OPTION = "--total-steps"
+MAX_TOTAL_STEPS = 10**12  # past any run; a longer "length" is a typo
 PROBED = (Source.DOCTOR, Source.CALLBACK, Source.WATCH, Source.TUNE)  # step indexes are the run's own
 UNKNOWN = (
     "time and money each fix would save over the rest of the run: not given, because the run's length is "
@@ -138,6 +139,17 @@ def parse_price(text: str | None) -> float | None:
     if not math.isfinite(price) or not 0 < price < 1e6:
         raise ValueError(f"{text[:40]!r}: not a price per GPU-hour (a positive number, e.g. 2.5)")
     return price
+
+
+def parse_total_steps(text: str | None) -> int | None:
+    """A run's length in optimizer steps from text (None: none given); ValueError when it is not a whole
+    number of steps (1e3 and 2.5 are refused rather than rounded: a length is counted, not measured)."""
+    if text is None or not text.strip():
+        return None
+    digits = text.strip().replace("_", "")
+    if not digits.isascii() or not digits.isdigit() or not 0 < int(digits) <= MAX_TOTAL_STEPS:
+        raise ValueError(f"{text[:40]!r}: not a number of optimizer steps (a whole number from 1, e.g. 5000)")
+    return int(digits)
 
 
 def price_from_env() -> float | None:
