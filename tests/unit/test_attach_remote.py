@@ -526,3 +526,36 @@ def test_a_probe_that_disables_itself_says_its_error_and_is_no_longer_armed(tmp_
     with pytest.raises(RemoteFailed, match=f"PID {os.getpid()} did not arm the probe: the probe disabled"):
         probed.wait_profiles(tmp_path, [os.getpid()], time.time() + 30)
     assert inject.disarm(plan) is False  # pitstop's disarm still confirmed, nothing left to remove
+
+
+class _Killed(Exception):
+    """What the default SIGTERM action stands for here: pitstop gone, no finally."""
+
+
+def test_sigterm_during_the_window_still_disarms(tmp_path: Path) -> None:
+    """SIGTERM (kill, a closed session's SIGHUP alike) while pitstop waits for the profile: it becomes a
+    KeyboardInterrupt, so the finally sends the disarm; the handlers in place before come back after."""
+    import signal
+
+    def default(signum: int, frame: object) -> None:  # stands in for SIG_DFL, which would end pytest
+        raise _Killed
+
+    old = {sig: signal.signal(sig, default) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    sent: list[str] = []
+
+    def caller(command: list[str], pid: int, script: Path) -> None:
+        sent.append(script.name)
+        if script.name == "disarm.py":
+            inject.status_path(script.parent, "disarmed", pid).write_text("{}")
+            return
+        inject.status_path(script.parent, "armed", pid).write_text(json.dumps({"python": "3.14.0"}))
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()  # mid-window, no profile yet
+
+    try:
+        with pytest.raises(KeyboardInterrupt, match="received signal"):
+            probed.probe_window(remote.Decision([PID], caller=["python3.14"]), 30.0, caller=caller)
+        assert sent == ["arm.py", "disarm.py"]
+        assert signal.getsignal(signal.SIGTERM) is default and signal.getsignal(signal.SIGHUP) is default
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)

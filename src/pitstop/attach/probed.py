@@ -10,11 +10,14 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from pitstop.attach import inject
 from pitstop.attach.remote import Decision, RemoteFailed, call, make_plan, read_status, script_text
@@ -38,6 +41,16 @@ def probe_window(
     for path, action in ((arm_script, "arm"), (disarm_script, "disarm")):
         path.write_text(script_text(action, plan, decision.pids[0]))
         share_with(path, decision.pids[0])
+    with interrupted_by_signals():
+        return _window(decision, seconds, caller, folder, plan)
+
+
+def _window(
+    decision: Decision, seconds: float, caller: Caller, folder: Path, plan: dict[str, Any]
+) -> tuple[list[RankProfile], list[str]]:
+    """The arm, the waits, and the disarm in a ``finally`` (the scripts already written in ``folder``)."""
+    assert decision.caller is not None
+    arm_script, disarm_script = folder / "arm.py", folder / "disarm.py"
     called: list[int] = []
     notes: list[str] = []
     try:
@@ -67,6 +80,30 @@ def probe_window(
                 f"not every process confirmed the disarm within {DISARM_WAIT_S:g} s; the watchdog armed in the "
                 f"job removes the probe by itself at its deadline ({folder} kept)"
             )
+
+
+@contextlib.contextmanager
+def interrupted_by_signals() -> Iterator[None]:
+    """SIGTERM / SIGHUP to pitstop (a closed terminal, ``kill``, a job scheduler) during the window raise
+    KeyboardInterrupt, so the ``finally`` still disarms the job; their default ends pitstop on the spot,
+    leaving the probe armed until the watchdog. Once only: a second signal during the disarm is ignored.
+    The main thread only (signal handlers cannot be set elsewhere); the old handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if not fired:
+            fired.append(signum)
+            raise KeyboardInterrupt(f"pitstop received signal {signum}: disarming")
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 def share_with(path: Path, pid: int) -> None:
