@@ -559,3 +559,33 @@ def test_sigterm_during_the_window_still_disarms(tmp_path: Path) -> None:
     finally:
         for sig, previous in old.items():
             signal.signal(sig, previous)
+
+
+@pytest.mark.slow
+def test_a_forked_worker_does_not_inherit_the_armed_probe(tmp_path: Path) -> None:
+    """A DataLoader worker forked while the probe is armed: in the child the arm is gone and the probe's
+    hooks are off (its patches restored); the parent stays armed until its disarm."""
+    pytest.importorskip("torch")
+    before = _hooks_state()
+    plan = remote.make_plan(tmp_path, seconds=5, steps=None)
+    assert inject.arm(plan)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        try:
+            probe = inject._armed.probe if inject._armed is not None else None
+            seen = {"armed": inject._armed is not None, "restored": _hooks_state() == before}
+            seen["probe_armed"] = probe is not None
+            os.write(write, json.dumps(seen).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        seen = json.loads(pipe.read())
+    os.waitpid(child, 0)
+    try:
+        assert seen == {"armed": False, "restored": True, "probe_armed": False}
+        assert inject._armed is not None and inject._armed.probe.hooks.active  # the parent's window goes on
+    finally:
+        inject.disarm(plan)
+    assert _hooks_state() == before

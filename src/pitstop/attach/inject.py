@@ -55,6 +55,25 @@ _armed: Armed | None = None
 _lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) inherits the armed probe: its hooks would run there, measuring
+    the worker's own calls into a window that is the parent's. Turned off in the child at once: the hooks
+    pass through and the patches are restored; no lock (another thread may have held it at the fork), no
+    collector's thread (none exists in the child), nothing written."""
+    global _armed
+    armed, _armed = _armed, None
+    if armed is None:
+        return
+    with contextlib.suppress(Exception):
+        armed.probe.hooks.active = False
+        armed.probe.disabled = armed.probe.finished = True
+        armed.probe.hooks.remove()
+
+
+if hasattr(os, "register_at_fork"):  # once per import; a later import's registration finds nothing armed
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def status_path(folder: Path | str, kind: str, pid: int) -> Path:
     return Path(folder) / f"{kind}-{pid}.json"
 
