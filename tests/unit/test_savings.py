@@ -27,6 +27,7 @@ from pitstop.diagnose.document import read_run
 from pitstop.diagnose.savings import (
     UNKNOWN,
     add_savings,
+    gpus_paid,
     parse_price,
     parse_total_steps,
     price_from_env,
@@ -50,10 +51,10 @@ from pitstop.wholerun.windows import WindowSpec
 TRAINER = "the Trainer's max_steps"
 
 
-def loader_bound(ranks: int = 1, **env: Any) -> RunProfile:
+def loader_bound(ranks: int = 1, device: str = "cuda", **env: Any) -> RunProfile:
     """A doctor run whose step waits 40 % on a DataLoader without workers: dataloader_bound, est. ×1/(1−0.4)."""
     p = profile(
-        "cpu",
+        device,
         steps(n=20, wall=0.1, data=0.04),
         ranks=ranks,
         dataloader=DataLoaderInfo(num_workers=0, batch_size=8),
@@ -407,3 +408,44 @@ def test_good_values_as_typed_and_from_code() -> None:
     with pytest.raises(UserError) as err:
         resolve_total_steps(0)
     assert err.value.code == 2 and str(err.value).startswith("--total-steps '0':")
+
+
+def test_a_cpu_run_saves_wall_time_but_no_gpu_hours_nor_money() -> None:
+    # a DDP job of 4 CPU processes: before, "GPU-h" and money at a GPU's price for 4 GPUs it never had
+    d, note = diagnosed(
+        loader_bound(ranks=4, device="cpu", world_size=4, total_steps=1000, total_steps_from=TRAINER),
+        price=2.0,
+    )
+    s = loader_finding(d).saving
+    assert note is None and s is not None
+    assert s.seconds == pytest.approx(980 * 0.1 * 0.4)  # the wall time stays
+    assert (s.gpus, s.gpu_hours, s.money, s.price_per_gpu_hour) == (0, 0.0, None, None)
+    buffer = io.StringIO()
+    render(d, Console(file=buffer, width=200))
+    text = buffer.getvalue()
+    assert (
+        "saves     39 s over the 980 steps left" in text
+        and " GPU-h)" not in text
+        and " GPU-h," not in text
+        and "$" not in text
+    )
+    assert "on the CPU (wall time only: no GPU-hours, no money)" in text
+
+
+def test_a_process_holding_several_gpus_pays_for_each() -> None:
+    # attach reads from the driver the GPUs the job's processes hold: one process on 4 GPUs (a model spread
+    # with device_map="auto") pays for 4, not 1
+    p = loader_bound(total_steps=1000, total_steps_from=TRAINER, gpu_count=4, step_offset=0)
+    p.source = Source.ATTACH
+    assert gpus_paid(p) == 4
+    # the probe's gpu_count is the GPUs a process sees (torch.cuda.device_count()), not holds: one process
+    # on a node of 8 pays for the one it trains on, and a DDP job for one per rank
+    p.source = Source.DOCTOR
+    assert gpus_paid(p) == 1
+    assert gpus_paid(loader_bound(ranks=8, world_size=8, gpu_count=8)) == 8
+    d, _ = diagnosed(p, price=2.0)
+    s = loader_finding(d).saving
+    assert s is not None and s.gpus == 1 and s.money == pytest.approx(s.seconds / 3600 * 2.0)
+    unknown = loader_bound(ranks=2, device="cpu", world_size=2)
+    unknown.ranks[0].environment.device = unknown.ranks[1].environment.device = None
+    assert gpus_paid(unknown) == 2  # a device nobody said: one GPU per process, as before

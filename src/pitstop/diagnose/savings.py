@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pitstop.diagnose.metrics import Metrics
 from pitstop.findings import Finding, Saving
 from pitstop.profile import RunProfile, RunTotals
-from pitstop.vocabulary import Source
+from pitstop.vocabulary import Device, Source
 
 PRICE_ENV = "PITSTOP_PRICE_PER_GPU_HOUR"
 TOTAL_STEPS_OPTION = "--total-steps"
 MAX_TOTAL_STEPS = 10**12  # past any run; a longer "length" is a typo
+HOLDS_GPUS = (Source.ATTACH,)  # its Environment.gpu_count is the GPUs the job's processes hold, not see
 PROBED = (Source.DOCTOR, Source.CALLBACK, Source.WATCH, Source.TUNE)  # step indexes are the run's own
 UNKNOWN = (
     "time and money each fix would save over the rest of the run: not given, because the run's length is "
@@ -75,14 +76,29 @@ def step_seconds(metrics: Metrics, totals: RunTotals | None) -> float | None:
     return train_s / totals.steps
 
 
+def gpus_paid(profile: RunProfile) -> int:
+    """The GPUs the job pays for while it runs: none on a CPU run (its saving is wall time alone, never money
+    at a GPU's price); else one per process, or more where the profile counts the GPUs its processes hold
+    (``attach`` reads them from the driver) and one process holds several. A device nobody said is counted
+    as one GPU per process, as before. The probe and a trace record the GPUs a process sees, not the ones it
+    holds: a single process spread over several GPUs still counts one there."""
+    env = profile.environment
+    if env.device == Device.CPU:
+        return 0
+    held = (env.gpu_count or 0) if profile.source in HOLDS_GPUS else 0
+    return max(profile.world_size, held)
+
+
 def saving_of(
     finding: Finding, length: RunLength, step_s: float, gpus: int, price: float | None
 ) -> Saving | None:
-    """What fixing ``finding`` saves over the steps still to go; None without an estimated speed-up."""
+    """What fixing ``finding`` saves over the steps still to go; None without an estimated speed-up. With no
+    GPUs (a CPU run) there are no GPU-hours and no money, whatever the price."""
     if not finding.est_speedup or finding.est_speedup <= 1.0:
         return None
     seconds = length.remaining * step_s * finding.time_saved_frac
     gpu_hours = seconds * gpus / 3600.0
+    price = price if gpus else None
     return Saving(
         seconds=seconds,
         gpu_hours=gpu_hours,
@@ -118,8 +134,9 @@ def add_savings(
             f"the run had done all its {length.total_steps:,} steps ({length.source}) when measured: "
             "no steps left to save time on"
         )
+    gpus = gpus_paid(profile)
     for finding in findings:
-        finding.saving = saving_of(finding, length, step_s, profile.world_size, price)
+        finding.saving = saving_of(finding, length, step_s, gpus, price)
     if length.done_steps is None:
         return (
             f"how far the run had got is unknown: savings count all {length.total_steps:,} steps "

@@ -18,6 +18,8 @@ def context_line(saving: Saving) -> str:
     """Where a saving's figures come from, once for all findings."""
     price = "" if saving.price_per_gpu_hour is None else f", at ${saving.price_per_gpu_hour:g} per GPU-hour"
     gpus = f" on {saving.gpus} GPUs" if saving.gpus > 1 else ""
+    if saving.gpus == 0:
+        gpus = " on the CPU (wall time only: no GPU-hours, no money)"
     return (
         f"Saved over the rest of the run: {saving.remaining_steps:,} of {saving.total_steps:,} steps left "
         f"({saving.length_from}) at {saving.step_s:.3g} s/step{gpus}{price}"
