@@ -432,20 +432,17 @@ def test_a_cpu_run_saves_wall_time_but_no_gpu_hours_nor_money() -> None:
     assert "on the CPU (wall time only: no GPU-hours, no money)" in text
 
 
-def test_a_process_holding_several_gpus_pays_for_each() -> None:
-    # attach reads from the driver the GPUs the job's processes hold: one process on 4 GPUs (a model spread
-    # with device_map="auto") pays for 4, not 1
-    p = loader_bound(total_steps=1000, total_steps_from=TRAINER, gpu_count=4, step_offset=0)
-    p.source = Source.ATTACH
-    assert gpus_paid(p) == 4
-    # the probe's gpu_count is the GPUs a process sees (torch.cuda.device_count()), not holds: one process
-    # on a node of 8 pays for the one it trains on, and a DDP job for one per rank
-    p.source = Source.DOCTOR
-    assert gpus_paid(p) == 1
+def test_a_gpu_job_pays_for_one_gpu_per_process_not_for_those_it_sees() -> None:
+    # gpu_count is the GPUs a process sees (torch.cuda.device_count(), a trace's devices): one process on a
+    # node of 8 pays for the one it trains on, a DDP job for one per rank, whatever the source
+    for source in (Source.DOCTOR, Source.ATTACH, Source.ANALYZE):
+        p = loader_bound(total_steps=1000, total_steps_from=TRAINER, gpu_count=8, step_offset=0)
+        p.source = source
+        assert gpus_paid(p) == 1
     assert gpus_paid(loader_bound(ranks=8, world_size=8, gpu_count=8)) == 8
-    d, _ = diagnosed(p, price=2.0)
+    d, _ = diagnosed(loader_bound(total_steps=1000, total_steps_from=TRAINER, gpu_count=8), price=2.0)
     s = loader_finding(d).saving
     assert s is not None and s.gpus == 1 and s.money == pytest.approx(s.seconds / 3600 * 2.0)
-    unknown = loader_bound(ranks=2, device="cpu", world_size=2)
+    unknown = loader_bound(ranks=2, world_size=2)
     unknown.ranks[0].environment.device = unknown.ranks[1].environment.device = None
-    assert gpus_paid(unknown) == 2  # a device nobody said: one GPU per process, as before
+    assert gpus_paid(unknown) == 2  # a device nobody said (offline files): one GPU per process, as before

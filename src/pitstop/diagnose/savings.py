@@ -21,7 +21,6 @@ from pitstop.vocabulary import Device, Source
 PRICE_ENV = "PITSTOP_PRICE_PER_GPU_HOUR"
 TOTAL_STEPS_OPTION = "--total-steps"
 MAX_TOTAL_STEPS = 10**12  # past any run; a longer "length" is a typo
-HOLDS_GPUS = (Source.ATTACH,)  # its Environment.gpu_count is the GPUs the job's processes hold, not see
 PROBED = (Source.DOCTOR, Source.CALLBACK, Source.WATCH, Source.TUNE)  # step indexes are the run's own
 UNKNOWN = (
     "time and money each fix would save over the rest of the run: not given, because the run's length is "
@@ -78,15 +77,10 @@ def step_seconds(metrics: Metrics, totals: RunTotals | None) -> float | None:
 
 def gpus_paid(profile: RunProfile) -> int:
     """The GPUs the job pays for while it runs: none on a CPU run (its saving is wall time alone, never money
-    at a GPU's price); else one per process, or more where the profile counts the GPUs its processes hold
-    (``attach`` reads them from the driver) and one process holds several. A device nobody said is counted
-    as one GPU per process, as before. The probe and a trace record the GPUs a process sees, not the ones it
-    holds: a single process spread over several GPUs still counts one there."""
-    env = profile.environment
-    if env.device == Device.CPU:
-        return 0
-    held = (env.gpu_count or 0) if profile.source in HOLDS_GPUS else 0
-    return max(profile.world_size, held)
+    at a GPU's price); else one per process. A device nobody said (offline files) counts one per process.
+    No source records yet the GPUs a process holds, only those it sees (the probe's and a trace's
+    ``gpu_count``, attach's first GPU per process): a single process spread over several GPUs counts one."""
+    return 0 if profile.environment.device == Device.CPU else profile.world_size
 
 
 def saving_of(
