@@ -177,6 +177,9 @@ def test_the_scripts_compile_and_carry_their_plan(tmp_path: Path) -> None:
     assert plan["arm_by"] == 1000.0 + remote.ARM_WAIT_S
     assert plan["expires_at"] == plan["arm_by"] + 5 + remote.GRACE_S
     assert Path(plan["pitstop_path"], "pitstop", "attach", "inject.py").exists()
+    # only pitstop: never the site-packages above it (a non-editable install would lend the job all of it)
+    assert [p.name for p in Path(plan["pitstop_path"]).iterdir()] == ["pitstop"]
+    assert Path(plan["pitstop_path"], "pitstop").resolve() == Path(remote.__file__).resolve().parents[1]
     for action in ("arm", "disarm"):
         text = remote.script_text(action, plan, PID)
         compile(text, f"{action}.py", "exec")
@@ -291,7 +294,7 @@ def test_disarm_removes_every_patch_and_a_late_or_second_arm_is_refused(tmp_path
     plan = remote.make_plan(tmp_path, seconds=5, steps=None)
     assert inject.arm(plan)
     other = remote.make_plan(tmp_path / "b", seconds=5, steps=None)
-    (tmp_path / "b").mkdir()
+    (tmp_path / "b").mkdir(exist_ok=True)  # make_plan made it (its import folder)
     assert not inject.arm(other)  # one attach at a time
     refused = json.loads(inject.status_path(tmp_path / "b", "refused", os.getpid()).read_text())
     assert "another pitstop attach" in refused["reason"]

@@ -338,12 +338,17 @@ del _pitstop_attach
 """
 
 
-def pitstop_path() -> str:
-    """The folder that holds the pitstop package (appended, last, to the job's sys.path only if the job
-    cannot import pitstop itself)."""
-    return str(
-        Path(__file__).resolve().parents[2]
-    )  # .../pitstop/attach/remote.py -> the folder above pitstop
+def pitstop_path(folder: Path) -> str:
+    """A folder holding only a link to the pitstop package, made in the window's ``folder``: appended, last,
+    to the job's sys.path only if the job cannot import pitstop itself. Never the folder above the package
+    (a non-editable install's site-packages: every package pitstop's environment holds would become
+    importable in the job, shadowing none but answering any import the job's own environment lacks)."""
+    package = Path(__file__).resolve().parents[1]  # .../pitstop/attach/remote.py -> .../pitstop
+    only = folder / "import"
+    only.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        (only / "pitstop").symlink_to(package, target_is_directory=True)
+    return str(only)
 
 
 def script_text(action: str, plan: dict[str, Any], pid: int) -> str:
@@ -357,7 +362,7 @@ def make_plan(folder: Path, seconds: float, steps: int | None, now: float | None
     return {
         "token": secrets.token_hex(8),
         "dir": str(folder),
-        "pitstop_path": pitstop_path(),
+        "pitstop_path": pitstop_path(folder),
         "seconds": float(seconds),
         "steps": steps,
         "warmup": inject.WARMUP,
