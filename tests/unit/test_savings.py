@@ -446,3 +446,19 @@ def test_a_gpu_job_pays_for_one_gpu_per_process_not_for_those_it_sees() -> None:
     unknown = loader_bound(ranks=2, world_size=2)
     unknown.ranks[0].environment.device = unknown.ranks[1].environment.device = None
     assert gpus_paid(unknown) == 2  # a device nobody said (offline files): one GPU per process, as before
+
+
+def test_attach_counts_steps_done_only_where_the_trainer_said_how_far_the_run_had_got() -> None:
+    # the probe attach arms mid-run numbers steps from the arming: its 20th step is the run's 520th only where
+    # the Trainer said it had done 500 when armed
+    p = loader_bound(total_steps=1000, total_steps_from=TRAINER, step_offset=500)
+    p.source = Source.ATTACH
+    assert steps_done(p) == 520
+    d, note = diagnosed(p, price=2.0)
+    s = loader_finding(d).saving
+    assert note is None and s is not None and s.remaining_steps == 480
+    p = loader_bound(total_steps=1000, total_steps_from=TRAINER)  # a sampled view: no offset
+    p.source = Source.ATTACH
+    assert steps_done(p) is None  # not 20: every step counts as still to go, and a note says so
+    d, note = diagnosed(p)
+    assert note is not None and "how far the run had got is unknown" in note

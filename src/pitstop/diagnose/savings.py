@@ -43,12 +43,15 @@ class RunLength:
 
 def steps_done(profile: RunProfile) -> int | None:
     """The run's own step count when the measurement ended: the probe's last step plus the steps a resumed
-    run had done before this process, or the Trainer's ``global_step`` of an offline run; None when neither
-    is known (a trace's step numbers are the profiler's, not the run's)."""
-    if profile.source in PROBED:
-        rank = next((r for r in profile.ranks if r.steps), None)
-        if rank is not None:
-            return rank.steps[-1].index + (rank.environment.step_offset or 0)
+    run (or, for ``attach``, the run before the probe was armed) had done, or the Trainer's ``global_step`` of
+    an offline run; None when neither is known (a trace's step numbers are the profiler's, not the run's)."""
+    rank = next((r for r in profile.ranks if r.steps), None)
+    if rank is not None and profile.source in PROBED:
+        return rank.steps[-1].index + (rank.environment.step_offset or 0)
+    if rank is not None and profile.source == Source.ATTACH and rank.environment.step_offset is not None:
+        # the probe attach arms mid-run counts from the arming: the run's own count only where its trainer
+        # said how far it had got (a sampled view or a plain loop does not)
+        return rank.steps[-1].index + rank.environment.step_offset
     totals = profile.totals
     return totals.steps if totals is not None and totals.steps else None
 
