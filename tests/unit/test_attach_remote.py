@@ -592,3 +592,20 @@ def test_a_forked_worker_does_not_inherit_the_armed_probe(tmp_path: Path) -> Non
     finally:
         inject.disarm(plan)
     assert _hooks_state() == before
+
+
+def test_root_gives_the_folder_away_only_after_writing_the_scripts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As root, the window's folder becomes the job's user's: were it theirs before root writes arm.py, they
+    could put a link there and have root overwrite any file. So the folder is handed over last."""
+    order: list[str] = []
+    monkeypatch.setattr(probed, "share_with", lambda path, pid: order.append(path.name))
+
+    def caller(command: list[str], pid: int, script: Path) -> None:
+        kind = "disarmed" if script.name == "disarm.py" else "refused"
+        inject.status_path(script.parent, kind, pid).write_text(json.dumps({"reason": "no"}))
+
+    with pytest.raises(RemoteFailed):
+        probed.probe_window(remote.Decision([PID], caller=["python3.14"]), 2.0, caller=caller)
+    assert order[:2] == ["arm.py", "disarm.py"] and order[2].startswith("pitstop-attach-")

@@ -35,12 +35,12 @@ def probe_window(
     profile came (the reason is the fallback's)."""
     assert decision.caller is not None
     folder = Path(tempfile.mkdtemp(prefix="pitstop-attach-"))
-    share_with(folder, decision.pids[0])
     plan = make_plan(folder, seconds, steps)
     arm_script, disarm_script = folder / "arm.py", folder / "disarm.py"
     for path, action in ((arm_script, "arm"), (disarm_script, "disarm")):
         path.write_text(script_text(action, plan, decision.pids[0]))
         share_with(path, decision.pids[0])
+    share_with(folder, decision.pids[0])  # last: root writes nothing into a folder the job's user owns
     with interrupted_by_signals():
         return _window(decision, seconds, caller, folder, plan)
 
