@@ -148,6 +148,14 @@ def test_an_unreadable_process_is_said_unknown(tmp_path: Path) -> None:
         (["python", "-BuXfrozen_modules=off", "-c", "pass"], {"B", "u", "c"}, ["frozen_modules=off"]),
         (["python", "-W", "ignore", "-Xdisable_remote_debug", "-m", "x"], {"m"}, ["disable_remote_debug"]),
         (["python", "-Ic", "import x", "-X", "y"], {"I", "c"}, []),
+        # long options are the interpreter's too: parsing goes on past them (and the value one takes)
+        (
+            ["python", "--check-hash-based-pycs", "always", "-X", "disable_remote_debug", "t.py"],
+            set(),
+            ["disable_remote_debug"],
+        ),
+        (["python", "-u", "--no-such-long", "-E", "t.py", "-X", "dev"], {"u", "E"}, []),
+        (["python", "--", "-X", "dev"], set(), []),
         (["python"], set(), []),
     ],
 )

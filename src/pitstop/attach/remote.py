@@ -152,15 +152,18 @@ def ask(command: list[str]) -> Interpreter | None:
 
 def interpreter_options(cmdline: list[str]) -> tuple[set[str], list[str]]:
     """The interpreter's own flags (single letters) and its -X options, from a Python command line: the
-    options before the script, ``-c`` or ``-m``."""
+    options before the script, ``-c`` or ``-m`` (long options skipped, with the value one of them takes)."""
     flags: set[str] = set()
     xopts: list[str] = []
     args = cmdline[1:]
     i = 0
     while i < len(args):
         arg = args[i]
-        if not arg.startswith("-") or arg in ("-", "--") or arg.startswith("--"):
+        if not arg.startswith("-") or arg in ("-", "--"):
             break
+        if arg.startswith("--"):  # --check-hash-based-pycs MODE takes a value; the others (--version) none
+            i += 2 if arg == "--check-hash-based-pycs" else 1
+            continue
         letters = arg[1:]
         for j, letter in enumerate(letters):
             if letter in "XW":
