@@ -39,10 +39,11 @@ def test_trainer_findings_carry_the_saving_over_the_steps_left(tmp_path: Path) -
     for f in estimated:
         s = f["saving"]
         # 3 warm-up + 12 measured steps done: 185 of 200 left, at the run's own median step time
-        assert (s["remaining_steps"], s["total_steps"], s["gpus"]) == (185, 200, 1)
+        # a CPU run holds no GPU: its saving is wall time only, whatever the price says
+        assert (s["remaining_steps"], s["total_steps"], s["gpus"]) == (185, 200, 0)
         assert s["step_s"] == pytest.approx(step_s, rel=1e-3)
         assert s["seconds"] == pytest.approx(185 * step_s * (1 - 1 / f["est_speedup"]), rel=0.01)
-        assert s["price_per_gpu_hour"] == 2.5 and s["money"] == pytest.approx(s["gpu_hours"] * 2.5, abs=0.01)
+        assert s["gpu_hours"] == 0 and s["price_per_gpu_hour"] is None and s["money"] is None
     assert "Saved over the rest of the run: 185 of 200 steps left (the Trainer's max_steps)" in proc.stdout
     assert not any("length is unknown" in n for n in doc["notes"])
 
@@ -66,5 +67,5 @@ def test_a_plain_loop_needs_total_steps_and_says_so_once(tmp_path: Path) -> None
     padding = next(f for f in doc["findings"] if f["cause"] == "padding_waste")
     s = padding["saving"]
     assert (s["remaining_steps"], s["total_steps"], s["length_from"]) == (989, 1000, "--total-steps")
-    assert s["money"] == pytest.approx(s["gpu_hours"] * 4, abs=0.01)
+    assert s["seconds"] > 0 and s["gpus"] == 0 and s["money"] is None  # wall time only on a CPU
     assert not any("length is unknown" in n for n in doc["notes"])
