@@ -534,7 +534,9 @@ def test_a_probe_that_disables_itself_says_its_error_and_is_no_longer_armed(tmp_
         error["error"] == "the probe disabled itself after an internal error: RuntimeError: a collector broke"
     )
     assert inject._armed is None and not _watchdogs() and _hooks_state() == before
-    with pytest.raises(RemoteFailed, match=f"PID {os.getpid()} did not arm the probe: the probe disabled"):
+    with pytest.raises(
+        RemoteFailed, match=f"PID {os.getpid()} was armed but gave no profile: the probe disabled"
+    ):
         probed.wait_profiles(tmp_path, [os.getpid()], time.time() + 30)
     assert inject.disarm(plan) is False  # pitstop's disarm still confirmed, nothing left to remove
 

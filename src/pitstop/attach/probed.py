@@ -173,12 +173,12 @@ def _mid_forward(pid: int, times: int) -> str:
     )
 
 
-def _raise_if_failed(folder: Path, pid: int) -> None:
+def _raise_if_failed(folder: Path, pid: int, what: str = "did not arm the probe") -> None:
     for kind in ("refused", "error"):
         status = read_status(folder, kind, pid)
         if status is not None:
             why = status.get("reason") or status.get("error")
-            raise RemoteFailed(f"PID {pid} did not arm the probe: {why}")
+            raise RemoteFailed(f"PID {pid} {what}: {why}")
 
 
 def wait_profiles(folder: Path, pids: list[int], deadline: float) -> list[RankProfile]:
@@ -187,7 +187,7 @@ def wait_profiles(folder: Path, pids: list[int], deadline: float) -> list[RankPr
         for pid in pids:
             if pid in profiles:
                 continue
-            _raise_if_failed(folder, pid)
+            _raise_if_failed(folder, pid, "was armed but gave no profile")
             path = inject.profile_path(folder, pid)
             if path.exists():
                 profiles[pid] = read_profile(path)
