@@ -140,14 +140,15 @@ def wait_for(
             if resend is not None and later.exists():
                 later.unlink()
                 tries[pid] = tries.get(pid, 0) + 1
+                time.sleep(random.uniform(0.02, 0.2))  # not in step with the job's forwards
                 if resend_by is None or time.time() < resend_by:
-                    time.sleep(random.uniform(0.02, 0.2))  # not in step with the job's forwards
                     resend(pid)
             refused = read_status(folder, "refused", pid)
             if refused is not None and refused.get("not_training") and skip_idle:
                 idle.add(pid)
                 continue
-            if refused is not None and refused.get("late") and tries.get(pid):
+            late = refused is not None and (refused.get("late") or refused.get("reason") == inject.LATE)
+            if late and tries.get(pid):
                 raise RemoteFailed(_mid_forward(pid, tries[pid] + 1))
             _raise_if_failed(folder, pid)
             status = read_status(folder, kind, pid)
