@@ -59,10 +59,12 @@ def run_attach(pid: int, seconds: float, rate: float, json_out: Path | None, sam
     from datetime import datetime, timezone
 
     from pitstop.attach.procs import AttachRefused, check_pid
+    from pitstop.cli.money import resolve_price, with_savings
     from pitstop.cli.outputs import Outputs
 
     outputs = Outputs(json_out)
     outputs.check()
+    price = resolve_price(None)  # $PITSTOP_PRICE_PER_GPU_HOUR, refused before the window when it is bad
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
         check_pid(pid)
@@ -74,6 +76,7 @@ def run_attach(pid: int, seconds: float, rate: float, json_out: Path | None, sam
         diagnosis.notes.insert(0, f"full probe not armed ({why_not}): the stacks were sampled instead")
     from pitstop.report.terminal import render
 
+    with_savings(diagnosis, price, None)  # the run's length when the job's Trainer said it, else one note
     outputs.write(diagnosis.to_dict())
     render(diagnosis, outputs.terminal())
     return 0
