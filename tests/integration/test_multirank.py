@@ -19,7 +19,7 @@ SCRIPT = str(SCRIPTS / "ddp_ranks.py")
 @pytest.mark.smoke
 def test_slow_compute_rank_is_the_straggler_and_the_other_waits(tmp_path: Path) -> None:
     doc, proc = doctor(
-        tmp_path, *TORCHRUN, SCRIPT, "--slow-compute-rank", "1", "--slow-compute-ms", "80", steps=10
+        tmp_path, *TORCHRUN, SCRIPT, "--slow-compute-rank", "1", "--slow-compute-ms", "200", steps=10
     )
     straggler = next(f for f in doc["findings"] if f["cause"] == "straggler")
     ev = straggler["evidence"]
@@ -27,10 +27,12 @@ def test_slow_compute_rank_is_the_straggler_and_the_other_waits(tmp_path: Path) 
     assert ev["arrived_last_frac"] > 0.8
     assert straggler["severity"] == "high"
     ranks = {r["rank"]: r for r in doc["ranks"]}
-    # rank 0's backward is mostly waiting for rank 1; rank 1 itself hardly waits
-    assert ranks[0]["wait_s"] > 0.5 * ranks[0]["step_time_s"]
-    assert ranks[1]["wait_s"] < 0.2 * ranks[1]["step_time_s"]
-    assert ranks[1]["own_compute_s"] > ranks[0]["own_compute_s"] + 0.05
+    # rank 0 waits for rank 1 about the planted 200 ms a step; rank 1 itself hardly waits. Relative to the plant,
+    # not to the step: on a busy machine rank 0's own compute grows and its share of waiting shrinks (CI once
+    # saw 70 ms of 184 with an 80 ms plant)
+    assert ranks[0]["wait_s"] > 0.1
+    assert ranks[0]["wait_s"] > 3 * ranks[1]["wait_s"]
+    assert ranks[1]["own_compute_s"] > ranks[0]["own_compute_s"] + 0.1
     assert doc["communication"]["straggler"] == 1
     assert "Rank 1 arrives last" in proc.stdout
 
