@@ -1,5 +1,6 @@
 """What the user pays: the price per GPU-hour (option or environment), and each finding's saving over the
-rest of the run added to a diagnosis (``diagnose/savings.py``), shared by doctor, analyze and watch."""
+rest of the run and the run's cost added to a diagnosis (``diagnose/savings.py``, ``diagnose/cost.py``),
+shared by doctor, analyze, attach and watch."""
 
 from __future__ import annotations
 
@@ -10,18 +11,15 @@ from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.savings import (
     PRICE_ENV,
     TOTAL_STEPS_OPTION,
-    add_savings,
     parse_price,
     parse_total_steps,
 )
 
 
 def with_savings(diagnosis: Diagnosis, price: float | None, total_steps: int | None) -> None:
-    """Each finding's time (and, with a price, money) saved over the rest of the run; where that cannot be
-    given (the run's length unknown), the one note that says why."""
-    note = add_savings(diagnosis.findings, diagnosis.profile, diagnosis.metrics, price, total_steps)
-    if note is not None:
-        diagnosis.notes.append(note)
+    """Each finding's time (and, with a price, money) saved over the rest of the run, and the run's cost at
+    the price; where a saving cannot be given (the run's length unknown), the one note that says why."""
+    diagnosis.add_savings(price, total_steps)
 
 
 def resolve_price(given: str | float | None) -> float | None:

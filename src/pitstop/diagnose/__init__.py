@@ -8,10 +8,12 @@ from typing import Any
 from pitstop import schemas
 from pitstop.catalogue import CAUSES
 from pitstop.diagnose.context import RuleContext
+from pitstop.diagnose.cost import RunCost, run_cost
 from pitstop.diagnose.gpu_windows import describe_stretches
 from pitstop.diagnose.metrics import Metrics
 from pitstop.diagnose.ranks import RanksAnalysis, Scaling
 from pitstop.diagnose.results import RunResults, results_of
+from pitstop.diagnose.savings import add_savings
 from pitstop.display import html_of
 from pitstop.findings import Finding, rank_findings
 from pitstop.profile import CountSource, RunProfile, StepBoundary, to_jsonable
@@ -30,6 +32,7 @@ class Diagnosis:
     results: RunResults = None  # type: ignore[assignment]
     ranks_analysis: RanksAnalysis | None = None  # with timed collectives: who waits for whom
     scaling: Scaling | None = None
+    cost: RunCost | None = None  # with a price per GPU-hour (add_savings): per hour, per million real tokens
 
     def __post_init__(self) -> None:
         if self.results is None:
@@ -38,6 +41,15 @@ class Diagnosis:
     def _repr_html_(self) -> str | None:
         """In a notebook, a Diagnosis shows itself as the HTML report."""
         return html_of(self)
+
+    def add_savings(self, price: float | None, total_steps: int | None = None) -> None:
+        """What the run costs at ``price`` and each finding's saving over the rest of the run (in place), or
+        the one note that says why no saving could be given: the one place doctor, analyze, attach, watch and
+        the callbacks get them, so every report shows the same figures."""
+        note = add_savings(self.findings, self.profile, self.metrics, price, total_steps)
+        if note is not None:
+            self.notes.append(note)
+        self.cost = run_cost(self.profile, self.metrics, price)
 
     def environment_table(self) -> dict[str, Any]:
         """What was known about the setup, flat enough for a table (the document's ``environment``)."""
@@ -84,6 +96,7 @@ class Diagnosis:
             "missing_hosts": self.profile.missing_hosts,
             "skipped_checks": self.skipped_checks,
             "notes": self.notes + self.profile.notes,
+            "cost": None if self.cost is None else self.cost.to_dict(),
             "profile": self.profile.to_dict(),
         }
 

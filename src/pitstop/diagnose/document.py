@@ -13,6 +13,7 @@ from typing import Any
 
 from pitstop import schemas
 from pitstop.diagnose import Diagnosis
+from pitstop.diagnose.cost import RunCost
 from pitstop.diagnose.gpu_windows import gpu_windows
 from pitstop.diagnose.metrics import Metrics, compute_metrics
 from pitstop.diagnose.ranks import analyse, scaling
@@ -84,7 +85,15 @@ def _read(doc: dict[str, Any]) -> Diagnosis:
         results=_results(doc, profile),
         ranks_analysis=analysis,
         scaling=scaling(profile, analysis, metrics.real_tokens_per_s or metrics.tokens_per_s),
+        cost=_cost(doc.get("cost")),
     )
+
+
+def _cost(saved: Any) -> RunCost | None:
+    """The run's cost as written (only ``analyze`` wrote one before every command did; none without a price)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("price_per_gpu_hour"), int | float):
+        return None
+    return from_jsonable(RunCost, saved)
 
 
 def _metrics(saved: Any, profile: RunProfile) -> Metrics:

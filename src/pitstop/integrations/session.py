@@ -113,12 +113,11 @@ class Session:
 
 def _add_savings(diagnosis: Any) -> None:
     """Each finding's saving over the steps the run has left (the Trainer's or Lightning's length, the price
-    from $PITSTOP_PRICE_PER_GPU_HOUR), or the one note saying why there is none."""
-    from pitstop.diagnose.savings import add_savings, price_from_env
+    from $PITSTOP_PRICE_PER_GPU_HOUR) and the run's cost at that price, or the one note saying why there is
+    no saving."""
+    from pitstop.diagnose.savings import price_from_env
 
-    note = add_savings(diagnosis.findings, diagnosis.profile, diagnosis.metrics, price_from_env())
-    if note is not None:
-        diagnosis.notes.append(note)
+    diagnosis.add_savings(price_from_env())
 
 
 class SessionCallback:
