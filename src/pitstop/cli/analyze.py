@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -11,8 +10,6 @@ from pitstop.cli.errors import UserError
 from pitstop.cli.money import resolve_price, resolve_total_steps, with_savings
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import diagnose
-from pitstop.diagnose.energy import cost_per_million_tokens
-from pitstop.diagnose.metrics import Metrics
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.load import Inputs, load_run
 from pitstop.report.terminal import render
@@ -70,45 +67,9 @@ def run_analyze(
         raise UserError(str(exc), 2) from None
     diagnosis = diagnose(profile)
     with_savings(diagnosis, price, total)
-    doc = diagnosis.to_dict() | {"inputs": inputs.kinds}
-    cost = _cost(diagnosis.metrics, price, profile.world_size) if price is not None else None
-    if cost is not None:
-        doc["cost"] = cost
+    doc = diagnosis.to_dict() | {"inputs": inputs.kinds}  # with the run's cost at the price, where given
     outputs.write(doc)
-    render(diagnosis, outputs.terminal())
-    for line in _energy_lines(diagnosis.metrics, cost):
-        console.print(line, highlight=False)
+    render(diagnosis, outputs.terminal())  # energy and cost among the headline rows
     if diagnosis.metrics.real_tokens_per_s is not None:  # only a measured throughput belongs in the history
         outputs.remember(doc, "analyze")
     return 0
-
-
-def _cost(metrics: Metrics, price: float, gpus: int) -> dict[str, Any]:
-    """The run's cost figures for the JSON document (None where the rate is unknown)."""
-    per_m = cost_per_million_tokens(price, gpus, metrics.real_tokens_per_s)
-    return {
-        "price_per_gpu_hour": price,
-        "gpus": gpus,
-        "per_million_real_tokens": None if per_m is None else round(per_m, 4),
-    }
-
-
-def _energy_lines(metrics: Metrics, cost: dict[str, Any] | None) -> list[str]:
-    """Energy and cost in a line each, where measured; an estimate says so."""
-    lines = []
-    if metrics.gpu_power_w is not None:
-        parts = [f"GPUs draw {metrics.gpu_power_w:,.0f} W together"]
-        if metrics.joules_per_step is not None:
-            parts.append(f"{metrics.joules_per_step:,.0f} J per step")
-        if metrics.joules_per_real_token is not None:
-            parts.append(f"{metrics.joules_per_real_token:.3g} J per real token")
-        lines.append(f"Energy: {', '.join(parts)} (from the {metrics.energy_basis})")
-    if cost is not None:
-        per_m = cost["per_million_real_tokens"]
-        lines.append(
-            f"Cost: ${per_m:,.4g} per million real tokens at ${cost['price_per_gpu_hour']:g} per GPU-hour "
-            f"({cost['gpus']} GPUs)"
-            if per_m is not None
-            else "Cost: no real-token rate measured, so no cost per token"
-        )
-    return lines

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from pitstop.diagnose import Diagnosis, counting_line
 from pitstop.findings import Finding
+from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.savings import context_line, describe, first_saving
 from pitstop.report.untrusted import as_text
 from pitstop.report.untrusted import shown as plain
@@ -252,6 +253,9 @@ def _headline(d: Diagnosis) -> Table:
     _gpu_log_row(d, grid)
     if env.on_gpu or p.source not in (Source.ANALYZE, Source.CHECK):
         grid.add_row("Expected", as_text(_expected_line(d)))
+    for label, line in (("Energy", energy_line(m)), ("Cost", cost_line(d.cost))):
+        if line is not None:  # only where measured (a GPU's power) or priced
+            grid.add_row(label, as_text(line))
     grid.add_row("Seen", as_text(_seen(d)))
     return grid
 

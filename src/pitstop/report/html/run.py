@@ -11,6 +11,7 @@ from html import escape
 from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.series import PHASES
 from pitstop.profile import TraceStats
+from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.html import svg
 from pitstop.report.html.page import num, section, snippet, stat, table
 from pitstop.report.savings import context_line, describe, first_saving
@@ -60,6 +61,9 @@ def verdict(d: Diagnosis) -> str:
         for f in top
     )
     body = f'<p class="meta">{escape(_where(d))}</p><div class="verdict">{"".join(stats)}</div>'
+    for label, line in (("Energy", energy_line(m)), ("Cost", cost_line(d.cost))):
+        if line is not None:  # only where measured (a GPU's power) or priced, as the terminal says it
+            body += f'<p class="meta" data-figure="{label.lower()}"><b>{label}:</b> {escape(line)}</p>'
     saving = first_saving(d.findings)
     if saving is not None:
         body += f'<p class="meta">{escape(context_line(saving))}</p>'
