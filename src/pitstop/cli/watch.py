@@ -49,7 +49,7 @@ def run_watch(command: list[str], options: WatchOptions, outputs: Outputs) -> in
         raise UserError(str(exc)) from None
     out = Path(tempfile.mkdtemp(prefix="pitstop-watch-"))
     series = options.series or out / "series"
-    whole = WholeRun(spec, options.min_drop, series)
+    whole = WholeRun(spec, options.min_drop, series, price=price)  # each window's cost at the price
     try:
         trackers = open_trackers(names, options.logdir)
     except TrackerError as exc:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pitstop.diagnose.savings import price_from_env
 from pitstop.probe.probe import Probe
 from pitstop.profile import StepRecord
 from pitstop.report.trackers import Tracker, open_trackers
@@ -38,7 +39,8 @@ class InProcessWatch:
         min_drop: float = 0.10,
         print_changes: bool = True,
     ) -> None:
-        self.whole = WholeRun(spec, min_drop, ranks=1)  # this process's rank only
+        # this process's rank only; each window's cost at $PITSTOP_PRICE_PER_GPU_HOUR, as the final report's
+        self.whole = WholeRun(spec, min_drop, ranks=1, price=price_from_env())
         self.trackers = trackers
         self.print_changes = print_changes
         self._next = 0  # position in probe.records not yet read

@@ -1,7 +1,8 @@
 """A watched run's numbers where users already look: TensorBoard, Weights & Biases, MLflow and trackio.
 
 Per window: the window's scalars (tokens/s, real tokens/s, MFU, data-wait share, padding share, GPU
-utilization, synchronisation share, step time) under ``pitstop/``, at the window's last optimizer step (the
+utilization, synchronisation share, step time; and, where measured, GPU power, joules per step and per real
+token, and with a price per GPU-hour the cost per million real tokens) under ``pitstop/``, at the window's last optimizer step (the
 Trainer's ``global_step``). At the end: the findings and changes as a table / text, and headline figures in
 the run's summary.
 

@@ -99,10 +99,12 @@ class WholeRun:
         min_drop: float = 0.10,
         series_dir: Path | None = None,
         ranks: int | None = None,
+        price: float | None = None,
     ) -> None:
-        """``ranks``: how many ranks feed it (1 inside one process of a multi-rank job); None: the job's."""
+        """``ranks``: how many ranks feed it (1 inside one process of a multi-rank job); None: the job's.
+        ``price``: per GPU-hour, for each window's cost per million real tokens (none without)."""
         self.spec = spec or WindowSpec()
-        self.windower = Windower(self.spec, ranks=ranks)
+        self.windower = Windower(self.spec, ranks=ranks, price=price)
         self.detector = ChangeDetector(min_drop=min_drop)
         self.stalls = StallLog()
         self.store = SeriesStore(series_dir) if series_dir is not None else None

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop.diagnose import diagnose
+from pitstop.diagnose.cost import run_cost
+from pitstop.diagnose.metrics import Metrics
 from pitstop.profile import Environment, GpuSample, RankProfile, RunProfile, StepRecord
 from pitstop.vocabulary import CauseId, Source
 
@@ -77,6 +79,10 @@ class WindowSummary:
         default_factory=dict
     )  # PARTS, median seconds (what stalls leave alone)
     findings: list[FindingBrief] = field(default_factory=list)
+    gpu_power_w: float | None = None  # the window's GPUs together, from their power samples
+    joules_per_step: float | None = None
+    joules_per_real_token: float | None = None
+    cost_per_million_real_tokens: float | None = None  # at the watch's price per GPU-hour, where given
 
     def finding(self, cause: CauseId) -> FindingBrief | None:
         return next((f for f in self.findings if f.cause == cause), None)
@@ -92,6 +98,10 @@ class WindowSummary:
             "gpu_util": self.gpu_util,
             "sync_frac": self.sync_frac,
             "step_time_s": self.step_time_s,
+            "gpu_power_w": self.gpu_power_w,
+            "joules_per_step": self.joules_per_step,
+            "joules_per_real_token": self.joules_per_real_token,
+            "cost_per_million_real_tokens": self.cost_per_million_real_tokens,
         }
         return {k: float(v) for k, v in values.items() if v is not None}
 
@@ -111,8 +121,10 @@ def summarise(
     per_rank: dict[int, list[StepRecord]],
     environments: dict[int, Environment],
     gpu: dict[int, list[GpuSample]] | None = None,
+    price: float | None = None,
 ) -> WindowSummary:
-    """Diagnose one window's steps (all ranks) with the doctor's rules and keep the summary."""
+    """Diagnose one window's steps (all ranks) with the doctor's rules and keep the summary; with a price per
+    GPU-hour, what a million real tokens cost in it."""
     ranks = []
     for rank in sorted(per_rank):
         steps = per_rank[rank]
@@ -132,7 +144,8 @@ def summarise(
         )
     if not ranks:
         raise ValueError("a window without steps")
-    diagnosis = diagnose(RunProfile(source=Source.WATCH, ranks=ranks))
+    window = RunProfile(source=Source.WATCH, ranks=ranks)
+    diagnosis = diagnose(window)
     m = diagnosis.metrics
     lead = ranks[0].steps
     walls = [s.wall_s for s in lead]
@@ -176,7 +189,20 @@ def summarise(
         findings=[
             FindingBrief(f.cause, str(f.severity), f.time_saved_frac, f.summary) for f in diagnosis.findings
         ],
+        gpu_power_w=m.gpu_power_w,
+        joules_per_step=m.joules_per_step,
+        joules_per_real_token=m.joules_per_real_token,
+        cost_per_million_real_tokens=_per_million(window, m, price),
     )
+
+
+def _per_million(window: RunProfile, metrics: Metrics, price: float | None) -> float | None:
+    """What a million real tokens cost in the window (``diagnose/cost.py``), where its steps are the whole
+    job's: one process's window of a multi-rank job (the in-process watch) has one rank's rate, not the job's."""
+    if len(window.ranks) < window.world_size:
+        return None
+    cost = run_cost(window, metrics, price)
+    return None if cost is None else cost.per_million_real_tokens
 
 
 @dataclass
@@ -190,6 +216,7 @@ class Windower:
     spec: WindowSpec = field(default_factory=WindowSpec)
     environments: dict[int, Environment] = field(default_factory=dict)
     ranks: int | None = None  # ranks fed to this windower; None: the job's world size (the environment says)
+    price: float | None = None  # per GPU-hour: each window's cost per million real tokens
     _pending: dict[int, list[StepRecord]] = field(default_factory=dict)
     _gpu: dict[int, list[GpuSample]] = field(default_factory=dict)
     _bounds: list[tuple[int, int]] = field(default_factory=list)  # closed-by-rank-0 windows: (first, last)
@@ -256,7 +283,7 @@ class Windower:
             window[rank] = [r for r in queue if first <= r.index <= last]
             self._pending[rank] = [r for r in queue if r.index > last]
         gpu, self._gpu = self._gpu, {}
-        summary = summarise(self._count, self._elapsed_s, window, self.environments, gpu)
+        summary = summarise(self._count, self._elapsed_s, window, self.environments, gpu, self.price)
         self._count += 1
         self._elapsed_s += summary.seconds
         return summary
