@@ -38,6 +38,10 @@ def format_metric(name: str, value: float | None) -> str:
         return f"{value:.1%}"
     if name == "step_time_s":
         return f"{value:.3g} s"
+    if name == "joules_per_real_token":
+        return f"{value:.3g} J"
+    if name == "cost_per_million_real_tokens":
+        return f"${value:,.4g}"
     return f"{value:,.0f}"
 
 

@@ -12,6 +12,11 @@ from pitstop.history.errors import HistoryError
 from pitstop.history.fingerprint import fingerprint_fields
 
 METRIC_COLUMNS = ("real_tokens_per_s", "tokens_per_s", "step_time_s", "mfu")
+# read from the stored document itself (no column): what a real token cost, where the run measured it
+STORED_FIGURES = {
+    "joules_per_real_token": "energy per real token",
+    "cost_per_million_real_tokens": "cost per million real tokens",
+}
 
 
 @dataclass
@@ -88,3 +93,22 @@ def summarize(doc: Any) -> Summary:
     raise HistoryError(
         f"not a pitstop.run/1 or {schemas.TUNE} document (schema: {doc.get('schema', 'none')!r})"
     )
+
+
+def stored_figures(doc: Any) -> dict[str, float]:
+    """The energy and cost per real token a stored run document holds (a tune's: its baseline run's), those
+    it had: a run without a GPU power reading or a price has none, nor has a document older than them."""
+    if isinstance(doc, dict) and _is_tune(doc):
+        doc = doc.get("baseline_run")
+    if not isinstance(doc, dict):
+        return {}
+    metrics, cost = doc.get("metrics"), doc.get("cost")
+    values = {
+        "joules_per_real_token": _number(metrics.get("joules_per_real_token"))
+        if isinstance(metrics, dict)
+        else None,
+        "cost_per_million_real_tokens": _number(cost.get("per_million_real_tokens"))
+        if isinstance(cost, dict)
+        else None,
+    }
+    return {k: v for k, v in values.items() if v is not None}
