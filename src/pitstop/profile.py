@@ -310,6 +310,37 @@ class SaveStats:
 
 
 @dataclass
+class GcGeneration:
+    """Python's cyclic garbage collector, one generation, in the measured window (timed by a ``gc.callbacks``
+    callback: every collection of the process, automatic or by hand, stalls the loop while it runs)."""
+
+    collections: int = 0
+    pause_s: float = 0.0  # total time inside its collections
+    longest_s: float = 0.0  # the longest single collection
+    collected: int = 0  # unreachable objects it found (freed or uncollectable)
+    steps: int = 0  # measured steps in which it ran at least once
+
+
+def _three_generations() -> list[GcGeneration]:
+    return [GcGeneration() for _ in range(3)]
+
+
+@dataclass
+class GcPauses:
+    """The cyclic garbage collector in the measured window, per generation (0 the youngest, 2 the full
+    collection that traverses every tracked object not frozen), and how the job had set it up."""
+
+    generations: list[GcGeneration] = field(default_factory=_three_generations)
+    enabled: bool | None = None  # gc.isenabled() at the window's start (False: the job collects by hand)
+    thresholds: list[int] | None = None  # gc.get_threshold() at the window's start
+    frozen: int | None = None  # gc.get_freeze_count() after the window: objects gc.freeze() took out
+
+    @property
+    def pause_s(self) -> float:
+        return sum(g.pause_s for g in self.generations)
+
+
+@dataclass
 class TraceStats:
     """What a profiler trace of one rank says beyond per-step times. Times are per step, in ms, unless named
     otherwise; fractions are of the mean step time."""
@@ -417,6 +448,7 @@ class RankProfile:
     environment: Environment = field(default_factory=Environment)
     trace: TraceStats | None = None
     checkpoints: SaveStats | None = None  # None: not watched (an offline source)
+    gc_pauses: GcPauses | None = None  # None: not watched (an offline source, attach's stack samples)
     stopped_by_probe: bool = False
     probe_errors: list[str] = field(default_factory=list)
     window_rule: str | None = None  # why an adaptive window ended ("12 steps: mean step time known to ±2.1%")

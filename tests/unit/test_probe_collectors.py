@@ -5,6 +5,9 @@ optimizer and model, nothing trained)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +18,7 @@ torch = pytest.importorskip("torch")
 from pitstop.probe import probe as probemod  # noqa: E402
 from pitstop.probe.collectors import COLLECTORS, Collector  # noqa: E402
 from pitstop.probe.collectors.collectives import CollectivesCollector  # noqa: E402
+from pitstop.probe.collectors.gc_pauses import GcPausesCollector  # noqa: E402
 from pitstop.probe.collectors.memory import MemoryCollector  # noqa: E402
 from pitstop.probe.collectors.sampled import SamplersCollector  # noqa: E402
 from pitstop.probe.collectors.saves import SaveCollector  # noqa: E402
@@ -173,3 +177,58 @@ def test_the_allocator_is_read_at_every_step_end_of_the_window_and_not_after(
     stats = draft.memory
     assert (stats.window_steps, stats.window_device_allocs, stats.steps_with_device_allocs) == (3, 4, 1)
     assert (stats.peak_allocated, stats.peak_reserved) == (7, 9)
+
+
+@contextlib.contextmanager
+def no_automatic_gc() -> Iterator[None]:
+    """Only the test's own collections run (an automatic one could land anywhere)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_a_full_collection_in_the_window_is_timed_and_none_after_its_end() -> None:
+    probe = Probe(ProbeConfig(warmup=2, steps=3, announce=False))
+    collector = next(c for c in probe.collectors if isinstance(c, GcPausesCollector))
+    job = Job(probe)
+    with no_automatic_gc():
+        gc.collect(2)  # before the window: not watched
+        job.run(2)  # the window starts after step 2
+        garbage: list[object] = []
+        garbage.append(garbage)  # a cycle: only the collector frees it
+        del garbage
+        gc.collect(2)  # in step 3
+        job.run(1)
+        gc.collect(2)  # in step 4
+        gc.collect(0)
+        job.run(2)  # steps 4 and 5: the window ends, the callback goes
+        gc.collect(2)  # after the window
+    assert probe.finished and collector._on_gc not in gc.callbacks
+    pauses = probe.rank_profile().gc_pauses
+    assert pauses is not None and pauses.enabled is False and pauses.frozen is not None
+    young, _, full = pauses.generations
+    assert (full.collections, full.steps) == (2, 2) and full.collected >= 1
+    assert (young.collections, young.steps) == (1, 1)
+    assert full.pause_s >= full.longest_s > 0 and pauses.pause_s >= full.pause_s
+
+
+def test_gc_counters_are_fresh_at_each_window_and_the_callback_never_raises() -> None:
+    probe = Probe(ProbeConfig(announce=False))
+    collector = next(c for c in probe.collectors if isinstance(c, GcPausesCollector))
+    assert probe.rank_profile().gc_pauses is None  # no window: not watched
+    with no_automatic_gc():
+        collector.start_window()
+        gc.collect(2)
+        first = collector.counts
+        collector.stop_window()
+        collector.start_window()
+        assert collector.counts is not first and collector.counts.generations[2].collections == 0
+        probe.ctx.step_index = lambda: 1 // 0  # a failing read inside the callback stays inside it
+        gc.collect(2)
+        collector.stop_window()
+        collector.stop_window()  # safe twice
+    assert first.generations[2].collections == 1 and collector._on_gc not in gc.callbacks

@@ -13,6 +13,7 @@ from pitstop.probe.collectors.autocast import AutocastCollector
 from pitstop.probe.collectors.base import Collector, ProbeContext, overrides
 from pitstop.probe.collectors.collate import CollateCollector
 from pitstop.probe.collectors.collectives import CollectivesCollector
+from pitstop.probe.collectors.gc_pauses import GcPausesCollector
 from pitstop.probe.collectors.memory import MemoryCollector
 from pitstop.probe.collectors.recompute import RecomputeCollector
 from pitstop.probe.collectors.sampled import SamplersCollector
@@ -28,6 +29,7 @@ COLLECTORS: tuple[type[Collector], ...] = (
     SyncCollector,
     SaveCollector,
     ThreadLoadCollector,
+    GcPausesCollector,
     MemoryCollector,
     SamplersCollector,
     CollectivesCollector,  # last: its notes follow the probe's own in probe_errors

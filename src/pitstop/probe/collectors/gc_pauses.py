@@ -1,0 +1,81 @@
+"""Python's cyclic garbage collector in the window: every collection, per generation, timed.
+
+A ``gc.callbacks`` callback is registered at the window's start and removed at its end, so a job pays for it
+only while it is measured, and then two ``perf_counter`` reads and a few additions per collection. It reads
+the clock and the collection's info dict and nothing else: the job's objects and what it computes are
+untouched. Manual ``gc.collect()`` calls are counted too (the callbacks run for them as well). A collection
+is charged to the step under way when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from time import perf_counter
+
+from pitstop.probe.collectors.base import ProbeContext, WindowCounts
+from pitstop.profile import GcPauses, RankProfile
+
+OLDEST = 2  # the full collection; a newer interpreter's extra generations count as the oldest
+
+
+class GcPausesCollector(WindowCounts[GcPauses]):
+    """The counters are the profile's ``GcPauses``, fresh at each window start."""
+
+    counts_type = GcPauses
+
+    def __init__(self, ctx: ProbeContext) -> None:
+        super().__init__(ctx)
+        self._started: float | None = None  # perf_counter at the collection now running
+        self._last_step = [0, 0, 0]  # per generation: the last step it was counted in
+        self._registered = False
+
+    def start_window(self) -> None:
+        super().start_window()
+        self.counts.enabled = gc.isenabled()
+        self.counts.thresholds = list(gc.get_threshold())
+        self._last_step = [0, 0, 0]
+        self._started = None
+        if not self._registered:
+            gc.callbacks.append(self._on_gc)
+            self._registered = True
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """Called by the interpreter at each collection's start and stop; never raises into the job."""
+        try:
+            if phase == "start":
+                self._started = perf_counter()
+                return
+            started, self._started = self._started, None
+            if started is None:  # registered while a collection ran
+                return
+            seconds = perf_counter() - started
+            index = min(int(info.get("generation", OLDEST)), OLDEST)
+            generation = self.counts.generations[index]
+            generation.collections += 1
+            generation.pause_s += seconds
+            generation.longest_s = max(generation.longest_s, seconds)
+            generation.collected += int(info.get("collected", 0)) + int(info.get("uncollectable", 0))
+            step = self.ctx.step_index()
+            if self._last_step[index] != step:
+                self._last_step[index] = step
+                generation.steps += 1
+        except Exception:  # a figure lost is better than an error inside the job's collection
+            return
+
+    def stop_window(self) -> None:
+        if self._registered:
+            with contextlib.suppress(ValueError):  # the job cleared gc.callbacks itself
+                gc.callbacks.remove(self._on_gc)
+            self._registered = False
+
+    def remove(self) -> None:
+        self.stop_window()
+
+    def fill(self, draft: RankProfile) -> None:
+        if self.counts.enabled is None:  # the window never started: nothing was watched
+            return
+        if self.counts.frozen is None:
+            # after the window, never inside a step: counting frozen objects walks their list once
+            self.counts.frozen = gc.get_freeze_count()
+        draft.gc_pauses = self.counts
