@@ -127,6 +127,14 @@ PROSE: dict[str, tuple[str, str]] = {
         "counters × assumed {ASSUMED_DRIVER_CALL_S_MS:.0f} ms per cudaMalloc / cudaFree and "
         "{ASSUMED_RETRY_S_MS:.0f} ms per retry",
     ),
+    "gc_pauses": (
+        "Python's garbage collector, timed per generation by a `gc.callbacks` callback during the window, takes "
+        "≥ {GC_MIN:.0%} of the step time (of the rank that loses most); high from {FULL_HIGH:.0%} in full "
+        "(generation-2) collections",
+        "1/(1 − full-collection share): `gc.disable()` with `gc.collect(1)` every N steps takes the full "
+        "collections out of the loop; the young generations' time is kept (`gc.freeze()` alone shortens each "
+        "full collection but CPython then runs them more often)",
+    ),
     "gpu_throttled": (
         "NVML clock-event reasons (power cap, thermal, HW slowdown) in ≥ {THROTTLED_SHARE:.0%} of busy samples "
         "with the SM clock ≤ {SLOW_CLOCK:.0%} of the application clock, per GPU",

@@ -141,6 +141,13 @@ CAUSES: dict[CauseId, Cause] = {
             needs_gpu=True,
         ),
         Cause(
+            CauseId.GC_PAUSES,
+            "Garbage-collector pauses stall the loop",
+            "Python's cyclic garbage collector stops the training loop to traverse every tracked object the job "
+            "keeps alive (datasets held as Python lists, big dicts), and its full collections land inside steps",
+            needs_gpu=False,
+        ),
+        Cause(
             CauseId.LOW_MFU_UNEXPLAINED,
             "Busy GPU, low FLOPs utilization",
             "utilization is high but model-FLOPs utilization stays far below what the GPU can do",

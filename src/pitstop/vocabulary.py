@@ -81,6 +81,7 @@ class CauseId(StrEnum):
     ALLOCATOR_THRASH = "allocator_thrash"
     GPU_THROTTLED = "gpu_throttled"
     OVERSHARDED = "oversharded"
+    GC_PAUSES = "gc_pauses"
     LOW_MFU_UNEXPLAINED = "low_mfu_unexplained"
 
     @classmethod
@@ -129,6 +130,7 @@ class RemedyId(StrEnum):
     FIX_TRANSPORT = "fix_transport"
     NCCL_BACKEND = "nccl_backend"
     LIGHTER_SHARDING = "lighter_sharding"
+    MANUAL_GC = "manual_gc"
 
 
 class Device(StrEnum):

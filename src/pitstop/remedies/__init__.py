@@ -27,6 +27,7 @@ from pitstop.remedies import (  # noqa: F401  (each module registers its remedy)
     group_by_length,
     liger_kernels,
     lighter_sharding,
+    manual_gc,
     micro_batch,
     nccl_backend,
     no_checkpointing,

@@ -17,6 +17,7 @@ from pitstop.diagnose.rules.compute import (
     slow_attention,
     small_batch,
 )
+from pitstop.diagnose.rules.gc_pauses import gc_pauses
 from pitstop.diagnose.rules.inputs import dataloader_bound, padding_waste, pageable_copies
 from pitstop.diagnose.rules.kernels import unfused_kernels
 from pitstop.diagnose.rules.recompute import needless_recompute
@@ -47,6 +48,7 @@ RULES: tuple[Rule, ...] = (
     eval_overhead,
     checkpoint_stall,
     cpu_oversubscribed,
+    gc_pauses,
     idle_gpu,
     low_mfu_unexplained,
 )

@@ -1,0 +1,105 @@
+"""gc_pauses: the rule on hand-made profiles (measured collector times, per generation), its remedy's advice,
+and the profile field in a saved profile."""
+
+from __future__ import annotations
+
+import pytest
+from tests.factories import profile, steps
+
+from pitstop.diagnose import diagnose
+from pitstop.findings import Finding
+from pitstop.profile import GcGeneration, GcPauses, RunProfile
+from pitstop.remedies import RemedyId, advise, remedy, use
+from pitstop.vocabulary import Framework, Severity
+
+
+def finding(p: RunProfile) -> Finding | None:
+    return next((f for f in diagnose(p).findings if f.cause == "gc_pauses"), None)
+
+
+def pauses(young_s: float = 0.01, full: int = 0, full_s: float = 0.0, steps_hit: int = 0) -> GcPauses:
+    return GcPauses(
+        generations=[
+            GcGeneration(collections=400, pause_s=young_s, longest_s=0.001, collected=50, steps=20),
+            GcGeneration(collections=40, pause_s=young_s / 2, longest_s=0.002, collected=10, steps=20),
+            GcGeneration(
+                collections=full,
+                pause_s=full_s,
+                longest_s=full_s / max(full, 1),
+                collected=9,
+                steps=steps_hit,
+            ),
+        ],
+        enabled=True,
+        thresholds=[700, 10, 10],
+        frozen=0,
+    )
+
+
+def test_full_collections_that_take_a_third_of_the_window_are_a_high_finding() -> None:
+    p = profile("cpu", steps(n=20, wall=0.1))  # 2 s measured
+    p.ranks[0].gc_pauses = pauses(young_s=0.04, full=3, full_s=0.6, steps_hit=3)
+    f = finding(p)
+    assert f is not None and f.severity is Severity.HIGH
+    ev = f.evidence
+    assert ev["gc_frac"] == pytest.approx((0.04 + 0.02 + 0.6) / 2.0, abs=1e-3)
+    assert ev["gen2_frac"] == pytest.approx(0.3)
+    assert ev["steps_with_gen2"] == 3 and ev["steps"] == 20
+    assert ev["generations"]["2"] == {
+        "collections": 3,
+        "pause_ms": 600.0,
+        "longest_ms": 200.0,
+        "steps": 3,
+        "collected": 9,
+    }
+    assert ev["generations"]["0"]["collections"] == 400 and ev["longest_pause_ms"] == 200.0
+    assert ev["gc_enabled"] is True and ev["frozen"] == 0 and ev["rank"] == 0
+    assert f.est_speedup == pytest.approx(1 / (1 - 0.3))  # the young generations' time is kept
+    assert "young" in f.speedup_basis and "3 full collections in 3 of 20 steps" in f.summary
+    assert f.fix.uses[0].remedy is RemedyId.MANUAL_GC
+    assert "gc.collect(1)" in (f.fix.snippet or "") and "TrainerCallback" in f.fix.snippets["hf_trainer"]
+
+
+def test_a_collector_below_the_threshold_or_not_watched_is_no_finding() -> None:
+    quiet = profile("cpu", steps(n=20, wall=0.1))
+    quiet.ranks[0].gc_pauses = pauses(young_s=0.02, full=1, full_s=0.05, steps_hit=1)  # 4% of 2 s
+    assert finding(quiet) is None
+    unwatched = profile("cpu", steps(n=20, wall=0.1))  # a trace or attach: gc_pauses stays None
+    assert unwatched.ranks[0].gc_pauses is None and finding(unwatched) is None
+
+
+def test_young_generation_time_alone_is_low_with_no_gain_claimed() -> None:
+    p = profile("cpu", steps(n=20, wall=0.1))
+    p.ranks[0].gc_pauses = pauses(young_s=0.2)  # 15% in young collections, no full one
+    f = finding(p)
+    assert f is not None and f.severity is Severity.LOW and f.est_speedup == pytest.approx(1.0)
+    assert f.evidence["steps_with_gen2"] == 0 and "none of them full" in f.summary
+    assert "reference cycles" in f.fix.text  # no schedule removes it: the advice says what does
+
+
+def test_the_rank_that_loses_most_is_the_one_reported() -> None:
+    p = profile("cpu", steps(n=20, wall=0.1), ranks=2)
+    p.ranks[0].gc_pauses = pauses(young_s=0.01)
+    p.ranks[1].gc_pauses = pauses(full=2, full_s=0.4, steps_hit=2)
+    f = finding(p)
+    assert f is not None and f.evidence["rank"] == 1 and f.evidence["gen2_frac"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("fw", list(Framework))
+def test_the_advice_names_the_manual_schedule_in_every_framework(fw: Framework) -> None:
+    advice = remedy(RemedyId.MANUAL_GC).advice(fw, {"enabled": True, "young_only": False})
+    assert "gc.disable()" in advice.text and "gc.collect(1)" in advice.snippet
+    assert "gc.freeze()" in advice.snippet and "None" not in advice.text
+    by_hand = advise(fw, use(RemedyId.MANUAL_GC, enabled=False)).text
+    assert "already collects by hand" in by_hand
+    assert not remedy(RemedyId.MANUAL_GC).tunable
+
+
+def test_gc_pauses_survive_a_saved_profile_and_older_files_still_load() -> None:
+    p = profile("cpu", steps(n=4))
+    p.ranks[0].gc_pauses = pauses(full=1, full_s=0.2, steps_hit=1)
+    back = RunProfile.from_dict(p.to_dict())
+    assert back == p and isinstance(back.ranks[0].gc_pauses, GcPauses)
+    old = p.to_dict()
+    del old["ranks"][0]["gc_pauses"]
+    assert RunProfile.from_dict(old).ranks[0].gc_pauses is None
