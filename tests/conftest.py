@@ -148,6 +148,20 @@ def run_pitstop(
     )
 
 
+def attach_json(pid: int, seconds: int, out: Path, timeout: float = 120) -> dict[str, Any]:
+    """``pitstop attach PID --for Ns --json OUT`` as a user types it (it must succeed); its JSON document."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pitstop", "attach", str(pid), "--for", f"{seconds}s", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc
+
+
 def doctor(
     tmp_path: Path,
     *command: str,

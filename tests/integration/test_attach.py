@@ -4,7 +4,6 @@ own exit code with its losses printed as before. A PID that is gone is one line 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import attach_json
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "scripts" / "attach" / "slow_loader.py"
@@ -51,10 +52,7 @@ def test_attach_finds_the_planted_slow_loader(tmp_path: Path) -> None:
     try:
         _wait_ready(job)
         out = tmp_path / "attach.json"
-        cmd = [sys.executable, "-m", "pitstop", "attach", str(job.pid), "--for", "6s", "--json", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert done.returncode == 0, done.stderr
-        doc = json.loads(out.read_text())
+        doc = attach_json(job.pid, 6, out)
         rest, _ = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
@@ -95,10 +93,7 @@ def test_attach_sees_a_planted_checkpoint_stall(tmp_path: Path) -> None:
     try:
         _wait_ready(job)
         out = tmp_path / "attach.json"
-        cmd = [sys.executable, "-m", "pitstop", "attach", str(job.pid), "--for", "8s", "--json", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert done.returncode == 0, done.stderr
-        doc = json.loads(out.read_text())
+        doc = attach_json(job.pid, 8, out)
         job.communicate(timeout=120)
     finally:
         if job.poll() is None:
@@ -128,15 +123,12 @@ def test_attach_to_torchrun_sees_both_ranks_and_the_straggler(tmp_path: Path) ->
             if line.startswith("step "):
                 break
         out = tmp_path / "attach.json"
-        cmd = [sys.executable, "-m", "pitstop", "attach", str(job.pid), "--for", "6s", "--json", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert done.returncode == 0, done.stderr
-        doc = json.loads(out.read_text())
+        doc = attach_json(job.pid, 6, out)
         rest, _ = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
             job.kill()
-    assert job.returncode == 0 and "done" in rest
+    assert job.returncode == 0 and "done" in rest, rest[-3000:]
     assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1]
     findings = {f["cause"]: f for f in doc["findings"]}
     assert findings["straggler"]["evidence"]["slow_rank"] == 1

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from pitstop.attach import probed, remote
+from tests.conftest import attach_json
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "scripts" / "attach" / "slow_loader.py"
@@ -219,10 +220,7 @@ def test_live_full_probe_on_a_python_3_14_job(tmp_path: Path) -> None:
                 break
         time.sleep(1.0)
         out = tmp_path / "attach.json"
-        attach = [sys.executable, "-m", "pitstop", "attach", str(job.pid), "--for", "4s", "--json", str(out)]
-        done = subprocess.run(attach, capture_output=True, text=True, timeout=200, cwd=ROOT)
-        assert done.returncode == 0, done.stderr
-        doc = json.loads(out.read_text())
+        doc = attach_json(job.pid, 4, out, timeout=200)
         rest, _ = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
