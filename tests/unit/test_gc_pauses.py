@@ -60,6 +60,16 @@ def test_full_collections_that_take_a_third_of_the_window_are_a_high_finding() -
     assert "gc.collect(1)" in (f.fix.snippet or "") and "TrainerCallback" in f.fix.snippets["hf_trainer"]
 
 
+def test_the_summary_says_what_a_full_collection_traverses() -> None:
+    p = profile("cpu", steps(n=20, wall=0.1))
+    p.ranks[0].gc_pauses = pauses(young_s=0.04, full=3, full_s=0.6, steps_hit=3)
+    f = finding(p)
+    assert f is not None and "every tracked object the job keeps alive." in f.summary
+    p.ranks[0].gc_pauses.frozen = 1_000_000
+    f = finding(p)
+    assert f is not None and "keeps alive but the 1,000,000 frozen." in f.summary
+
+
 def test_a_collector_below_the_threshold_or_not_watched_is_no_finding() -> None:
     quiet = profile("cpu", steps(n=20, wall=0.1))
     quiet.ranks[0].gc_pauses = pauses(young_s=0.02, full=1, full_s=0.05, steps_hit=1)  # 4% of 2 s

@@ -71,7 +71,11 @@ def gc_pauses(ctx: RuleContext) -> Finding | None:
             + (
                 f"{full.collections} full collection{'s' if full.collections != 1 else ''} in {full.steps} of "
                 f"{steps} steps, up to {full.longest_s * 1000:.0f} ms each, each traversing every tracked object "
-                "the job keeps alive" + (" and has not frozen" if gc.frozen else "")
+                + (
+                    "the job keeps alive"
+                    if not gc.frozen
+                    else f"the job keeps alive but the {gc.frozen:,} frozen"
+                )
                 if full.collections
                 else "young-generation collections, none of them full"
             )
