@@ -3,7 +3,8 @@
 Planted-cause CPU jobs (``bench/calibration_job.py``: padding at several shares, a slow loader at several
 delays, eager attention at two lengths, activation checkpointing on a model that fits, oversubscribed threads;
 a Trainer that saves every other step; ``bench/calibration_ddp.py``: a straggler rank and a communication-heavy
-two-rank DDP job). Each runs under ``pitstop tune --only <the cause's fixes>``: tune's first window is the
+two-rank DDP job; ``tests/scripts/gc_heavy.py``: a loop whose full garbage collections traverse ~3 M live
+objects). Each runs under ``pitstop tune --only <the cause's fixes>``: tune's first window is the
 doctor's diagnosis (the same rules on the same probe), so its findings give the estimate, and the fix windows
 the measurement. A fix tune cannot apply from outside the job (balancing the ranks, ``no_sync``) is applied by
 the job's own flag instead and measured by ``pitstop doctor`` on both jobs, alternated (A B A B). Per case: the planted
@@ -34,6 +35,7 @@ from typing import Any
 
 JOB = str(Path(__file__).with_name("calibration_job.py"))
 DDP_JOB = str(Path(__file__).with_name("calibration_ddp.py"))
+GC_JOB = str(Path(__file__).parents[1] / "tests" / "scripts" / "gc_heavy.py")
 TORCHRUN = ("-m", "torch.distributed.run", "--nproc_per_node", "2")
 CORES = len(os.sched_getaffinity(0))
 BALANCED = (*TORCHRUN, DDP_JOB, "--width", "512", "--batch", "2", "--seq", "8")  # two ranks, same work
@@ -127,6 +129,13 @@ CASES = [
         ("no_sync_accumulation",),
         (*ACCUM_4,),
         fixed=(*ACCUM_4, "--no-sync"),
+    ),
+    Case(
+        "gc-3M",
+        "gc_pauses",
+        ("manual_gc",),
+        (GC_JOB, "--steps", "100000"),
+        fixed=(GC_JOB, "--steps", "100000", "--manual-gc"),  # tune does not apply manual_gc
     ),
     # the held-out kind of job: TRL's SFTTrainer with its defaults (checkpointing on), unpacked data
     # padded to each batch's longest, a small Llama on CPU
