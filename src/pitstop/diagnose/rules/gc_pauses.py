@@ -101,7 +101,9 @@ def gc_pauses(ctx: RuleContext) -> Finding | None:
         speedup_basis=(
             "measured full-collection (generation 2) time over the window's wall time, which gc.disable() with "
             "gc.collect(1) every N steps takes out of the loop; the young generations' time is kept: a manual "
-            "gc.collect(1) still traverses the young objects"
+            "gc.collect(1) still traverses the young objects. An upper bound: the full collections' time includes "
+            "freeing the garbage they find, which the manual collections still pay (calibration: ×2.86 estimated, "
+            "×1.40 measured on a planted job)"
         ),
         fix=advise(
             ctx.framework, use(RemedyId.MANUAL_GC, enabled=gc.enabled, young_only=not full.collections)
