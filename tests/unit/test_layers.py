@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "schemas": 0,
     "atomic": 0,
     "regular": 0,
+    "interrupts": 0,  # SIGTERM / SIGHUP raised as KeyboardInterrupt around a block (runner, attach)
     "version": 0,  # the version every document names (the package root re-exports it)
     "display": 0,  # the slot through which a result shows itself in a notebook (the root plugs the report in)
     "__init__": 8,  # the package's front door may point anywhere (lazily); nothing in the package imports it

@@ -10,17 +10,16 @@ import json
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pitstop.attach import inject
 from pitstop.attach.remote import Decision, RemoteFailed, call, make_plan, read_status, script_text
+from pitstop.interrupts import terminate_as_interrupt
 from pitstop.profile import RankProfile, from_jsonable
 
 Caller = Callable[[list[str], int, Path], None]
@@ -41,8 +40,14 @@ def probe_window(
         path.write_text(script_text(action, plan, decision.pids[0]))
         share_with(path, decision.pids[0])
     share_with(folder, decision.pids[0])  # last: root writes nothing into a folder the job's user owns
-    with interrupted_by_signals():
+    # SIGTERM / SIGHUP to pitstop (a closed terminal, kill, a job scheduler) must not end it with the probe
+    # still armed in the job: the finally disarms; a second signal during the disarm is ignored
+    with terminate_as_interrupt(_disarming, once=True):
         return _window(decision, seconds, caller, folder, plan)
+
+
+def _disarming(signum: int) -> KeyboardInterrupt:
+    return KeyboardInterrupt(f"pitstop received signal {signum}: disarming")
 
 
 def _window(
@@ -80,30 +85,6 @@ def _window(
                 f"not every process confirmed the disarm within {DISARM_WAIT_S:g} s; the watchdog armed in the "
                 f"job removes the probe by itself at its deadline ({folder} kept)"
             )
-
-
-@contextlib.contextmanager
-def interrupted_by_signals() -> Iterator[None]:
-    """SIGTERM / SIGHUP to pitstop (a closed terminal, ``kill``, a job scheduler) during the window raise
-    KeyboardInterrupt, so the ``finally`` still disarms the job; their default ends pitstop on the spot,
-    leaving the probe armed until the watchdog. Once only: a second signal during the disarm is ignored.
-    The main thread only (signal handlers cannot be set elsewhere); the old handlers come back after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    fired: list[int] = []
-
-    def handler(signum: int, frame: object) -> None:
-        if not fired:
-            fired.append(signum)
-            raise KeyboardInterrupt(f"pitstop received signal {signum}: disarming")
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, previous in old.items():
-            signal.signal(sig, previous)
 
 
 def share_with(path: Path, pid: int) -> None:

@@ -23,14 +23,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pitstop.errors import PitstopError
+from pitstop.interrupts import terminate_as_interrupt
 from pitstop.probe.config import ENV_RUNNER_PID, ProbeConfig
 from pitstop.probe.ending import window_written
 from pitstop.runner.inject import blind_spot, child_environment, prepare_injection
@@ -74,24 +74,6 @@ class _Terminated(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise _Terminated(signum)
-
-
-@contextlib.contextmanager
-def _terminate_like_interrupt() -> Iterator[None]:
-    """While the command runs, SIGTERM and SIGHUP to pitstop end the command's process group too."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def resolve(command: list[str]) -> str:
@@ -375,7 +357,7 @@ def run_observed(
         return launch
     job = _Job(proc, subreaper, not_ours)
     try:
-        with _terminate_like_interrupt():
+        with terminate_as_interrupt(_Terminated):  # the command's process group ends with pitstop
             _wait(job, launch, started, on_tick, out, timeout_s)
     finally:
         job.end_the_rest()
