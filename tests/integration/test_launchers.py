@@ -5,12 +5,14 @@ a job that resets PYTHONPATH (the autoload .pth), and a launcher that passes not
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,17 @@ def test_watch_and_tune_refuse_python_S_in_one_line_as_doctor_does(command: str,
     assert "Traceback" not in proc.stderr and not marker.exists()
 
 
+@pytest.fixture
+def ray_alone() -> Iterator[None]:
+    """Ray keeps one cluster per machine: ``ray.init()`` joins one that runs (and refuses ``num_cpus`` then),
+    ``ray stop --force`` ends every one. So the Ray tests take turns across pytest-xdist's workers (two of
+    them once ran at the same time: the script's own ``ray.init`` found the other test's cluster)."""
+    with open(Path(tempfile.gettempdir()) / "pitstop-tests-ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.mark.usefixtures("ray_alone")
 def test_launcher_that_passes_nothing_to_its_worker_says_no_rank_reported() -> None:
     pytest.importorskip("ray")
     proc = run_pitstop("doctor", "--quiet", "--", sys.executable, str(LAUNCHERS / "unpassed.py"))
@@ -81,6 +94,7 @@ def test_launcher_that_passes_nothing_to_its_worker_says_no_rank_reported() -> N
 RAY_LIMIT_S = 900
 
 
+@pytest.mark.usefixtures("ray_alone")
 def test_ray_train_on_a_cluster_the_script_starts_reports_every_worker_as_a_rank(tmp_path: Path) -> None:
     pytest.importorskip("ray.train.torch")
     script = (sys.executable, str(LAUNCHERS / "train_ray.py"), "--steps", "30")
@@ -88,6 +102,7 @@ def test_ray_train_on_a_cluster_the_script_starts_reports_every_worker_as_a_rank
     assert ranks(doc) == {0: 6, 1: 6}
 
 
+@pytest.mark.usefixtures("ray_alone")
 def test_ray_train_on_a_cluster_started_before_gets_pitstop_through_runtime_env(tmp_path: Path) -> None:
     pytest.importorskip("ray.train.torch")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # ray 2.60's `ray start` turns token auth on
