@@ -130,11 +130,13 @@ PROSE: dict[str, tuple[str, str]] = {
     "gc_pauses": (
         "Python's garbage collector, timed per generation by a `gc.callbacks` callback during the window, takes "
         "≥ {GC_MIN:.0%} of the step time (of the rank that loses most); high from {FULL_HIGH:.0%} in full "
-        "(generation-2) collections",
-        "1/(1 − full-collection share): `gc.disable()` with `gc.collect(1)` every N steps takes the full "
-        "collections out of the loop; the young generations' time is kept (`gc.freeze()` alone shortens each "
-        "full collection but CPython then runs them more often); an upper bound, as freeing the garbage the full "
-        "collections find stays (×2.86 estimated for ×1.40 measured, docs/calibration.md)",
+        "(generation-2) collections the fix would remove",
+        "1/(1 − what the fix removes): `gc.freeze()` after setup, `gc.disable()` and a full `gc.collect()` every "
+        "N steps take the survivors' traversal out of the full collections; finding and freeing the garbage they "
+        "found stays (each found object costing {FOUND_COST:.0f}× a survivor, the tracked objects counted after "
+        "the window), and so does the young generations' time. Without the count, the full collections' whole "
+        "time, an upper bound. `gc.freeze()` alone shortens each full collection, but CPython then runs them "
+        "more often",
     ),
     "gpu_throttled": (
         "NVML clock-event reasons (power cap, thermal, HW slowdown) in ≥ {THROTTLED_SHARE:.0%} of busy samples "

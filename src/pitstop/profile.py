@@ -334,6 +334,7 @@ class GcPauses:
     enabled: bool | None = None  # gc.isenabled() at the window's start (False: the job collects by hand)
     thresholds: list[int] | None = None  # gc.get_threshold() at the window's start
     frozen: int | None = None  # gc.get_freeze_count() after the window: objects gc.freeze() took out
+    tracked: int | None = None  # objects a full collection traverses (tracked, not frozen), after the window
 
     @property
     def pause_s(self) -> float:

@@ -54,20 +54,43 @@ def test_full_collections_that_take_a_third_of_the_window_are_a_high_finding() -
     }
     assert ev["generations"]["0"]["collections"] == 400 and ev["longest_pause_ms"] == 200.0
     assert ev["gc_enabled"] is True and ev["frozen"] == 0 and ev["rank"] == 0
-    assert f.est_speedup == pytest.approx(1 / (1 - 0.3))  # the young generations' time is kept
+    assert f.est_speedup == pytest.approx(1 / (1 - 0.33))  # full and young: gc.disable() stops both
     assert "young" in f.speedup_basis and "3 full collections in 3 of 20 steps" in f.summary
     assert f.fix.uses[0].remedy is RemedyId.MANUAL_GC
-    assert "gc.collect(1)" in (f.fix.snippet or "") and "TrainerCallback" in f.fix.snippets["hf_trainer"]
+    assert "gc.collect()" in (f.fix.snippet or "") and "TrainerCallback" in f.fix.snippets["hf_trainer"]
+
+
+def test_with_the_tracked_objects_counted_the_estimate_leaves_the_found_garbage_to_the_fix() -> None:
+    """The planted job's own figures (3.4 M tracked, ~943 k found per full collection): the fix removes the
+    survivors' traversal, and the found objects, at 3× a survivor each, are still found by gc.collect(1)."""
+    p = profile("cpu", steps(n=20, wall=0.1))  # 2 s measured
+    gc = pauses(young_s=0.04, full=3, full_s=0.6, steps_hit=3)
+    gc.generations[2].collected = 3 * 943_000
+    gc.tracked = 3_400_000
+    p.ranks[0].gc_pauses = gc
+    f = finding(p)
+    assert f is not None and f.evidence["tracked"] == 3_400_000
+    part = 3_400_000 / (3_400_000 + 3 * 943_000)  # 55% of the full collections' time is the survivors'
+    assert f.est_speedup == pytest.approx(1 / (1 - 0.3 * part - 0.03), rel=1e-3)
+    assert f.est_speedup < 1 / (1 - 0.33)  # below the upper bound the uncounted case gives
+    assert "3,400,000 tracked objects (55%" in f.speedup_basis and "943,000" in f.speedup_basis
+    gc.tracked = None
+    f = finding(p)
+    assert f is not None and f.est_speedup == pytest.approx(1 / (1 - 0.33)) and "upper bound" in f.speedup_basis
+    gc.enabled, gc.tracked = False, 3_400_000  # the job collects by hand: its own young collections stay
+    f = finding(p)
+    assert f is not None and f.est_speedup == pytest.approx(1 / (1 - 0.3 * part), rel=1e-3)
+    assert "own young collections stay" in f.speedup_basis
 
 
 def test_the_summary_says_what_a_full_collection_traverses() -> None:
     p = profile("cpu", steps(n=20, wall=0.1))
     p.ranks[0].gc_pauses = pauses(young_s=0.04, full=3, full_s=0.6, steps_hit=3)
     f = finding(p)
-    assert f is not None and "every tracked object the job keeps alive." in f.summary
+    assert f is not None and "every tracked object the job keeps alive and finding 3 garbage objects." in f.summary
     p.ranks[0].gc_pauses.frozen = 1_000_000
     f = finding(p)
-    assert f is not None and "keeps alive but the 1,000,000 frozen." in f.summary
+    assert f is not None and "keeps alive but the 1,000,000 frozen and finding 3" in f.summary
 
 
 def test_a_collector_below_the_threshold_or_not_watched_is_no_finding() -> None:
@@ -98,10 +121,13 @@ def test_the_rank_that_loses_most_is_the_one_reported() -> None:
 @pytest.mark.parametrize("fw", list(Framework))
 def test_the_advice_names_the_manual_schedule_in_every_framework(fw: Framework) -> None:
     advice = remedy(RemedyId.MANUAL_GC).advice(fw, {"enabled": True, "young_only": False})
-    assert "gc.disable()" in advice.text and "gc.collect(1)" in advice.snippet
+    assert "gc.disable()" in advice.text and "gc.collect()" in advice.snippet
+    assert "gc.collect(1)" not in advice.snippet  # it would leave garbage that outlived it in the oldest generation
     assert "gc.freeze()" in advice.snippet and "None" not in advice.text
     by_hand = advise(fw, use(RemedyId.MANUAL_GC, enabled=False)).text
-    assert "already collects by hand" in by_hand
+    assert "already collects by hand" in by_hand and "gc.freeze() after setup" in by_hand
+    frozen = advise(fw, use(RemedyId.MANUAL_GC, enabled=False, frozen=True)).text
+    assert "already freezes" in frozen and "break the cycles" in frozen
     assert not remedy(RemedyId.MANUAL_GC).tunable
 
 

@@ -1,8 +1,13 @@
-"""Collect garbage by hand: freeze what setup built, switch automatic collection off, collect the young
-generations every N steps, so the collector's pause is short and lands where the loop puts it.
+"""Collect garbage by hand: freeze what setup built, switch automatic collection off, and run a full
+collection every N steps, so the collector's pause skips the long-lived heap and lands where the loop puts it.
+
+A full ``gc.collect()`` rather than ``gc.collect(1)``: the young collection promotes what survives it to the
+oldest generation, and garbage that outlives one collection (anything kept across a step) would then wait for
+a full collection that never comes while automatic collection is off, so memory would grow. With setup
+frozen, a full collection traverses only what was made since.
 
 Not tunable: tune could apply it from outside (at the first optimizer step: ``gc.freeze()``, ``gc.disable()``
-and an optimizer-step hook that calls ``gc.collect(1)``), but that is not wired into its trials yet, and a
+and an optimizer-step hook that calls ``gc.collect()``), but that is not wired into its trials yet, and a
 job that builds long-lived objects after its first step would freeze too early.
 """
 
@@ -14,7 +19,7 @@ from typing import Any
 from pitstop.remedies.base import Advice, Remedy, code, register
 from pitstop.vocabulary import CauseId, Framework, RemedyId
 
-EVERY = 50  # steps between manual young-generation collections: often enough that young objects stay few
+EVERY = 50  # steps between manual collections: the garbage of that many steps waits in memory until then
 
 
 @register
@@ -25,7 +30,8 @@ class ManualGc(Remedy):
     effect = "same training; the collector runs only where the loop calls it"
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
-        """``enabled``: automatic collection was on in the window; ``young_only``: no full collection ran."""
+        """``enabled``: automatic collection was on in the window; ``young_only``: no full collection ran;
+        ``frozen``: the job had frozen objects (gc.freeze())."""
         if params.get("young_only"):
             text = (
                 "The collector's time here is young-generation work, which no schedule removes: every step the "
@@ -33,19 +39,27 @@ class ManualGc(Remedy):
                 "(weakref, clear the references) or keep fewer Python objects per step."
             )
             return Advice(text, self._snippet(framework))
-        text = (
-            (
-                "The job already collects by hand, but full collections still run: call gc.collect(1) (the "
-                "young generations only) rather than gc.collect(), and gc.freeze() what setup built."
-                if params.get("enabled") is False
-                else "Take full collections out of the step: gc.disable() after setup and gc.collect(1) every "
-                f"{EVERY} steps or so (the young generations only: a short pause where the loop puts it), with "
-                "gc.freeze() first so an occasional full gc.collect() skips what setup built. gc.freeze() alone "
-                "shortens each full collection, but CPython then runs them more often and the total barely moves."
+        if params.get("enabled") is False:
+            text = (
+                "The job already freezes what setup built and collects by hand; what its collections still take "
+                "is traversing what it made since and finding the cyclic garbage its steps make: freeze later "
+                "(after everything long-lived is built), collect less often, or break the cycles the step makes "
+                "(weakref, clear the references)."
+                if params.get("frozen")
+                else "The job already collects by hand, but each collection traverses everything setup built: "
+                "gc.freeze() after setup, so they traverse only what was made since."
             )
-            + " A full gc.collect() at checkpoints or evaluations frees the cyclic garbage that grew old; in a "
-            "multi-process job every rank collects at the same step, so none waits for another's pause."
-        )
+        else:
+            text = (
+                "Take the collector's pauses out of the step: gc.freeze() after setup (the dataset, the model and "
+                "everything built before the loop leave every collection), gc.disable(), and a full gc.collect() "
+                f"every {EVERY} steps or so, at the same step on every rank (none waits for another's pause). "
+                "With setup frozen it traverses only what was made since, and it frees all the cyclic garbage; "
+                "gc.collect(1) would not: garbage that outlives one collection moves to the oldest generation and "
+                "stays, so memory grows. Collect more often if memory climbs between collections. gc.freeze() "
+                "alone shortens each full collection, but CPython then runs them more often and the total barely "
+                "moves."
+            )
         return Advice(text, self._snippet(framework))
 
     def _snippet(self, framework: Framework) -> str:
@@ -56,7 +70,7 @@ class ManualGc(Remedy):
                         gc.freeze(); gc.disable()  # the dataset and the model leave every collection
                     def on_step_end(self, args, state, control, **kwargs):
                         if state.global_step % {EVERY} == 0:
-                            gc.collect(1)  # young generations only: a short pause at a known step
+                            gc.collect()  # skips the frozen setup; frees every cycle, at a known step
                     def on_train_end(self, args, state, control, **kwargs):
                         gc.enable(); gc.unfreeze()
 
@@ -69,7 +83,7 @@ class ManualGc(Remedy):
                         gc.freeze(); gc.disable()  # the dataset and the model leave every collection
                     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
                         if batch_idx % {EVERY} == 0:
-                            gc.collect(1)  # young generations only: a short pause at a known step
+                            gc.collect()  # skips the frozen setup; frees every cycle, at a known step
                     def on_train_end(self, trainer, pl_module):
                         gc.enable(); gc.unfreeze()
 
@@ -85,7 +99,7 @@ class ManualGc(Remedy):
             for step, batch in enumerate(loader):
                 ...
                 if step % {EVERY} == 0:
-                    gc.collect(1)  # young generations only, at the same step on every rank
+                    gc.collect()  # skips the frozen setup; frees every cycle; same step on every rank
         """)
 
     def frameworks(self) -> tuple[Framework, ...]:
