@@ -75,6 +75,37 @@ def _per_generation(gc: GcPauses) -> dict[str, dict[str, float]]:
     }
 
 
+def _summary(gc: GcPauses, share: float, steps: int) -> str:
+    """What the collector did in the window, in one sentence."""
+    full = gc.generations[FULL]
+    by_hand = gc.enabled is False
+    return (
+        f"Python's garbage collector took {share:.0%} of the measured time: "
+        + (
+            f"{full.collections} full collection{'s' if full.collections != 1 else ''} in {full.steps} of "
+            f"{steps} steps, up to {full.longest_s * 1000:.0f} ms each, each traversing every tracked object "
+            + (
+                "the job keeps alive"
+                if not gc.frozen
+                else f"the job keeps alive but the {gc.frozen:,} frozen"
+            )
+            + (
+                f" and finding {full.collected / full.collections:,.0f} garbage objects"
+                if full.collected
+                else ""
+            )
+            if full.collections
+            else "young-generation collections, none of them full"
+        )
+        + (
+            " (the job disabled automatic collection; its own gc.collect calls take the time)"
+            if by_hand
+            else ""
+        )
+        + "."
+    )
+
+
 def gc_pauses(ctx: RuleContext) -> Finding | None:
     watched = [r for r in ctx.profile.ranks if r.gc_pauses is not None and r.steps]
     if not watched:
@@ -89,7 +120,6 @@ def gc_pauses(ctx: RuleContext) -> Finding | None:
     full_share = min(share, full.pause_s / max(worst.wall_s, 1e-9))
     longest = max(g.longest_s for g in gc.generations)
     steps = len(worst.steps)
-    by_hand = gc.enabled is False
     removed, how = _removed(gc, full.pause_s)
     young = sum(g.pause_s for g in gc.generations[:FULL])
     automatic = gc.enabled is not False and full.collections > 0  # gc.disable() stops the young ones too
@@ -100,31 +130,7 @@ def gc_pauses(ctx: RuleContext) -> Finding | None:
         cause=CauseId.GC_PAUSES,
         severity=severity_for(removed_share, FULL_HIGH, FULL_MEDIUM),
         confidence=CONFIDENCE,
-        summary=(
-            f"Python's garbage collector took {share:.0%} of the measured time: "
-            + (
-                f"{full.collections} full collection{'s' if full.collections != 1 else ''} in {full.steps} of "
-                f"{steps} steps, up to {full.longest_s * 1000:.0f} ms each, each traversing every tracked object "
-                + (
-                    "the job keeps alive"
-                    if not gc.frozen
-                    else f"the job keeps alive but the {gc.frozen:,} frozen"
-                )
-                + (
-                    f" and finding {full.collected / full.collections:,.0f} garbage objects"
-                    if full.collected
-                    else ""
-                )
-                if full.collections
-                else "young-generation collections, none of them full"
-            )
-            + (
-                " (the job disabled automatic collection; its own gc.collect calls take the time)"
-                if by_hand
-                else ""
-            )
-            + "."
-        ),
+        summary=_summary(gc, share, steps),
         evidence={
             "gc_frac": round(share, 3),
             "gen2_frac": round(full_share, 3),
@@ -150,6 +156,11 @@ def gc_pauses(ctx: RuleContext) -> Finding | None:
         ),
         fix=advise(
             ctx.framework,
-            use(RemedyId.MANUAL_GC, enabled=gc.enabled, young_only=not full.collections, frozen=bool(gc.frozen)),
+            use(
+                RemedyId.MANUAL_GC,
+                enabled=gc.enabled,
+                young_only=not full.collections,
+                frozen=bool(gc.frozen),
+            ),
         ),
     )
