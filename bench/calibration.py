@@ -241,7 +241,8 @@ def before_estimate(
     """What the rule estimated before issue 27, from the same window: needless_recompute took the whole
     forward share; padding_waste took forward + backward + optimizer as the share that scales with tokens;
     communication_bound took the exposed share (blocked after the last rank arrived) whatever the fix;
-    gc_pauses took the full collections' whole time."""
+    gc_pauses took the full collections' whole time; slow_attention took eager attention as 2× slower per FLOP
+    on a CPU (3× on a GPU) over the attention's share of the FLOPs."""
     exposed = (evidence or {}).get("exposed_frac_of_step")
     full = (evidence or {}).get("gen2_frac")
     if cause == "gc_pauses" and isinstance(full, float) and full < 1:
@@ -249,6 +250,10 @@ def before_estimate(
     if cause == "communication_bound" and isinstance(exposed, float) and exposed < 1:
         return 1 / (1 - exposed)
     fwd, bwd, opt = metrics.get("forward_frac"), metrics.get("backward_frac"), metrics.get("optimizer_frac")
+    attention = (evidence or {}).get("attention_flops_frac")
+    if cause == "slow_attention" and isinstance(attention, float) and None not in (fwd, bwd, opt):
+        compute = min(1.0, fwd + bwd + opt)
+        return 1 / (1 - compute * (1 - 1 / (1 - attention + 2 * attention)))
     if cause == "needless_recompute" and fwd is not None:
         return 1 / (1 - fwd)
     if cause == "padding_waste" and None not in (fwd, bwd, opt, metrics.get("padding_frac")):

@@ -38,8 +38,10 @@ PROSE: dict[str, tuple[str, str]] = {
     ),
     "slow_attention": (
         "the config says `eager` (or no SDPA call was seen)",
-        "attention's FLOPs share at the row length, eager taken as {EAGER_SLOWDOWN[gpu]:.0f}× (GPU) / "
-        "{EAGER_SLOWDOWN[cpu]:.0f}× (CPU) slower per FLOP",
+        "under `doctor` and `tune`: one layer's eager and fused (SDPA) attention timed in the job after its "
+        "window, on its device at its shapes, forward and backward; the difference × layers × micro-batches "
+        "over the step time. Elsewhere (traces, a probe inside your script): attention's FLOPs share at the row "
+        "length, eager taken as {EAGER_SLOWDOWN[gpu]:.0f}× (GPU) / {EAGER_SLOWDOWN[cpu]:.0f}× (CPU) slower per FLOP",
     ),
     "no_mixed_precision": (
         "matmuls in fp32 or TF32 on a tensor-core GPU",

@@ -193,6 +193,22 @@ class AttentionInfo:
 
 
 @dataclass
+class AttentionTiming:
+    """One layer's attention timed on the job's device after the window, at the job's shapes (forward and
+    backward, seconds per micro-batch of ``rows``): the eager path against the fused SDPA kernel, so the
+    speed-up of switching is measured where the job runs (``probe/attention_timing.py``)."""
+
+    eager_s: float
+    fused_s: float
+    rows: int
+    heads: int
+    seq: int
+    head_dim: int
+    dtype: str
+    rows_timed: int  # fewer than ``rows`` when one layer's scores would have been too large to time at once
+
+
+@dataclass
 class CpuThreads:
     """Threads the job runs against the cores it may use (read at the first step), and how many of the
     job's threads were runnable during the window (sampled from /proc: OpenMP threads that spin count)."""
@@ -462,6 +478,7 @@ class RankProfile:
     steps_delimited_by: StepBoundary | None = None
     step_boundary_reason: str | None = None  # why steps were not delimited by the optimizer, when not
     gpu_activity: GpuActivity | None = None  # hardware activity counters of this rank's GPU, when read
+    attention_timing: AttentionTiming | None = None  # eager vs fused attention timed after the window
 
     def total(self, name: str) -> float | None:
         """Sum of one StepRecord field over the measured steps (None if any step lacks it)."""

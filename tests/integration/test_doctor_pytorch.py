@@ -41,6 +41,10 @@ def test_eager_attention_ranks_first(tmp_path: Path) -> None:
     assert causes(doc)[0] == "slow_attention"
     assert doc["environment"]["attn_implementation"] == "eager"
     assert doc["findings"][0]["evidence"]["sdpa_calls_per_step"] == 0
+    # eager and fused attention were timed in the job after its window, at its shapes, for the estimate
+    timing = doc["profile"]["ranks"][0]["attention_timing"]
+    assert timing["eager_s"] > 0 and timing["fused_s"] > 0 and timing["dtype"] == "float32"
+    assert "timed on this CPU" in doc["findings"][0]["speedup_basis"]
 
 
 def test_well_tuned_run_has_no_high_finding(tmp_path: Path) -> None:

@@ -30,7 +30,9 @@ def test_full_collections_over_millions_of_objects_are_found_and_losses_unchange
     assert full["collections"] >= 1 and ev["steps_with_gen2"] >= 1 and full["pause_ms"] > 0
     assert ev["longest_pause_ms"] >= full["longest_ms"] > 0
     assert ev["tracked"] > 3_000_000  # the dataset's rows, counted after the window for the estimate
-    assert re.search(r"traversing the \d,\d{3},\d{3} tracked objects", f["speedup_basis"])  # not the upper bound
+    assert re.search(
+        r"traversing the \d,\d{3},\d{3} tracked objects", f["speedup_basis"]
+    )  # not the upper bound
     assert f["severity"] in ("high", "medium") and f["est_speedup"] > 1.0
     assert f["fix"]["remedies"][0]["id"] == "manual_gc" and "gc.collect()" in f["fix"]["snippets"]["pytorch"]
     # the collector only reads the clock: the job computes the same losses without pitstop

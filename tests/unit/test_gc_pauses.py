@@ -76,7 +76,9 @@ def test_with_the_tracked_objects_counted_the_estimate_leaves_the_found_garbage_
     assert "3,400,000 tracked objects (55%" in f.speedup_basis and "943,000" in f.speedup_basis
     gc.tracked = None
     f = finding(p)
-    assert f is not None and f.est_speedup == pytest.approx(1 / (1 - 0.33)) and "upper bound" in f.speedup_basis
+    assert (
+        f is not None and f.est_speedup == pytest.approx(1 / (1 - 0.33)) and "upper bound" in f.speedup_basis
+    )
     gc.enabled, gc.tracked = False, 3_400_000  # the job collects by hand: its own young collections stay
     f = finding(p)
     assert f is not None and f.est_speedup == pytest.approx(1 / (1 - 0.3 * part), rel=1e-3)
@@ -87,7 +89,10 @@ def test_the_summary_says_what_a_full_collection_traverses() -> None:
     p = profile("cpu", steps(n=20, wall=0.1))
     p.ranks[0].gc_pauses = pauses(young_s=0.04, full=3, full_s=0.6, steps_hit=3)
     f = finding(p)
-    assert f is not None and "every tracked object the job keeps alive and finding 3 garbage objects." in f.summary
+    assert (
+        f is not None
+        and "every tracked object the job keeps alive and finding 3 garbage objects." in f.summary
+    )
     p.ranks[0].gc_pauses.frozen = 1_000_000
     f = finding(p)
     assert f is not None and "keeps alive but the 1,000,000 frozen and finding 3" in f.summary
@@ -122,7 +127,9 @@ def test_the_rank_that_loses_most_is_the_one_reported() -> None:
 def test_the_advice_names_the_manual_schedule_in_every_framework(fw: Framework) -> None:
     advice = remedy(RemedyId.MANUAL_GC).advice(fw, {"enabled": True, "young_only": False})
     assert "gc.disable()" in advice.text and "gc.collect()" in advice.snippet
-    assert "gc.collect(1)" not in advice.snippet  # it would leave garbage that outlived it in the oldest generation
+    assert (
+        "gc.collect(1)" not in advice.snippet
+    )  # it would leave garbage that outlived it in the oldest generation
     assert "gc.freeze()" in advice.snippet and "None" not in advice.text
     by_hand = advise(fw, use(RemedyId.MANUAL_GC, enabled=False)).text
     assert "already collects by hand" in by_hand and "gc.freeze() after setup" in by_hand

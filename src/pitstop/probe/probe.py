@@ -399,6 +399,8 @@ class Probe:
         except Exception as exc:
             self.errors.append(f"reading device timings: {exc}")
         self._each(lambda c: c.stop_window(), "stop_window")
+        if reason == "window" and self.config.stop_when_done:
+            self._each(lambda c: c.closing(), "closing")
         profile = self.rank_profile()
         profile.stopped_by_probe = reason == "window" and self.config.stop_when_done
         if self.config.out_dir is not None:

@@ -9,6 +9,7 @@ it needs no change unless the signal listens at a hook the probe already routes 
 from __future__ import annotations
 
 from pitstop.probe.collectors.attention import AttentionCollector
+from pitstop.probe.collectors.attention_timing import AttentionTimingCollector
 from pitstop.probe.collectors.autocast import AutocastCollector
 from pitstop.probe.collectors.base import Collector, ProbeContext, overrides
 from pitstop.probe.collectors.collate import CollateCollector
@@ -32,6 +33,7 @@ COLLECTORS: tuple[type[Collector], ...] = (
     GcPausesCollector,
     MemoryCollector,
     SamplersCollector,
+    AttentionTimingCollector,  # after the others: it reads the environment they filled
     CollectivesCollector,  # last: its notes follow the probe's own in probe_errors
 )
 

@@ -10,6 +10,8 @@ signal is a collector it orchestrates through the same few calls, in this order:
   are called, so a collector without per-step work adds no per-step cost;
 * ``stream(emit)`` — new readings for the rank file, after a step (only collectors that override it);
 * ``stop_window()`` — the window ended or the probe was disabled: stop threads, stop counting (idempotent);
+* ``closing()`` — the window ended and the probe ends the job next (doctor's and tune's windows only): the
+  one moment a collector may spend the job's time and device on a measurement of its own;
 * ``fill(draft)`` — write what was counted into the rank's RankProfile (called once per profile asked for;
   the draft already holds the steps, the environment and the errors).
 
@@ -76,6 +78,9 @@ class Collector:
 
     def stop_window(self) -> None:
         """Stop measuring (the window ended, or the probe was disabled); safe twice."""
+
+    def closing(self) -> None:
+        """The window ended and the job ends next: a measurement that costs the job time may run now."""
 
     def fill(self, draft: RankProfile) -> None:
         """Write the counters into the rank's profile."""
