@@ -7,7 +7,8 @@ pass/fail table.
 Without a CUDA device it prints "skipped: no CUDA GPU" and exits 0. With one it runs the tests in tests/gpu
 (among them tests/gpu/test_gpu_activity.py: GPM's SM, tensor and DRAM activity and the energy counter over
 one window of a small training, and SM activity against the kernel-busy share of a profiler trace of the
-same window), prints each check with its outcome and the figures it measured, and exits with pytest's status.
+same window; tests/gpu/test_attention_timing_gpu.py: eager against fused attention as ``slow_attention``
+times it), prints each check with its outcome and the figures it measured, and exits with pytest's status.
 """
 
 from __future__ import annotations
