@@ -222,3 +222,19 @@ def test_history_show_gives_energy_and_cost_per_real_token(
         code, out, err = cli(capsys, monkeypatch, "history", "show", run_id, "--history", str(path))
         assert code == 0 and "real tokens/s" in out, err
         assert "energy per real token" not in out and "cost per million" not in out
+
+
+def test_history_compare_sets_energy_and_cost_per_real_token_side_by_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "h.db"
+    for doc in (gpu_run().to_dict(), gpu_run().to_dict(), cpu_run().to_dict(), cpu_run().to_dict()):
+        record(doc, "doctor", path)
+    code, out, err = cli(capsys, monkeypatch, "history", "compare", "1", "2", "--history", str(path))
+    assert code == 0, err
+    energy = next(line for line in out.splitlines() if "energy per real token" in line)
+    assert energy.count("0.00793 J") == 2 and "×1.00" in energy
+    assert "cost per million real tokens" in out
+    code, out, err = cli(capsys, monkeypatch, "history", "compare", "3", "4", "--history", str(path))
+    assert code == 0 and "real tokens/s" in out, err
+    assert "energy per real token" not in out  # CPU runs: nothing measured, no row

@@ -128,7 +128,7 @@ def show(
 ) -> None:
     """One stored run: its setup, its numbers, and (with --json) the whole stored document."""
     from pitstop.history.compare import METRIC_NAMES, flatten, format_metric
-    from pitstop.history.documents import STORED_FIGURES, stored_figures
+    from pitstop.history.documents import METRIC_COLUMNS, STORED_FIGURES, stored_figures
 
     with _store(history) as store:
         run = _require(store, run_id)
@@ -149,7 +149,7 @@ def show(
         ("fingerprint", run.fingerprint),
     ]
     rows += [(f"  {k}", "–" if v is None else str(v)) for k, v in flatten(run.fingerprint_fields).items()]
-    rows += [(METRIC_NAMES[name], format_metric(name, run.metric(name))) for name in METRIC_NAMES]
+    rows += [(METRIC_NAMES[name], format_metric(name, run.metric(name))) for name in METRIC_COLUMNS]
     doc = run.result or {}
     rows += [(STORED_FIGURES[name], format_metric(name, v)) for name, v in stored_figures(doc).items()]
     if isinstance(doc.get("findings"), list):

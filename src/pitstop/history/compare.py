@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pitstop.history.documents import METRIC_COLUMNS
+from pitstop.history.documents import METRIC_COLUMNS, STORED_FIGURES, stored_figures
 from pitstop.history.errors import HistoryError
 from pitstop.history.store import HistoryStore, RunRecord
 
@@ -15,6 +15,8 @@ METRIC_NAMES = {
     "tokens_per_s": "tokens/s",
     "step_time_s": "step time",
     "mfu": "MFU",
+    "joules_per_real_token": "energy per real token",
+    "cost_per_million_real_tokens": "cost per million real tokens",
 }
 LOWER_IS_BETTER = frozenset({"step_time_s"})
 
@@ -78,7 +80,16 @@ class MetricRow:
 
 
 def metric_rows(a: RunRecord, b: RunRecord) -> list[MetricRow]:
-    return [MetricRow(name, a.metric(name), b.metric(name)) for name in METRIC_COLUMNS]
+    """The indexed metrics, then the energy and cost per real token where either run's document has them
+    (records loaded with their document; a GPU run with a power reading, a price for the cost)."""
+    rows = [MetricRow(name, a.metric(name), b.metric(name)) for name in METRIC_COLUMNS]
+    figures_a, figures_b = stored_figures(a.result), stored_figures(b.result)
+    rows += [
+        MetricRow(name, figures_a.get(name), figures_b.get(name))
+        for name in STORED_FIGURES
+        if name in figures_a or name in figures_b
+    ]
+    return rows
 
 
 @dataclass
