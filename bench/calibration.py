@@ -124,6 +124,13 @@ CASES = [
         (*BALANCED, "--slow-rank", "1", "--slow-ms", "100"),
         fixed=BALANCED,
     ),
+    Case(  # the same delay spent computing: on a CPU the sleeping straggler leaves its core to the other rank
+        "straggler-busy-100ms",
+        "straggler",
+        ("balance_ranks",),
+        (*BALANCED, "--slow-rank", "1", "--slow-ms", "100", "--busy"),
+        fixed=BALANCED,
+    ),
     Case(
         "ddp-accum-4",
         "communication_bound",

@@ -1,7 +1,9 @@
 """A two-rank DDP job (torchrun, gloo, CPU) with one planted multi-rank cause, for ``bench/calibration.py``:
 
---slow-rank R --slow-ms M   rank R's forward takes M ms longer (a sleep in its forward: a straggler); the fix,
-                            applied by hand, is the same job without the delay
+--slow-rank R --slow-ms M   rank R's forward takes M ms longer (a sleep in its forward: a straggler waiting
+                            on its storage or host); the fix, applied by hand, is the same job without the delay
+--busy                      the delay computes instead of sleeping (matmuls for M ms: a straggler with more
+                            work, or a slower device, which leaves no core to the other ranks)
 --accum K                   K micro-batches per optimizer step, each all-reducing every gradient (no ``no_sync``):
                             communication-heavy; ``--no-sync`` is the fix (all-reduce on the last micro-batch only)
 
@@ -34,6 +36,14 @@ class Wide(torch.nn.Module):
         return x.pow(2).mean()
 
 
+def busy(seconds: float) -> None:
+    """Compute (matmuls on a private tensor) for ``seconds``: extra work on this rank, nothing the model sees."""
+    a = torch.ones(128, 128)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.mm(a, a)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=100000)
@@ -45,6 +55,7 @@ def main() -> int:
     p.add_argument("--no-sync", action="store_true", help="all-reduce on the last micro-batch only")
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--busy", action="store_true", help="the delay computes rather than sleeps")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -57,7 +68,7 @@ def main() -> int:
     inner = Wide(args.width, args.depth)
     if rank == args.slow_rank and args.slow_ms:
         delay = args.slow_ms / 1000.0
-        inner.register_forward_pre_hook(lambda *_: time.sleep(delay))
+        inner.register_forward_pre_hook(lambda *_: (busy if args.busy else time.sleep)(delay))
     model = torch.nn.parallel.DistributedDataParallel(inner, bucket_cap_mb=4)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     step = micro = epoch = 0
