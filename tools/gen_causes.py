@@ -30,7 +30,9 @@ PROSE: dict[str, tuple[str, str]] = {
     "dataloader_bound": (
         "data wait ≥ {DATA_WAIT_MIN:.0%} of the step (of the rank that waits most); from an nvidia-smi log, "
         "utilization dips under {DIP_UTIL:.0f}% between busy stretches",
-        "at most 1/(1 − data wait share)",
+        "with the fix's workers (the cores per rank, one kept for the step): each loads a batch in the time one "
+        "loader takes now, so a batch arrives every (that time) / workers, and the step becomes the longer of "
+        "that and the rest of the step; without the count, at most 1/(1 − data wait share)",
     ),
     "padding_waste": (
         "pad tokens ≥ {PADDING_MIN:.0%} of all tokens",

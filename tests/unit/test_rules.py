@@ -58,6 +58,26 @@ def test_dataloader_bound_from_measured_wait() -> None:
     assert f.fix.snippets["pytorch"].count("num_workers=") == 1
 
 
+@pytest.mark.parametrize(
+    ("cores", "have", "expected"),
+    [
+        (2, 0, 1 / 0.65),  # one worker (a core kept for the step) loads a batch in the whole 65 ms wait
+        (8, 0, 1 / 0.35),  # seven: a batch every 9 ms, hidden behind the 35 ms rest of the step
+        (16, 2, 1 / 0.35),  # two bound the step now (a batch each per 2 steps); seven more hide it
+        (2, 1, 1 / 0.35),  # no more workers than now: hiding the wait is only the bound
+    ],
+)
+def test_dataloader_estimate_follows_the_workers_the_fix_adds(cores: int, have: int, expected: float) -> None:
+    """The calibration's loader-6ms job on 2 cores: 65% data wait, the fix's one worker measured x1.52, where
+    hiding the whole wait (x2.86) was estimated before."""
+    dl = DataLoaderInfo(num_workers=have, pin_memory=False, batch_size=8)
+    p = profile("cpu", steps(wall=0.1, data=0.065), dataloader=dl, cpu_count=cores)
+    f = finding(p, "dataloader_bound")
+    assert f is not None and f.est_speedup == pytest.approx(expected, rel=1e-3)
+    if cores == 2 and have == 0:
+        assert "num_workers=1 each worker loads a batch in the 65 ms" in f.speedup_basis
+
+
 def test_dataloader_quiet_below_threshold() -> None:
     assert finding(profile("cpu", steps(wall=0.1, data=0.003)), "dataloader_bound") is None
 

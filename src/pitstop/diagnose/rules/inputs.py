@@ -46,6 +46,30 @@ def _loader_uses(ctx: RuleContext, text_in_loop: bool) -> list[Use]:
     return [*uses, use(RemedyId.WORKERS, workers=n, basis=basis, pin=ctx.env.device != Device.CPU)]
 
 
+def _with_workers(
+    wait: float, have: int | None, workers: int | None, step_s: float | None
+) -> tuple[float, str]:
+    """The estimate with the fix's workers, and its basis. Workers load beside the step, each a batch in the
+    time one loader takes now: the whole wait with no workers; with ``have`` of them bounding the step, ``have``
+    steps. Batches then arrive every (that time) / ``workers``, and the step becomes the longer of that and
+    the rest of the step. Without the fix's count (a log read elsewhere), or no more workers than now: hiding
+    the whole wait, the bound."""
+    measured = f"data wait is {wait:.1%} of step time (measured)"
+    if workers is None or (have or 0) >= workers:
+        return amdahl(wait, float("inf")), f"{measured}; hiding it fully gives at most 1/(1−f)"
+    one_loader = wait if not have else float(have)  # one loader's time per batch, in steps of today
+    step = max(1.0 - wait, one_loader / workers)
+
+    def ms(x: float) -> str:
+        return f"{x * step_s * 1000:.0f} ms" if step_s else f"{x:.0%} of a step"
+
+    return 1.0 / max(step, 1e-9), (
+        f"{measured}; with num_workers={workers} each worker loads a batch in the {ms(one_loader)} one loader "
+        f"takes now, so one arrives every {ms(one_loader / workers)} against the {ms(1.0 - wait)} the rest of "
+        "the step takes: the step becomes the longer of the two"
+    )
+
+
 def dataloader_bound(ctx: RuleContext) -> Finding | None:
     f = _slowest_rank_wait(ctx)
     if f is None:
@@ -82,16 +106,18 @@ def dataloader_bound(ctx: RuleContext) -> Finding | None:
     summary += (": " + "; ".join(causes) + ".") if causes else "."
     if ctx.env.device == Device.CPU:
         summary += " (On a CPU run, workers share cores with compute; pre-tokenizing helps regardless.)"
+    uses = _loader_uses(ctx, text_in_loop)
+    workers = next((u.params.get("workers") for u in uses if u.remedy is RemedyId.WORKERS), None)
+    est, basis = _with_workers(f, dl.num_workers, workers, m.step_time_s)
     return Finding(
         cause=CauseId.DATALOADER_BOUND,
         severity=severity_for(f, 0.20, 0.10),
         confidence=0.9,
         summary=summary,
         evidence=evidence,
-        est_speedup=amdahl(f, float("inf")),
-        speedup_basis=f"data wait is {f:.1%} of step time (measured{', slowest rank' if who else ''}); hiding it "
-        "fully gives at most 1/(1−f)",
-        fix=advise(ctx.framework, *_loader_uses(ctx, text_in_loop)),
+        est_speedup=est,
+        speedup_basis=basis.replace("(measured)", "(measured, slowest rank)") if who else basis,
+        fix=advise(ctx.framework, *uses),
     )
 
 
