@@ -248,10 +248,13 @@ def before_estimate(
     """What the rule estimated before issue 27, from the same window: needless_recompute took the whole
     forward share; padding_waste took forward + backward + optimizer as the share that scales with tokens;
     communication_bound took the exposed share (blocked after the last rank arrived) whatever the fix;
-    gc_pauses took the full collections' whole time; slow_attention took eager attention as 2× slower per FLOP
+    gc_pauses took the full collections' whole time; dataloader_bound took hiding the whole data wait; slow_attention took eager attention as 2× slower per FLOP
     on a CPU (3× on a GPU) over the attention's share of the FLOPs."""
     exposed = (evidence or {}).get("exposed_frac_of_step")
     full = (evidence or {}).get("gen2_frac")
+    wait = (evidence or {}).get("data_wait_frac")
+    if cause == "dataloader_bound" and isinstance(wait, float) and wait < 1:
+        return 1 / (1 - wait)
     if cause == "gc_pauses" and isinstance(full, float) and full < 1:
         return 1 / (1 - full)
     if cause == "communication_bound" and isinstance(exposed, float) and exposed < 1:
