@@ -36,7 +36,9 @@ PROSE: dict[str, tuple[str, str]] = {
     ),
     "padding_waste": (
         "pad tokens ≥ {PADDING_MIN:.0%} of all tokens",
-        "1/(1 − (forward + backward share) × pad share)",
+        "1/(1 − (forward + backward share) × (1 − what packing keeps)): with a dense mask (SDPA, eager) the "
+        "rows the batches' examples fill first-fit at the padded width, over today's rows (counted per batch); "
+        "with a per-example attention (FlashAttention, flex) the FLOPs left; else the pad share",
     ),
     "slow_attention": (
         "the config says `eager` (or no SDPA call was seen)",

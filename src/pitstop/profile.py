@@ -55,6 +55,7 @@ class StepRecord:
     loss_tokens: int | None = None
     examples: int | None = None  # examples in the step (several per row when packed)
     attended: int | None = None  # Σ L² over the step's examples: T = attended / real_tokens (plan.flops)
+    packed_rows: int | None = None  # rows its examples need first-fit into rows of the padded width
     seq_len: int | None = None
     syncs: int | None = None
     sync_s: float | None = None

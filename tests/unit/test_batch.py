@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pitstop.data.rawtext import looks_like_text
-from pitstop.probe.batch import count_batch, count_model_inputs
+from pitstop.probe.batch import count_batch, count_model_inputs, rows_first_fit
 
 torch = pytest.importorskip("torch")
 
@@ -17,6 +17,20 @@ def test_attention_mask_gives_real_tokens() -> None:
     c = count_batch({"input_ids": ids, "attention_mask": mask, "labels": labels})
     assert (c.samples, c.tokens, c.real_tokens, c.loss_tokens, c.examples, c.seq_len) == (2, 10, 8, 5, 2, 5)
     assert c.nbytes == 3 * 10 * 8
+
+
+def test_padded_rows_say_how_many_rows_packing_at_their_width_would_fill() -> None:
+    """Examples of 100, 100, 100, 60 and 20 tokens in rows of 256, each into the first row it fits: 100 + 100
+    + 20 and 100 + 60, two rows where there were five (the last keeps its padding)."""
+    lengths = [100, 100, 100, 60, 20]
+    mask = torch.tensor([[1] * n + [0] * (256 - n) for n in lengths])
+    ids = torch.where(mask.bool(), 7, 0)
+    assert count_batch({"input_ids": ids, "attention_mask": mask}).packed_rows == 2
+    assert count_batch({"input_ids": ids}, pad_token_id=0).packed_rows == 2
+    assert count_batch({"input_ids": ids}).packed_rows is None  # its padding cannot be told
+    packed = count_batch({"input_ids": ids[:1], "position_ids": torch.arange(256).unsqueeze(0)})
+    assert packed.packed_rows is None  # already packed: nothing to say
+    assert rows_first_fit([256, 0, 256], 256) == 2 and rows_first_fit([0, 0], 256) == 0
 
 
 def test_batch_encoding_is_read_like_a_dict() -> None:

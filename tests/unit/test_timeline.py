@@ -119,3 +119,19 @@ def test_device_counts_resolve_at_drain() -> None:
     assert not isinstance(rec.tokens, int)
     builder.drain()
     assert rec.tokens == 7 and rec.real_tokens == 5
+
+
+def test_packed_rows_from_device_lengths_resolve_at_drain() -> None:
+    """Per-row lengths a GPU batch leaves on the device are packed at the window's end, summed over the
+    step's micro-batches with those already counted on the host."""
+    from pitstop.probe.batch import RowLengths
+
+    torch = pytest.importorskip("torch")
+    builder = StepBuilder(LateClock())
+    lengths = RowLengths(torch.tensor([100, 100, 100, 60, 20]), 256)  # first fit: 2 rows of 256
+    builder.batch(BatchCounts(samples=5, tokens=1280, packed_rows=lengths))
+    builder.batch(BatchCounts(samples=5, tokens=1280, packed_rows=3))
+    rec = _one_step(builder)
+    assert rec.packed_rows is None  # not before the device is read
+    builder.drain()
+    assert rec.packed_rows == 5

@@ -16,6 +16,7 @@ model's outermost forward (``count_model_inputs``). Labels below 0 are ignored: 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pitstop.probe.timeline import BatchCounts
@@ -207,7 +208,45 @@ def count_batch(batch: Any, pad_token_id: int | None = None, nbytes: int | None 
     if _is_int_tensor(labels) and labels.shape == ids.shape:
         counts.loss_tokens = _count(labels >= 0)
     counts.attended = _attended(ids, mask, positions, pad_token_id)
+    if not _is_tensor(positions) and ids.dim() == 2:  # one example per row: what packing would make of it
+        counts.packed_rows = _packed_rows(ids, mask, pad_token_id)
     return counts
+
+
+@dataclass(frozen=True)
+class RowLengths:
+    """A batch's real tokens per row, still on the device: packed into rows of ``width`` at the window's end
+    (a device sync then, never inside a step)."""
+
+    lengths: Any
+    width: int
+
+    def resolve(self) -> int:
+        return rows_first_fit([int(n) for n in self.lengths.tolist()], self.width)
+
+
+def rows_first_fit(lengths: list[int], width: int) -> int:
+    """Rows a right-padded batch's examples fill when each goes into the first row it fits, in order, rows of
+    ``width`` tokens: what the ``pack_batch`` fix builds where attention takes a dense mask."""
+    from pitstop.trials.collate import first_fit
+
+    examples = [i for i, n in enumerate(lengths) if n]
+    return len(first_fit(examples, lengths, width)) if examples else 0
+
+
+def _packed_rows(ids: Any, mask: Any, pad_token_id: int | None) -> Any:
+    """Rows the batch's examples need packed at its width; None when its padding cannot be told."""
+    if _is_tensor(mask) and mask.dim() == 2 and mask.shape == ids.shape:
+        real = mask != 0
+    elif pad_token_id is not None:
+        real = ids != pad_token_id
+    else:
+        return None
+    lengths = real.sum(-1)
+    width = int(ids.shape[-1])
+    if lengths.device.type == "cpu":
+        return rows_first_fit([int(n) for n in lengths.tolist()], width)
+    return RowLengths(lengths, width)
 
 
 def _attended(ids: Any, mask: Any, positions: Any, pad_token_id: int | None) -> Any:

@@ -101,6 +101,9 @@ class BatchCounts:
     loss_tokens: Any = None
     examples: Any = None
     attended: Any = None  # Σ L² over the examples (the attention FLOPs weight)
+    packed_rows: Any = (
+        None  # rows first-fit packing needs at the same width: an int, or RowLengths to resolve
+    )
     seq_len: int | None = None
     nbytes: int = 0
 
@@ -157,6 +160,7 @@ class StepBuilder:
         self._open = _OpenStep()
         self._unresolved: list[tuple[StepRecord, list[tuple[str, Any]]]] = []
         self._lazy: list[StepRecord] = []
+        self._lazy_rows: list[tuple[StepRecord, list[Any]]] = []  # packed rows from device lengths
         self.resolved: list[StepRecord] = []  # steps whose device spans are known, not yet taken (streamed)
         self.count_sources: dict[int, CountSource] = {}  # step index -> where its counts came from
 
@@ -260,6 +264,12 @@ class StepBuilder:
         record.seq_len = max(lens) if lens else None
         record.examples = _add([b.examples for b in batches])
         record.attended = _add([b.attended for b in batches])
+        packed = [b.packed_rows for b in batches]
+        if packed and None not in packed:
+            if all(isinstance(v, int) for v in packed):
+                record.packed_rows = sum(packed)
+            else:  # device lengths wait for the end, as the other counts do
+                self._lazy_rows.append((record, packed))
         if any(not isinstance(getattr(record, n), int | None) for n in _COUNT_FIELDS):
             self._lazy.append(record)
 
@@ -270,3 +280,6 @@ class StepBuilder:
                 if value is not None and not isinstance(value, int):
                     setattr(record, name, int(value.item()))
         self._lazy.clear()
+        for record, packed in self._lazy_rows:
+            record.packed_rows = sum(v if isinstance(v, int) else v.resolve() for v in packed)
+        self._lazy_rows.clear()

@@ -187,6 +187,8 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
         return None
     c, share_basis = _token_share(ctx)
     kept, kept_basis = _packed_work(ctx)
+    if kept is None:
+        kept, kept_basis = _packed_rows(ctx)
     rows = [s.seq_len for r in ctx.profile.ranks for s in r.steps if s.seq_len]
     fixed_length = bool(rows) and len(set(rows)) == 1 and len(rows) > 2
     evidence = {
@@ -256,6 +258,23 @@ def _packed_work(ctx: RuleContext) -> tuple[float | None, str]:
     return kept, (
         f"packed per example ({impl}), {kept:.0%} of the forward and backward FLOPs remain ({how}): "
         "1/(1 − share·(1 − kept))"
+    )
+
+
+def _packed_rows(ctx: RuleContext) -> tuple[float | None, str]:
+    """Where attention takes a dense mask (SDPA, eager), a packed row still attends over its whole width, so
+    packing saves rows, not tokens: the share of today's rows the batches' examples fill when each goes into
+    the first row of the padded width it fits (counted by the probe per batch, ``packed_rows``). The last row
+    of each batch keeps some padding, so this is less than the tokens' share suggests. None when uncounted."""
+    if ctx.env.attention.implementation in VARLEN:
+        return None, ""
+    steps = [s for r in ctx.profile.ranks for s in r.steps if s.packed_rows and s.samples]
+    if not steps:
+        return None, ""
+    kept = min(1.0, sum(s.packed_rows or 0 for s in steps) / sum(s.samples or 0 for s in steps))
+    return kept, (
+        f"packed first-fit into rows of the padded width (a dense mask attends over a row's width), the "
+        f"batches' examples fill {kept:.0%} of today's rows: 1/(1 − share·(1 − kept))"
     )
 
 
