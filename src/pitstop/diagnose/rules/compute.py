@@ -28,7 +28,7 @@ user's script), how much slower per FLOP eager attention is taken to run than fu
 matrix (softmax, mask, dropout are memory-bound). On GPUs FlashAttention (Dao et al. 2022) reports 2–4× on
 the attention itself; we take 3×. On CPUs the fused kernel gains less: pitstop's own measurement of a small
 Llama (d=64, 256-token rows) gave 2.2×; we take 2×. The basis string always says which was used. Timed,
-the same CPU gave 1.4× at 128-token rows and 1.6× at 384 (the calibration's eager cases)."""
+in the job, the same CPU gave 1.0× at 128-token rows and 1.6× at 384 (the calibration's eager cases)."""
 
 
 def slow_attention(ctx: RuleContext) -> Finding | None:
