@@ -238,3 +238,22 @@ def test_history_compare_sets_energy_and_cost_per_real_token_side_by_side(
     code, out, err = cli(capsys, monkeypatch, "history", "compare", "3", "4", "--history", str(path))
     assert code == 0 and "real tokens/s" in out, err
     assert "energy per real token" not in out  # CPU runs: nothing measured, no row
+
+
+def test_history_check_gates_on_energy_per_real_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose energy per real token rose 25% is a 20% drop in real tokens per joule: past a 10% limit."""
+    path = tmp_path / "h.db"
+    base = gpu_run().to_dict()
+    worse = gpu_run().to_dict()
+    worse["metrics"]["joules_per_real_token"] = base["metrics"]["joules_per_real_token"] * 1.25
+    record(base, "doctor", path, label="main")
+    record(worse, "doctor", path)
+    args = ("history", "check", "--baseline", "main", "--history", str(path))
+    code, out, err = cli(capsys, monkeypatch, *args, "--metric", "joules_per_real_token", "--max-drop", "10%")
+    assert code == 1 and "20.0% fewer real tokens per joule" in err, (out, err)
+    code, out, err = cli(capsys, monkeypatch, *args, "--metric", "joules_per_real_token", "--max-drop", "25%")
+    assert code == 0 and "within the 25% allowed" in out, (out, err)
+    code, out, err = cli(capsys, monkeypatch, *args, "--metric", "watts")
+    assert code == 2 and "joules_per_real_token" in err  # the unknown metric names the known ones

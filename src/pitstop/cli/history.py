@@ -271,7 +271,11 @@ def check_run(
         int | None, typer.Option("--run", help="The run to check (default: the latest run).")
     ] = None,
     metric: Annotated[
-        str, typer.Option(help="real_tokens_per_s, tokens_per_s, step_time_s or mfu.")
+        str,
+        typer.Option(
+            help="real_tokens_per_s, tokens_per_s, step_time_s, mfu, joules_per_real_token or "
+            "cost_per_million_real_tokens (the last two: a rise is the regression)."
+        ),
     ] = "real_tokens_per_s",
     history: HistoryOpt = None,
 ) -> None:

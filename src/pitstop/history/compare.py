@@ -18,7 +18,15 @@ METRIC_NAMES = {
     "joules_per_real_token": "energy per real token",
     "cost_per_million_real_tokens": "cost per million real tokens",
 }
-LOWER_IS_BETTER = frozenset({"step_time_s"})
+LOWER_IS_BETTER = frozenset({"step_time_s", *STORED_FIGURES})
+WORDS = {  # how a drop and a gain read for the figures that are not speeds (the drop is in their inverse)
+    "joules_per_real_token": ("fewer real tokens per joule", "more real tokens per joule"),
+    "cost_per_million_real_tokens": (
+        "fewer real tokens per unit of money",
+        "more real tokens per unit of money",
+    ),
+}
+CHECKED = (*METRIC_COLUMNS, *STORED_FIGURES)  # what `history check` gates on
 
 
 def parse_max_drop(text: str) -> float:
@@ -77,6 +85,13 @@ class MetricRow:
         if self.a is None or self.b is None or self.a == 0:
             return None
         return self.b / self.a
+
+
+def value_of(record: RunRecord, metric: str) -> float | None:
+    """An indexed metric, or a figure read from the stored document (energy, cost per real token)."""
+    if metric in STORED_FIGURES:
+        return stored_figures(record.result).get(metric)
+    return record.metric(metric)
 
 
 def metric_rows(a: RunRecord, b: RunRecord) -> list[MetricRow]:
@@ -171,14 +186,15 @@ class Verdict:
     def message(self) -> str:
         name = METRIC_NAMES.get(self.metric, self.metric)
         label = f" ({self.baseline.label})" if self.baseline.label else ""
+        worse, better = WORDS.get(self.metric, ("slower", "faster"))
         if abs(self.drop) < 0.0005:
-            way = "the same speed"
+            way = "the same" if self.metric in WORDS else "the same speed"
         else:
-            way = f"{self.drop:.1%} slower" if self.drop > 0 else f"{-self.drop:.1%} faster"
+            way = f"{self.drop:.1%} {worse}" if self.drop > 0 else f"{-self.drop:.1%} {better}"
         verdict = "more than" if self.regression else "within"
         text = (
-            f"run #{self.run.id}: {name} {format_metric(self.metric, self.run.metric(self.metric))} vs "
-            f"{format_metric(self.metric, self.baseline.metric(self.metric))} in baseline run "
+            f"run #{self.run.id}: {name} {format_metric(self.metric, value_of(self.run, self.metric))} vs "
+            f"{format_metric(self.metric, value_of(self.baseline, self.metric))} in baseline run "
             f"#{self.baseline.id}{label}: {way}, {verdict} the {self.max_drop:.0%} allowed"
         )
         if self.noise is not None and self.noise > self.max_drop:
@@ -205,11 +221,11 @@ def resolvable_drop(run: RunRecord, baseline: RunRecord) -> float | None:
 
 def check(run: RunRecord, baseline: RunRecord, metric: str, max_drop: float) -> Verdict:
     """Compare ``run`` with ``baseline`` on ``metric``; raises when either lacks it."""
-    if metric not in METRIC_COLUMNS:
-        raise HistoryError(f"unknown metric '{metric}'; known: {', '.join(METRIC_COLUMNS)}")
+    if metric not in CHECKED:
+        raise HistoryError(f"unknown metric '{metric}'; known: {', '.join(CHECKED)}")
     if run.id == baseline.id:
         raise HistoryError(f"run #{run.id} cannot be its own baseline")
-    value, base = run.metric(metric), baseline.metric(metric)
+    value, base = value_of(run, metric), value_of(baseline, metric)
     for record, v in ((run, value), (baseline, base)):
         if v is None or v <= 0:
             raise HistoryError(f"run #{record.id} has no {METRIC_NAMES[metric]} to compare")
