@@ -41,6 +41,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = Path(__file__).resolve().parent / "seeds"
@@ -542,9 +543,44 @@ def run_forked(case: Case) -> Outcome:
 # --- running through the CLI (a subset) -----------------------------------------------------------------------
 
 
+SPAWNER = r"""
+import json, os, resource, subprocess, sys, time
+cmd, cwd, out, err, limit, guard = json.loads(sys.argv[1])
+def limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+with open(out, "wb") as so, open(err, "wb") as se:
+    proc = subprocess.Popen(cmd, stdout=so, stderr=se, cwd=cwd, preexec_fn=limit_memory)
+    deadline, timed_out = time.monotonic() + guard, False
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline:
+            proc.kill()
+            pid, status, usage = os.wait4(proc.pid, 0)
+            timed_out = True
+            break
+        time.sleep(0.02)
+print(json.dumps({"rc": os.waitstatus_to_exitcode(status), "maxrss_kib": usage.ru_maxrss, "timed_out": timed_out}))
+"""
+
+
+def _spawn_measured(cmd: list[str], env: dict[str, str], cwd: Path, out: Path, err: Path) -> dict[str, Any]:
+    """Run ``cmd`` under the address-space limit and the hang guard, from a slim interpreter that only
+    spawns and waits: a child forked from this (large) test process starts with this process's resident
+    pages counted, and Linux keeps that count as the child's peak across exec, so os.wait4 here would report
+    the test process's size, not the case's (655 MiB for every case once other tests had grown it)."""
+    spec = json.dumps([cmd, str(cwd), str(out), str(err), ADDRESS_LIMIT, CASE_GUARD_S])
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", SPAWNER, spec], env=env, capture_output=True, text=True, check=True
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
 def run_cli(case: Case) -> Outcome:
     """``pitstop analyze FILE --json out.json`` (or ``pitstop check FILE``) in a fresh interpreter; its peak
-    RSS from os.wait4, which reports the one child's own usage."""
+    RSS from os.wait4 in a slim spawner (``_spawn_measured``), which reports the one child's own usage."""
     folder = Path(tempfile.mkdtemp(prefix="pitstop-fuzz-cli-"))
     (folder / "output").mkdir()
     start = time.perf_counter()
@@ -559,33 +595,21 @@ def run_cli(case: Case) -> Outcome:
         )
         env = {**os.environ, "COLUMNS": "120", "PITSTOP_HISTORY": str(folder / "history.sqlite3")}
         env.pop("PITSTOP_DEBUG", None)
-        with (folder / "stdout").open("wb") as so, (folder / "stderr").open("wb") as se:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "pitstop", *args],
-                stdout=so,
-                stderr=se,
-                env=env,
-                cwd=folder / "output",
-                preexec_fn=_limit_memory,
-            )
-            deadline = time.monotonic() + CASE_GUARD_S
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    pid, status, usage = os.wait4(proc.pid, 0)
-                    break
-                time.sleep(0.02)
-            proc.returncode = os.waitstatus_to_exitcode(status)
+        spawned = _spawn_measured(
+            [sys.executable, "-m", "pitstop", *args],
+            env,
+            folder / "output",
+            folder / "stdout",
+            folder / "stderr",
+        )
+        timed_out = spawned["timed_out"]
         stderr = (folder / "stderr").read_text(errors="replace").strip()
         stdout = (folder / "stdout").read_bytes()
-        rc, rss = proc.returncode, usage.ru_maxrss / 1024
+        rc, rss = spawned["rc"], spawned["maxrss_kib"] / 1024
         printed = (stderr + stdout.decode(errors="replace")) if target.shape != "stdout" else stderr
         leak = CONTROL.search(printed)
         problem = None if case.check else output_problem(target, rc, stdout, stderr)
-        if time.monotonic() > deadline:
+        if timed_out:
             result, detail = "FAIL", f"still running after {CASE_GUARD_S} s (a hang?)"
         elif leak is not None:
             result, detail = (

@@ -142,8 +142,9 @@ def test_survives_a_crashing_fix_and_leaves_nothing_running(tmp_path: Path) -> N
     )
     fixes = by_fix(doc)
     # rows padded to a fixed length stay that long however they are grouped: alone, grouping cannot help
+    # (undecided: on a busy machine the baselines around it disagreed by more than the run resolves)
     group = fixes["group_by_length"]
-    assert not group["kept"] and group["status"] in ("within noise", "slower"), group
+    assert not group["kept"] and group["status"] in ("within noise", "slower", "undecided"), group
     workers = fixes["workers"]
     assert workers["status"] == "failed" and "pickle" in workers["reason"], workers
     assert not workers["kept"] and workers["speedup"] is None
