@@ -188,10 +188,9 @@ def count_batch(batch: Any, pad_token_id: int | None = None, nbytes: int | None 
     mask: Any = fields.get("attention_mask")
     positions: Any = fields.get("position_ids")
     labels: Any = fields.get("labels")
-    if _is_tensor(mask) and mask.dim() == 2 and mask.shape == ids.shape:
-        counts.real_tokens = _count(mask != 0)
-    elif pad_token_id is not None:
-        counts.real_tokens = _count(ids != pad_token_id)
+    real = _real(ids, mask, pad_token_id)  # read once: real tokens, attended and packed rows all need it
+    if real is not None:
+        counts.real_tokens = _count(real)
     elif _is_int_tensor(positions) and positions.shape[-1] == ids.shape[-1]:
         # flattened / packed rows without a pad token: only a padded tail can be padding
         tail = packed_tail(ids, positions, labels)
@@ -207,10 +206,19 @@ def count_batch(batch: Any, pad_token_id: int | None = None, nbytes: int | None 
         counts.examples = rows
     if _is_int_tensor(labels) and labels.shape == ids.shape:
         counts.loss_tokens = _count(labels >= 0)
-    counts.attended = _attended(ids, mask, positions, pad_token_id)
-    if not _is_tensor(positions) and ids.dim() == 2:  # one example per row: what packing would make of it
-        counts.packed_rows = _packed_rows(ids, mask, pad_token_id)
+    counts.attended = _attended(ids, real, positions)
+    if not _is_tensor(positions) and ids.dim() == 2 and real is not None:  # one example per row
+        counts.packed_rows = _packed_rows(real.sum(-1), int(ids.shape[-1]))
     return counts
+
+
+def _real(ids: Any, mask: Any, pad_token_id: int | None) -> Any:
+    """Which tokens are real, from the attention mask, else the pad token id; None when neither says."""
+    if _is_tensor(mask) and mask.dim() == 2 and mask.shape == ids.shape:
+        return mask != 0
+    if pad_token_id is not None:
+        return ids != pad_token_id
+    return None
 
 
 @dataclass(frozen=True)
@@ -234,30 +242,18 @@ def rows_first_fit(lengths: list[int], width: int) -> int:
     return len(first_fit(examples, lengths, width)) if examples else 0
 
 
-def _packed_rows(ids: Any, mask: Any, pad_token_id: int | None) -> Any:
-    """Rows the batch's examples need packed at its width; None when its padding cannot be told."""
-    if _is_tensor(mask) and mask.dim() == 2 and mask.shape == ids.shape:
-        real = mask != 0
-    elif pad_token_id is not None:
-        real = ids != pad_token_id
-    else:
-        return None
-    lengths = real.sum(-1)
-    width = int(ids.shape[-1])
+def _packed_rows(lengths: Any, width: int) -> Any:
+    """Rows the batch's examples (their real tokens per row) need packed at its width: counted now on the
+    host, left for the window's end on a device."""
     if lengths.device.type == "cpu":
         return rows_first_fit([int(n) for n in lengths.tolist()], width)
     return RowLengths(lengths, width)
 
 
-def _attended(ids: Any, mask: Any, positions: Any, pad_token_id: int | None) -> Any:
+def _attended(ids: Any, real: Any, positions: Any) -> Any:
     """Σ L² over the batch's examples, without a device sync: a token at position p of an example adds
     2p + 1 (Σ_{p<L} (2p + 1) = L²); a padded row of n real tokens adds n². The attention term of the FLOPs
     model weights context by it (E[L²] / E[L], ``plan.flops``)."""
-    real: Any = None
-    if _is_tensor(mask) and mask.dim() == 2 and mask.shape == ids.shape:
-        real = mask != 0
-    elif pad_token_id is not None:
-        real = ids != pad_token_id
     if _is_int_tensor(positions) and positions.shape == ids.shape:
         weights = 2 * positions + 1
         return _count(weights if real is None else weights * real)
