@@ -23,10 +23,13 @@ def test_demo_ranks_its_planted_causes_first(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
-    # padding and eager attention are structural; the collate's tokenizing is ~9% of a step on an idle
-    # machine and can fall under the 5% threshold on a busy one, where the compute slows more
-    assert set(causes(doc)[:2]) == {"padding_waste", "slow_attention"}, causes(doc)
-    assert set(causes(doc)) <= {"padding_waste", "slow_attention", "dataloader_bound"}, causes(doc)
+    # padding (half of every row) leads by far. Eager attention is always named, but timed on this CPU at the
+    # demo's 256-token rows it saves ~5% of a step, as much as the collate's tokenizing (~9% of a step on an
+    # idle machine, under the 5% threshold on a busy one), so the order of those two is the machine's to say
+    found = causes(doc)
+    assert found[0] == "padding_waste", found
+    assert "slow_attention" in found, found
+    assert set(found) <= {"padding_waste", "slow_attention", "dataloader_bound"}, found
     by_cause = {f["cause"]: f for f in doc["findings"]}
     assert by_cause["padding_waste"]["evidence"]["padding_frac"] > 0.4
     assert by_cause["padding_waste"]["evidence"]["fixed_row_length"] is True

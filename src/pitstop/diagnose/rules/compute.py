@@ -88,12 +88,14 @@ def slow_attention(ctx: RuleContext) -> Finding | None:
             f"{'CPU' if ctx.env.device == Device.CPU else 'GPU'}; compute is {c:.0%} of the step"
         )
     severity = Severity.MEDIUM
-    if seq is not None:
-        severity = severity_for(seq, 1024, 256)
-    if est is not None and est >= 1.25:
-        severity = Severity.HIGH
-    if timed is not None and est is not None and est < 1.03:
-        severity = Severity.LOW  # timed where the job runs: the fused kernel would not gain measurably
+    if timed is not None and est is not None:
+        # timed where the job runs: graded by the share of the step it saves, as a loader's wait is
+        severity = severity_for(1 - 1 / est, 0.20, 0.10)
+    else:
+        if seq is not None:
+            severity = severity_for(seq, 1024, 256)
+        if est is not None and est >= 1.25:
+            severity = Severity.HIGH
     summary = f"Attention runs the eager (unfused) path: {how}."
     if seq:
         summary += f" Rows are {seq:.0f} tokens long, so each layer writes a {int(seq)}×{int(seq)} score matrix per head."
