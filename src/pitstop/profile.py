@@ -243,7 +243,8 @@ class KernelFacts:
 class Environment:
     device: Device | None = None
     gpu_name: str | None = None
-    gpu_count: int | None = None
+    gpu_count: int | None = None  # the GPUs the process sees
+    gpus_held: int | None = None  # the GPUs the model's parameters and buffers lie on (>1 under a device map)
     gpu_memory_bytes: int | None = None
     cpu_count: int | None = None
     hostname: str | None = None
@@ -493,6 +494,11 @@ class RankProfile:
         return sum(s.wall_s for s in self.steps)
 
     @property
+    def gpus_held(self) -> int:
+        """The GPUs this process's model lies on, one where that was not recorded."""
+        return max(self.environment.gpus_held or 1, 1)
+
+    @property
     def median_step_s(self) -> float | None:
         return statistics.median(s.wall_s for s in self.steps) if self.steps else None
 
@@ -526,6 +532,14 @@ class RunProfile:
     def world_size(self) -> int:
         env_ws = self.environment.world_size
         return max(len(self.ranks), env_ws or 0, 1)
+
+    @property
+    def gpus_held(self) -> int:
+        """The GPUs the job's processes hold: per process those its model lies on (several under a device
+        map), one where that was not recorded; ranks that did not report hold what the lowest one does."""
+        held = [r.gpus_held for r in self.ranks]
+        missing = max(self.world_size - len(held), 0)
+        return sum(held) + missing * (held[0] if held else 1)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": schemas.PROFILE, **to_jsonable(self)}

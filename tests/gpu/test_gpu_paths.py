@@ -41,7 +41,9 @@ def test_1_offloaded_optimizer_run_is_a_gpu_run(figure: Any) -> None:
     figure("device", env.device)
     figure("offload", env.offload)
     figure("forward_ms", round(1000 * (rank.steps[-1].forward_s or 0), 3))
+    figure("gpus_held", env.gpus_held)
     assert env.device == "cuda" and env.gpu_name
+    assert env.gpus_held == 1  # the model on one GPU; its CPU optimizer partitions hold none
     assert env.offload.get("optimizer") == "cpu"
     assert all(s.forward_s is not None and s.forward_s > 0 for s in rank.steps)  # CUDA event timing ran
 

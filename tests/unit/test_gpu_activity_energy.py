@@ -45,6 +45,28 @@ def test_power_samples_are_an_estimate() -> None:
     assert compute_metrics(profile("cpu", steps())).gpu_power_w is None
 
 
+def test_a_process_over_several_gpus_is_billed_and_powered_for_each() -> None:
+    # one process with its model over 4 GPUs reads the counter of the one it computes on (650 W); the other
+    # three take turns with it through each step, so the job draws 4 × 650 W, said as an estimate
+    p = with_counter(profile("cuda", steps(wall=0.1), util=95.0, gpus_held=4), [650.0 * i for i in range(6)])
+    m = compute_metrics(p)
+    assert m.gpu_power_w == pytest.approx(4 * 650) and m.joules_per_step == pytest.approx(260)
+    assert m.energy_basis is not None and m.energy_basis.startswith(COUNTER)
+    assert "first GPU" in m.energy_basis and "taken to draw as much" in m.energy_basis
+    one = compute_metrics(
+        with_counter(profile("cuda", steps(wall=0.1), util=95.0), [650.0 * i for i in range(6)])
+    )
+    assert one.energy_basis == COUNTER and one.gpu_power_w == pytest.approx(650)
+
+
+def test_mfu_divides_by_every_gpu_a_process_holds() -> None:
+    one = compute_metrics(profile("cuda", steps(wall=0.1), util=95.0, gpu_name="NVIDIA H100 80GB HBM3"))
+    four = compute_metrics(
+        profile("cuda", steps(wall=0.1), util=95.0, gpu_name="NVIDIA H100 80GB HBM3", gpus_held=4)
+    )
+    assert one.mfu is not None and four.mfu == pytest.approx(one.mfu / 4)
+
+
 def test_a_restarted_counter_counts_only_its_increases() -> None:
     p = with_counter(profile("cuda", steps(), util=95.0), [100.0, 200.0, 50.0, 150.0])
     energy = energy_of(p, 0.1, None)

@@ -91,6 +91,22 @@ def test_a_model_held_only_in_buffers_or_unknown_falls_back_to_the_optimizer() -
     assert envmod.compute_device(_FakeModel([], [_FakeTensor(CUDA1)]), params) == CUDA1
 
 
+def test_the_gpus_a_model_lies_on_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a device map over cuda:0–2 with the embeddings' buffer on cuda:0 and a CPU-offloaded optimizer state
+    _fake_cuda(monkeypatch)
+    layers = [_FakeTensor(torch.device("cuda", i)) for i in (0, 1, 1, 2)]
+    model = _FakeModel(layers, [_FakeTensor(torch.device("cuda", 0)), _FakeTensor(torch.device("meta"))])
+    assert envmod.gpus_held(model, [torch.zeros(2, requires_grad=True)]) == 3
+    # "cuda" without an index is the current device, the same GPU as cuda:0 here
+    assert (
+        envmod.gpus_held(
+            _FakeModel([_FakeTensor(torch.device("cuda")), _FakeTensor(torch.device("cuda", 0))]), []
+        )
+        == 1
+    )
+    assert envmod.gpus_held(None, [torch.zeros(2)]) is None  # a CPU run holds none
+
+
 # -- item 7: timing and memory on the model's device -----------------------------------------------------
 def test_cuda_marks_and_memory_are_read_on_the_model_device(monkeypatch: pytest.MonkeyPatch) -> None:
     recorded: list[Any] = []

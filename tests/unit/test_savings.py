@@ -448,6 +448,18 @@ def test_a_gpu_job_pays_for_one_gpu_per_process_not_for_those_it_sees() -> None:
     assert gpus_paid(unknown) == 2  # a device nobody said (offline files): one GPU per process, as before
 
 
+def test_a_process_whose_model_spans_several_gpus_pays_for_each() -> None:
+    # one process with a device map over 4 GPUs (of the 8 it sees): 4 GPU-hours an hour, not 1
+    p = loader_bound(total_steps=1000, total_steps_from=TRAINER, gpu_count=8, step_offset=0, gpus_held=4)
+    assert gpus_paid(p) == 4
+    d, _ = diagnosed(p, price=2.0)
+    s = loader_finding(d).saving
+    assert s is not None and s.gpus == 4 and s.money == pytest.approx(s.seconds / 3600 * 4 * 2.0)
+    # two of four ranks reported, each over 2 GPUs: the two silent ones are taken to hold as many
+    two = loader_bound(ranks=2, world_size=4, gpus_held=2)
+    assert gpus_paid(two) == 8
+
+
 def test_attach_counts_steps_done_only_where_the_trainer_said_how_far_the_run_had_got() -> None:
     # the probe attach arms mid-run numbers steps from the arming: its 20th step is the run's 520th only where
     # the Trainer said it had done 500 when armed

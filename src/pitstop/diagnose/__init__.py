@@ -58,6 +58,7 @@ class Diagnosis:
             "device": env.device,
             "gpu_name": env.gpu_name,
             "gpu_count": env.gpu_count,
+            "gpus_held": env.gpus_held,
             "framework": env.framework,
             "attn_implementation": env.attention.implementation,
             "counted": counting_line(self.profile),

@@ -24,7 +24,8 @@ ESTIMATE = "power × time (estimate)"
 class Energy:
     power_w: float  # all the run's GPUs together, mean over the sampled time
     gpus: int
-    basis: str  # COUNTER when every GPU's figure comes from its counter, else ESTIMATE
+    basis: str  # COUNTER when every GPU's figure comes from its counter, else ESTIMATE (said of the first GPU
+    # of each process when a process holds several)
     joules_per_step: float | None = None
     joules_per_real_token: float | None = None
 
@@ -53,21 +54,27 @@ def _sampled_watts(rank: RankProfile) -> float | None:
 def energy_of(profile: RunProfile, step_s: float | None, real_tokens_per_s: float | None) -> Energy | None:
     """The run's GPU power and what it makes per step and per real token; None when no GPU said its power.
     ``step_s`` is the job's step time and ``real_tokens_per_s`` the job's rate (all ranks together)."""
-    total, gpus, counted = 0.0, 0, True
+    total, gpus, counted, unsampled = 0.0, 0, True, False
     for rank in profile.ranks:
         watts = _counter_watts(rank)
         if watts is None:
             counted = False
             watts = _sampled_watts(rank)
         if watts is not None:
-            total += watts
-            gpus += 1
+            # a process reads the GPU it computes on; under a device map the others it holds take turns
+            # with it through each step, so each is taken to draw as much
+            total += watts * rank.gpus_held
+            gpus += rank.gpus_held
+            unsampled = unsampled or rank.gpus_held > 1
     if not gpus:
         return None
+    basis = COUNTER if counted else ESTIMATE
+    if unsampled:
+        basis += " of each process's first GPU, its others taken to draw as much"
     return Energy(
         power_w=total,
         gpus=gpus,
-        basis=COUNTER if counted else ESTIMATE,
+        basis=basis,
         joules_per_step=total * step_s if step_s else None,
         joules_per_real_token=total / real_tokens_per_s if real_tokens_per_s else None,
     )

@@ -286,7 +286,11 @@ def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) ->
     real_tps = sums.per_s("real_tokens")
     if real_tps is None and totals is not None and totals.tokens and train_s:
         real_tps = totals.tokens / train_s  # tokens the Trainer counted, over its training time
-    n_gpus = len(ranks) if ranks else (totals.n_gpus if totals and totals.n_gpus else (env.world_size or 1))
+    n_gpus = (
+        sum(r.gpus_held for r in ranks)
+        if ranks
+        else (totals.n_gpus if totals and totals.n_gpus else (env.world_size or 1))
+    )
     flops = _flops_figures(profile, real_tps, n_gpus, train_s)
     fpt = model_flops(profile)
     use = _utilization(profile)

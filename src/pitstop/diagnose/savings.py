@@ -80,10 +80,9 @@ def step_seconds(metrics: Metrics, totals: RunTotals | None) -> float | None:
 
 def gpus_paid(profile: RunProfile) -> int:
     """The GPUs the job pays for while it runs: none on a CPU run (its saving is wall time alone, never money
-    at a GPU's price); else one per process. A device nobody said (offline files) counts one per process.
-    No source records yet the GPUs a process holds, only those it sees (the probe's and a trace's
-    ``gpu_count``, attach's first GPU per process): a single process spread over several GPUs counts one."""
-    return 0 if profile.environment.device == Device.CPU else profile.world_size
+    at a GPU's price); else the GPUs its processes hold (``RunProfile.gpus_held``: several per process under
+    a device map)."""
+    return 0 if profile.environment.device == Device.CPU else profile.gpus_held
 
 
 def saving_of(

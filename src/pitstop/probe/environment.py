@@ -390,6 +390,23 @@ def compute_device(model: Any, params: list[Any]) -> Any:
     return trained or first
 
 
+def gpus_held(model: Any, params: list[Any]) -> int | None:
+    """How many accelerators the model's parameters and buffers lie on: more than one when a single process
+    spreads the model over several GPUs (a ``device_map``, a hand-made pipeline), each of which the job pays
+    for. None when nothing lies on an accelerator."""
+    import itertools
+
+    tensors: Iterator[Any] = iter(())
+    if model is not None:
+        tensors = itertools.chain(model.parameters(), model.buffers())
+    held = set()
+    for t in itertools.chain(tensors, params):
+        device = t.device
+        if device.type not in ("cpu", "meta"):
+            held.add((device.type, device.index if device.index is not None else _current(device)))
+    return len(held) or None
+
+
 def _current(device: Any) -> int | None:
     import torch
 

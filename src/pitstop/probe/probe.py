@@ -332,6 +332,7 @@ class Probe:
         params = envmod.optimizer_params(optimizer) or [p for p in getattr(model, "parameters", list)()]
         device = envmod.compute_device(model, params)
         envmod.device_facts(device, env)
+        env.gpus_held = envmod.gpus_held(model, params)
         env.model = envmod.model_info(model, optimizer)
         env.kernels = kernel_facts(optimizer, model, trainer)
         env.param_dtype = envmod.majority_dtype([p for p in params if p.requires_grad])

@@ -309,7 +309,7 @@ def environment(d: Diagnosis) -> str:
     env = d.environment_table()
     rows = []
     for key in (
-        "device", "gpu_name", "gpu_count", "world_size", "framework", "attn_implementation", "param_dtype",
+        "device", "gpu_name", "gpu_count", "gpus_held", "world_size", "framework", "attn_implementation", "param_dtype",
         "autocast_dtype", "tf32", "gradient_checkpointing", "micro_batch_size", "grad_accum_steps", "zero_stage",
         "offload", "counted",
     ):  # fmt: skip
