@@ -17,7 +17,7 @@ from tests.conftest import SCRIPTS, run_pitstop
 
 pytestmark = pytest.mark.slow
 
-BUDGET_S = 360
+BUDGET_S = 200
 
 
 def test_a_slow_job_gets_its_best_fix_measured_within_the_budget(tmp_path: Path) -> None:
