@@ -308,11 +308,15 @@ def test_the_gpu_a_rank_runs_on_comes_from_nvml_and_is_sampled() -> None:
     nvml = _FakeNvml()
     watch = watch_gpus({NOPID}, nvml)
     assert watch.of_pid == {NOPID: 1} and watch.names == {1: "NVIDIA H100 80GB HBM3"}
+    window = _window(_steps(10, data=4, fwd=2, bwd=2, opt=2))
     watch.start(time.perf_counter())
-    time.sleep(0.25)
+    # sample until the readings cover the whole 1 s window (a busy machine runs the sampler's thread late)
+    deadline = time.monotonic() + 60
+    sampler = watch._samplers[1]
+    while time.monotonic() < deadline and not (sampler.samples and sampler.samples[-1].t > window.seconds):
+        time.sleep(0.05)
     watch.stop()
     assert nvml.shut and len(watch.samples[1]) >= 2 and {s.util for s in watch.samples[1]} == {37.0}
-    window = _window(_steps(10, data=4, fwd=2, bwd=2, opt=2))
     window.gpu = watch
     profile = build_profile(job_view(window))
     rank = profile.ranks[0]
@@ -320,6 +324,21 @@ def test_the_gpu_a_rank_runs_on_comes_from_nvml_and_is_sampled() -> None:
     assert rank.gpu_samples == watch.samples[1]
     diagnosis = diagnose(profile)  # the GPU rules read a sampled GPU run without failing on its unknowns
     assert diagnosis.metrics.gpu_util == pytest.approx(0.37)
+
+
+def test_a_process_nvml_lists_on_two_gpus_holds_two() -> None:
+    class DeviceMapped(_FakeNvml):
+        def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[object]:
+            return [types.SimpleNamespace(pid=NOPID), types.SimpleNamespace(pid=12)]
+
+    watch = watch_gpus({NOPID}, DeviceMapped())
+    assert watch.of_pid == {NOPID: 0} and watch.held == {NOPID: 2}  # pid 12 is not the job's
+    window = _window(_steps(10, data=4, fwd=2, bwd=2, opt=2))
+    window.gpu = watch
+    profile = build_profile(job_view(window))
+    assert profile.ranks[0].environment.gpus_held == 2 and profile.gpus_held == 2
+    alone = watch_gpus({NOPID}, _FakeNvml())
+    assert alone.held == {NOPID: 1}
 
 
 def test_without_nvml_the_gpus_are_not_sampled_and_it_is_said() -> None:

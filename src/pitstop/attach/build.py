@@ -115,6 +115,7 @@ def _environment(rank: RankView, view: JobView) -> Environment:
     env = Environment(framework=rank.framework, cpu_count=os.cpu_count(), hostname=os.uname().nodename)
     env.device = Device.CUDA if rank.gpus or rank.pid in view.window.gpu.of_pid else Device.CPU
     env.gpu_count = len(set(view.window.gpu.of_pid.values())) or len(rank.gpus) or None
+    env.gpus_held = view.window.gpu.held.get(rank.pid)
     env.world_size = _world_size(rank, view)
     if rank.loader == "single":
         env.dataloader.num_workers = 0

@@ -16,7 +16,8 @@ class GpuWatch:
     """NVML samplers for the GPUs the given PIDs use."""
 
     nvml: Any = None
-    of_pid: dict[int, int] = field(default_factory=dict)  # pid -> NVML index
+    of_pid: dict[int, int] = field(default_factory=dict)  # pid -> NVML index (the first it runs on)
+    held: dict[int, int] = field(default_factory=dict)  # pid -> how many GPUs it runs on (a device map: >1)
     names: dict[int, str] = field(default_factory=dict)  # NVML index -> name
     samples: dict[int, list[GpuSample]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -45,9 +46,10 @@ def _name(nvml: Any, handle: Any) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def map_pids(nvml: Any, pids: set[int]) -> tuple[dict[int, int], dict[int, str]]:
-    """pid -> NVML index for each of ``pids`` that runs compute on a GPU; NVML index -> name."""
-    of_pid: dict[int, int] = {}
+def map_pids(nvml: Any, pids: set[int]) -> tuple[dict[int, int], dict[int, str], dict[int, int]]:
+    """For each of ``pids`` that runs compute on a GPU: pid -> its first NVML index, NVML index -> name, and
+    pid -> how many GPUs NVML lists it on (a process holds a context only where it computes or allocates)."""
+    on: dict[int, list[int]] = {}
     names: dict[int, str] = {}
     for index in range(int(nvml.nvmlDeviceGetCount())):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -57,10 +59,10 @@ def map_pids(nvml: Any, pids: set[int]) -> tuple[dict[int, int], dict[int, str]]
                 running += list(getattr(nvml, fn)(handle))
         for proc in running:
             pid = int(getattr(proc, "pid", -1))
-            if pid in pids and pid not in of_pid:
-                of_pid[pid] = index
-                names[index] = _name(nvml, handle)
-    return of_pid, names
+            if pid in pids and index not in on.setdefault(pid, []):
+                on[pid].append(index)
+                names.setdefault(index, _name(nvml, handle))
+    return {pid: gpus[0] for pid, gpus in on.items()}, names, {pid: len(gpus) for pid, gpus in on.items()}
 
 
 def watch_gpus(pids: set[int], nvml: Any = None) -> GpuWatch:
@@ -80,7 +82,7 @@ def watch_gpus(pids: set[int], nvml: Any = None) -> GpuWatch:
         return watch
     watch.nvml = nvml
     try:
-        watch.of_pid, watch.names = map_pids(nvml, pids)
+        watch.of_pid, watch.names, watch.held = map_pids(nvml, pids)
     except Exception as exc:
         watch.notes.append(f"GPUs not sampled: NVML could not list processes ({exc})")
     if not watch.of_pid:
