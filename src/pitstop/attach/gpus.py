@@ -61,7 +61,8 @@ def map_pids(nvml: Any, pids: set[int]) -> tuple[dict[int, int], dict[int, str],
             pid = int(getattr(proc, "pid", -1))
             if pid in pids and index not in on.setdefault(pid, []):
                 on[pid].append(index)
-                names.setdefault(index, _name(nvml, handle))
+                if index not in names:
+                    names[index] = _name(nvml, handle)
     return {pid: gpus[0] for pid, gpus in on.items()}, names, {pid: len(gpus) for pid, gpus in on.items()}
 
 

@@ -365,6 +365,16 @@ def tf32_enabled() -> bool | None:
         return None
 
 
+def _model_tensors(model: Any, params: list[Any]) -> Iterator[Any]:
+    """The model's parameters and buffers (when the model is known), then the optimizer's parameters."""
+    import itertools
+
+    tensors: Iterator[Any] = iter(())
+    if model is not None:
+        tensors = itertools.chain(model.parameters(), model.buffers())
+    return itertools.chain(tensors, params)
+
+
 def compute_device(model: Any, params: list[Any]) -> Any:
     """The device the model computes on: the first accelerator holding its parameters or buffers.
 
@@ -372,15 +382,10 @@ def compute_device(model: Any, params: list[Any]) -> Any:
     the CPU while forward and backward run on the GPU. The optimizer's device is the answer only when
     the model is unknown or holds nothing on an accelerator.
     """
-    import itertools
-
     import torch
 
-    tensors: Iterator[Any] = iter(())
-    if model is not None:
-        tensors = itertools.chain(model.parameters(), model.buffers())
     first = None
-    for t in itertools.chain(tensors, params):
+    for t in _model_tensors(model, params):
         device = t.device
         if device.type not in ("cpu", "meta"):
             index = device.index if device.index is not None else _current(device)
@@ -394,13 +399,8 @@ def gpus_held(model: Any, params: list[Any]) -> int | None:
     """How many accelerators the model's parameters and buffers lie on: more than one when a single process
     spreads the model over several GPUs (a ``device_map``, a hand-made pipeline), each of which the job pays
     for. None when nothing lies on an accelerator."""
-    import itertools
-
-    tensors: Iterator[Any] = iter(())
-    if model is not None:
-        tensors = itertools.chain(model.parameters(), model.buffers())
     held = set()
-    for t in itertools.chain(tensors, params):
+    for t in _model_tensors(model, params):
         device = t.device
         if device.type not in ("cpu", "meta"):
             held.add((device.type, device.index if device.index is not None else _current(device)))
