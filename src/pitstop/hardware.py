@@ -20,8 +20,6 @@ from dataclasses import dataclass
 PCIE_GBPS_PER_DIRECTION_X16: dict[int, float] = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
 """Theoretical x16 bandwidth per direction, GB/s (PCI-SIG: 8, 16, 32, 64 GT/s with 128b/130b / FLIT)."""
 
-DTYPES = ("bf16", "fp16", "tf32", "fp32")
-
 
 @dataclass(frozen=True)
 class GpuSpec:

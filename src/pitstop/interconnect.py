@@ -8,7 +8,6 @@ reaches about 80% of it on large messages, which is the "should give" figure.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from pitstop.vocabulary import Device
@@ -114,9 +113,3 @@ def transport(
         link = LINKS[NVLINK_OF_GPU[model]]
         return Transport(f"NCCL over {link.key}", link, f"{model} SXM: {link.source}", tuple(warnings))
     return Transport("NCCL over PCIe", LINKS["pcie4"], "assumed PCIe 4.0 x16 between GPUs", tuple(warnings))
-
-
-def nccl_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The NCCL_* settings of this process (for tests and the probe)."""
-    env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k.startswith("NCCL_")}

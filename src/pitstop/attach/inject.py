@@ -31,7 +31,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-STATUS_KINDS = ("armed", "later", "refused", "error", "disarmed")
 MID_FORWARD = "a forward is under way: armed between two forwards instead"
 _MODULE_CALLS = ("_call_impl", "_wrapped_call_impl")
 _MODULE_FILE = os.path.join("torch", "nn", "modules", "module.py")

@@ -67,11 +67,6 @@ class PackingPlan:
         """Share of the rows' token slots that hold real tokens."""
         return self.total_tokens / (len(self.piece_rows) * self.max_len) if self.piece_rows else 1.0
 
-    def row_lengths(self) -> list[list[int]]:
-        """The example lengths in each row, in order (what a packed row's ``seq_lens`` holds)."""
-        length = self.piece_length.tolist()
-        return [[length[p] for p in row] for row in self.piece_rows]
-
     def to_dict(self, with_bins: bool = True) -> dict[str, object]:
         doc: dict[str, object] = {
             "rows": len(self.piece_rows),

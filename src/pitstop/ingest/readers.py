@@ -8,7 +8,6 @@ A regular file that reports size 0 is refused as empty before it is read, which 
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import zlib
 from pathlib import Path
@@ -79,7 +78,3 @@ def decode(data: bytes) -> str:
 def read_text(path: Path, limit: int = CONFIG_LIMIT) -> str:
     """The whole (decompressed) file as text, refusing files over ``limit`` bytes."""
     return decode(read_bytes(path, limit))
-
-
-def text_stream(data: bytes) -> io.StringIO:
-    return io.StringIO(data.decode("utf-8", errors="replace"))

@@ -46,11 +46,6 @@ class RankFile:
     finished: bool  # the process wrote its whole profile (False: rebuilt after it died)
 
 
-def read_ranks(out_dir: Path) -> list[RankProfile]:
-    """One profile per rank (the process with the most steps when a rank appears twice)."""
-    return [f.profile for f in read_rank_files(out_dir)]
-
-
 def read_rank_files(out_dir: Path) -> list[RankFile]:
     by_rank: dict[int, RankFile] = {}
     for path in sorted(out_dir.glob(PATTERN)):

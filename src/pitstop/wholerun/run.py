@@ -3,7 +3,6 @@ whole-run report at the end. Fed by whatever reads the probe's output (the CLI's
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,8 +214,3 @@ def phases(windows: list[WindowSummary], changes: list[Change]) -> list[Phase]:
                 findings[f.cause] = max(findings.get(f.cause, 0.0), f.time_saved_frac)
         out.append(Phase(group[0].first_step, group[-1].last_step, tps, findings))
     return out
-
-
-def median_rate(windows: list[WindowSummary]) -> float | None:
-    rates = [w.tokens_per_s for w in windows if w.tokens_per_s]
-    return statistics.median(rates) if rates else None

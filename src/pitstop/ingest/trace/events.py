@@ -16,7 +16,7 @@ import os
 import re
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 K = TypeVar("K")
 V = TypeVar("V")
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
-DATALOADER_PREFIX = "enumerate(DataLoader)"
 SYNC_RUNTIME = (
     "cudaStreamSynchronize",
     "cudaDeviceSynchronize",
@@ -63,7 +62,6 @@ ATTENTION_OPS = {
     "aten::_scaled_dot_product_attention_math": "math",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash_cpu",
 }
-KERNEL_CATS = ("kernel",)
 MEMCPY_CATS = ("gpu_memcpy", "memcpy")
 MEMSET_CATS = ("gpu_memset", "memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "runtime")
@@ -306,12 +304,6 @@ def _int(value: Any, default: int = -1) -> int:
     except (TypeError, ValueError, OverflowError):
         return default
     return number if INT64_MIN <= number <= INT64_MAX else default
-
-
-def iter_events(path: Path) -> Iterator[Any]:
-    """The ``traceEvents`` items one by one (see jsonstream for how and within which limits)."""
-    for batch in event_batches(path):
-        yield from batch
 
 
 def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: Args, code: int) -> None:

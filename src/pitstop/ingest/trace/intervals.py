@@ -66,15 +66,6 @@ def covers(starts: Array, ends: Array, points: Array) -> Array:
     return inside & (points < ends[safe]) & (points > starts[safe])
 
 
-def clip_length(starts: Array, ends: Array, lo: float, hi: float) -> float:
-    """Length of the (disjoint) intervals inside [lo, hi]."""
-    if starts.size == 0 or hi <= lo:
-        return 0.0
-    s = np.clip(starts, lo, hi)
-    e = np.clip(ends, lo, hi)
-    return float(np.sum(np.maximum(e - s, 0.0)))
-
-
 def intersection_length(a: tuple[Array, Array], b: tuple[Array, Array]) -> float:
     """Length of the overlap of two disjoint interval sets."""
     (a_s, a_e), (b_s, b_e) = a, b

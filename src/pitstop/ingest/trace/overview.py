@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pitstop.ingest.trace.events import COMMUNICATION, TraceColumns
+from pitstop.ingest.trace.events import TraceColumns
 from pitstop.ingest.trace.intervals import covers, sorted_unique, union
 
 ROLES = ("Kernel", "Memcpy", "Memset", "Communication", "Runtime", "DataLoader", "CPU Exec")
@@ -218,8 +218,3 @@ def _gpu_util(cols: TraceColumns, lo: float, hi: float) -> dict[int, float]:
         busy = float(np.sum(np.maximum(np.minimum(e, hi) - np.maximum(s, lo), 0.0)))
         util[int(device)] = busy / (hi - lo) if hi > lo else 0.0
     return util
-
-
-def kernel_class_share(cols: TraceColumns) -> float:
-    codes = np.frombuffer(cols.kernels.code, dtype=np.int8)
-    return float(np.mean(codes == COMMUNICATION)) if codes.size else 0.0
