@@ -8,4 +8,7 @@ RUN: Final = "pitstop.run/1"  # a diagnosis: findings, metrics, environment, per
 PROFILE: Final = "pitstop.profile/1"  # a RunProfile alone (what was measured)
 TUNE: Final = "pitstop.tune/1"  # a tune session: trials, verdict, the changes to keep
 PLAN: Final = "pitstop.plan/1"  # a memory / throughput plan
+HISTORY: Final = "pitstop.history/1"  # runs from the history side by side (`history compare --json`)
+DATA_STATS: Final = "pitstop.data.stats/1"  # a dataset's padding figures (`data stats --json`)
+DATA_PACK: Final = "pitstop.data.pack/1"  # a packing plan, bins included (`data pack --json`)
 HISTORY_DB_VERSION: Final = 1  # the SQLite history's user_version

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pitstop import schemas
 from pitstop.cli.errors import UserError
 from pitstop.report.untrusted import markup
 
@@ -179,7 +180,7 @@ def stats(
         "[dim]speed-up: real tokens per computed token relative to today (compute scales with tokens; "
         "attention's quadratic part gains more)[/dim]"
     )
-    _write_json(json_out, {"schema": "pitstop.data.stats/1", "cache": str(cache.path), **s.to_dict()})
+    _write_json(json_out, {"schema": schemas.DATA_STATS, "cache": str(cache.path), **s.to_dict()})
 
 
 @app.command()
@@ -264,4 +265,4 @@ def pack(
         f"{plan.efficiency:.2%} (lower bound {plan.lower_bound:,} rows); {len(plan.too_long)} examples longer than "
         f"a row ({overflow}); planned in {plan.seconds * 1000:.0f} ms"
     )
-    _write_json(json_out, {"schema": "pitstop.data.pack/1", **doc})
+    _write_json(json_out, {"schema": schemas.DATA_PACK, **doc})

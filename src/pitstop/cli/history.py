@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from pitstop import schemas
 from pitstop.cli.errors import UserError
 from pitstop.history import HistoryError, HistoryStore, RunRecord, open_store
 from pitstop.report.untrusted import as_text, shown
@@ -172,7 +173,7 @@ def compare(
     json_file: Annotated[
         Path | None,
         typer.Option(
-            "--json", help="Also write both runs as JSON (pitstop.history/1; `pitstop report` renders it)."
+            "--json", help=f"Also write both runs as JSON ({schemas.HISTORY}; `pitstop report` renders it)."
         ),
     ] = None,
 ) -> None:
@@ -184,7 +185,7 @@ def compare(
     with _store(history) as store:
         run_a, run_b = _require(store, a), _require(store, b)
     if json_file is not None:
-        doc = {"schema": "pitstop.history/1", "runs": [run_a.to_dict(), run_b.to_dict()]}
+        doc = {"schema": schemas.HISTORY, "runs": [run_a.to_dict(), run_b.to_dict()]}
         from pitstop.cli.outputs import check_target, write_output
 
         try:

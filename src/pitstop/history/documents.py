@@ -62,12 +62,12 @@ def summarize(doc: Any) -> Summary:
     """
     if not isinstance(doc, dict):
         raise HistoryError(
-            f"a result to record is a pitstop.run/1 or {schemas.TUNE} object, not a {type(doc).__name__}"
+            f"a result to record is a {schemas.RUN} or {schemas.TUNE} object, not a {type(doc).__name__}"
         )
     if _is_tune(doc):
         run = doc.get("baseline_run")
         if not isinstance(run, dict) or not _is_run(run):
-            raise HistoryError(f"{schemas.TUNE} document without a pitstop.run/1 'baseline_run'")
+            raise HistoryError(f"{schemas.TUNE} document without a {schemas.RUN} 'baseline_run'")
         best = doc.get("best") or {}
         baseline = doc.get("baseline") or {}
         best_tps = _number(best.get("real_tokens_per_s")) if isinstance(best, dict) else None
@@ -91,7 +91,7 @@ def summarize(doc: Any) -> Summary:
             {name: _number(run_metrics.get(name)) for name in METRIC_COLUMNS},
         )
     raise HistoryError(
-        f"not a pitstop.run/1 or {schemas.TUNE} document (schema: {doc.get('schema', 'none')!r})"
+        f"not a {schemas.RUN} or {schemas.TUNE} document (schema: {doc.get('schema', 'none')!r})"
     )
 
 

@@ -47,7 +47,7 @@ def _render(doc: Any) -> str:
             tune_sections(doc),
             footer,
         )
-    runs = doc.get("runs") if isinstance(doc, dict) and doc.get("schema") == "pitstop.history/1" else doc
+    runs = doc.get("runs") if isinstance(doc, dict) and doc.get("schema") == schemas.HISTORY else doc
     if (
         isinstance(runs, list)
         and runs
