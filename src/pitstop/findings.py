@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from pitstop.catalogue import cause
 from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 
@@ -115,6 +114,9 @@ class Finding:
     speedup_basis: str
     fix: Fix
     saving: Saving | None = None  # over the rest of the run, where its length is known (diagnose/savings.py)
+    title: str = (
+        ""  # the cause's heading, set by the cause's rule (``diagnose/causes``) or read from a document
+    )
 
     def __post_init__(self) -> None:
         self.cause = CauseId(self.cause)  # an unknown id fails loudly (ValueError)
@@ -128,10 +130,6 @@ class Finding:
         self.confidence = min(1.0, max(0.0, self.confidence)) if math.isfinite(self.confidence) else 0.0
         self.evidence = _finite(self.evidence)
         self.severity = capped_by_confidence(self.severity, self.confidence)
-
-    @property
-    def title(self) -> str:
-        return cause(self.cause).title
 
     @property
     def time_saved_frac(self) -> float:

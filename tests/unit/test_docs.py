@@ -28,16 +28,16 @@ def test_causes_page_is_what_the_generator_writes_now() -> None:
 
 
 def test_causes_page_lists_every_cause_with_its_gpu_flag() -> None:
-    from pitstop.catalogue import CAUSES
+    from pitstop.diagnose.causes import CAUSES
 
     page = (ROOT / "docs" / "causes.md").read_text(encoding="utf-8")
     for cause in CAUSES.values():
         assert f"## `{cause.id!s}`" in page
         row = next(line for line in page.splitlines() if line.startswith(f"| [`{cause.id!s}`]"))
         assert row.endswith("| yes |") == cause.needs_gpu, row
-    from pitstop.diagnose.rules import inputs
+    from pitstop.diagnose.causes import dataloader_bound as inputs
 
-    assert "`dataloader_bound` in `src/pitstop/diagnose/rules/inputs.py`" in page
+    assert "`dataloader_bound` in `src/pitstop/diagnose/causes/dataloader_bound.py`" in page
     assert f"| `DATA_WAIT_MIN` | `{inputs.DATA_WAIT_MIN!r}` |" in page  # the threshold as the rule has it
     assert f"data wait ≥ {inputs.DATA_WAIT_MIN:.0%} of the step" in page
 

@@ -12,7 +12,7 @@ import pytest
 from tests.factories import profile, steps
 
 from pitstop.diagnose import diagnose
-from pitstop.diagnose.rules.recompute import ASSUMED_RATIO, UNMEASURED, recompute_share
+from pitstop.diagnose.causes.needless_recompute import ASSUMED_RATIO, UNMEASURED, recompute_share
 from pitstop.findings import Finding
 
 

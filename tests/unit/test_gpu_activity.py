@@ -10,7 +10,7 @@ import pytest
 from tests.factories import profile, steps
 
 from pitstop.diagnose import diagnose
-from pitstop.diagnose.rules.activity import read_activity
+from pitstop.diagnose.activity import read_activity
 from pitstop.findings import Finding
 from pitstop.ingest.load import Inputs, load_run
 from pitstop.profile import ActivitySample, GpuActivity, KernelFacts, RunProfile

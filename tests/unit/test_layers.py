@@ -32,7 +32,6 @@ LAYERS: dict[str, int] = {
     "trials": 3,
     "findings": 1,
     "profile": 1,
-    "catalogue": 1,
     "hardware": 1,
     "ds_config": 1,
     "cpus": 1,

@@ -10,13 +10,14 @@ import pytest
 from tests.factories import profile, steps
 
 from pitstop.diagnose import diagnose
+from pitstop.diagnose.causes import CAUSES
 from pitstop.findings import Finding
 from pitstop.ingest.configs import read_config
 from pitstop.interconnect import LINKS
 from pitstop.plan.comm import comm_per_step
 from pitstop.profile import ModelInfo, RunProfile
 from pitstop.remedies import RemedyId, advise, remedy, use
-from pitstop.vocabulary import Framework, Sharding
+from pitstop.vocabulary import CauseId, Framework, Sharding
 
 BIG = ModelInfo(params_total=13_000_000_000, params_trainable=13_000_000_000)  # no shape: model states only
 
@@ -95,7 +96,7 @@ def test_deepspeed_across_nodes_is_told_about_hpz() -> None:
 
 def test_the_remedys_advice_per_framework() -> None:
     r = remedy(RemedyId.LIGHTER_SHARDING)
-    assert r.preserves_computation and not r.tunable and r.causes == ("oversharded",)
+    assert r.preserves_computation and not r.tunable and CAUSES[CauseId.OVERSHARDED].remedies == (r.id,)
     sgo = {"current": "full_shard", "target": "shard_grad_op", "deepspeed": False, "saved_s": 0.04}
     assert (
         r.advice(Framework.HF_TRAINER, sgo).snippet

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 from tests.factories import environment, profile, steps
 
-from pitstop.catalogue import CAUSES
 from pitstop.diagnose import diagnose
+from pitstop.diagnose.causes import CAUSES
 from pitstop.profile import DataLoaderInfo
 from pitstop.remedies import REGISTRY, RemedyId, advise, remedy, use
 from pitstop.tune.proposals import kept_change, tunable
@@ -24,13 +24,17 @@ def test_every_remedy_advises_every_framework_without_parameters(rid: RemedyId) 
         assert "None" not in advice.text, f"{rid}/{fw}: an unknown parameter printed as None"
 
 
-def test_registry_is_consistent_with_the_catalogue() -> None:
+def test_registry_is_consistent_with_the_causes() -> None:
     for rid, r in REGISTRY.items():
-        assert r.causes and set(r.causes) <= set(CAUSES), rid
         assert set(r.exclusive_with) <= set(REGISTRY) and set(r.helps_with) <= set(REGISTRY)
         assert r.tunable or r.loader_order is None
-    covered = {c for r in REGISTRY.values() for c in r.causes}
-    assert covered == set(CAUSES), f"causes without a remedy: {set(CAUSES) - covered}"
+        assert r.tunable == (r.tune_rank is not None), (
+            f"{rid}: a tunable remedy has its place in tune's order"
+        )
+    for cause in CAUSES.values():
+        assert cause.remedies and set(cause.remedies) <= set(REGISTRY), f"{cause.id} has no registered remedy"
+    answered = {rid for cause in CAUSES.values() for rid in cause.remedies}
+    assert answered == set(REGISTRY), f"remedies no cause names: {set(REGISTRY) - answered}"
 
 
 def test_a_findings_fix_and_tunes_kept_change_are_one_text() -> None:

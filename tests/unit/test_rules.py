@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 from tests.factories import LLAMA_1B, gpu_samples, profile, steps, well_tuned
 
-from pitstop.catalogue import CAUSES
 from pitstop.diagnose import diagnose
+from pitstop.diagnose.causes import CAUSES
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import GIB
 from pitstop.plan.planner import largest_micro_batch

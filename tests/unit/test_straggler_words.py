@@ -6,8 +6,8 @@ from __future__ import annotations
 from tests.factories import profile, steps
 
 from pitstop.diagnose import diagnose
+from pitstop.diagnose.causes.straggler import _slowest_part
 from pitstop.diagnose.ranks import RankComm
-from pitstop.diagnose.rules.scale import _slowest_part
 
 
 def _straggler(ranks: int, slow: int, data: float):  # type: ignore[no-untyped-def]

@@ -10,8 +10,8 @@ import json
 import pytest
 from tests.factories import profile, steps
 
-from pitstop.catalogue import CAUSES, cause
 from pitstop.diagnose import diagnose
+from pitstop.diagnose.causes import CAUSES, cause
 from pitstop.diagnose.document import RunDocumentError, read_run
 from pitstop.findings import Finding, Fix
 from pitstop.profile import RunProfile
@@ -19,17 +19,19 @@ from pitstop.remedies import REGISTRY
 from pitstop.vocabulary import CauseId, Device, RemedyId, Severity, Source
 
 
-def test_the_catalogue_describes_every_cause_id_and_no_other() -> None:
+def test_every_cause_id_has_its_module_and_no_module_another_id() -> None:
     assert list(CAUSES) == list(CauseId)
     for cause_id, entry in CAUSES.items():
         assert entry.id is cause_id and cause(cause_id) is entry
-        assert entry.title and entry.because
+        assert entry.title and entry.because and entry.fires_when and entry.estimate
+        # one module per cause, named by its id
+        assert entry.rule.__module__ == f"pitstop.diagnose.causes.{cause_id}", entry.rule.__module__
 
 
-def test_every_remedy_names_its_causes_by_id() -> None:
-    for remedy in REGISTRY.values():
-        assert remedy.causes and all(type(c) is CauseId for c in remedy.causes), remedy.id
-        assert type(remedy.id) is RemedyId
+def test_every_cause_names_its_remedies_by_id() -> None:
+    for entry in CAUSES.values():
+        assert entry.remedies and all(type(r) is RemedyId for r in entry.remedies), entry.id
+    assert all(type(remedy.id) is RemedyId for remedy in REGISTRY.values())
 
 
 def test_parse_takes_only_known_ids() -> None:
@@ -40,7 +42,7 @@ def test_parse_takes_only_known_ids() -> None:
 
 def test_a_finding_takes_a_cause_string_and_keeps_the_member() -> None:
     f = Finding("host_sync", Severity.LOW, 0.5, "s", {}, None, "", Fix("t"))  # type: ignore[arg-type]
-    assert f.cause is CauseId.HOST_SYNC and f.title == CAUSES[CauseId.HOST_SYNC].title
+    assert f.cause is CauseId.HOST_SYNC
     with pytest.raises(ValueError, match="no_such_cause"):
         Finding("no_such_cause", Severity.LOW, 0.5, "s", {}, None, "", Fix("t"))  # type: ignore[arg-type]
 
@@ -57,6 +59,12 @@ def test_json_carries_plain_strings_and_reads_back_as_members() -> None:
     back = read_run(doc)
     assert [f.cause for f in back.findings] == [f.cause for f in d.findings]
     assert all(type(f.cause) is CauseId for f in back.findings)
+    # every finding carries its cause's title, as the rule gave it and as read back
+    assert (
+        [f.title for f in back.findings]
+        == [CAUSES[f.cause].title for f in d.findings]
+        == [f["title"] for f in doc["findings"]]
+    )
     assert back.skipped_checks == d.skipped_checks and all(type(c) is CauseId for c in back.skipped_checks)
     assert json.dumps(back.to_dict()["findings"]) == json.dumps(doc["findings"])
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop import schemas
-from pitstop.catalogue import CAUSES
 from pitstop.diagnose.context import RuleContext
 from pitstop.diagnose.cost import RunCost, run_cost
 from pitstop.diagnose.gpu_windows import describe_stretches
@@ -139,7 +138,7 @@ class Diagnosis:
 
 
 def diagnose(profile: RunProfile) -> Diagnosis:
-    from pitstop.diagnose.rules import RULES
+    from pitstop.diagnose.causes import CAUSES, RULES
 
     ctx = RuleContext.of(profile)
     for rule in RULES:

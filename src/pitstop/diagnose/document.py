@@ -13,6 +13,7 @@ from typing import Any
 
 from pitstop import schemas
 from pitstop.diagnose import Diagnosis
+from pitstop.diagnose.causes import CAUSES
 from pitstop.diagnose.cost import RunCost
 from pitstop.diagnose.gpu_windows import gpu_windows
 from pitstop.diagnose.metrics import Metrics, compute_metrics
@@ -158,6 +159,7 @@ def _finding(data: dict[str, Any]) -> Finding:
         speedup_basis=str(data.get("speedup_basis") or ""),
         fix=Fix(text=str(fix.get("text") or ""), snippets=snippets, framework=framework, uses=_uses(fix)),
         saving=Saving.from_dict(data.get("saving")),  # documents before savings have none
+        title=CAUSES[cause].title,  # today's words for the cause, whatever the document's pitstop called it
     )
 
 

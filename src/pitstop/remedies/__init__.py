@@ -2,83 +2,37 @@
 
 Rules refer to remedies with parameters from the evidence (``use(RemedyId.WORKERS, workers=4, basis=...)``);
 ``advise`` turns those references into the Fix a Finding shows; tune walks ``REGISTRY`` for what it can try
-and prints the kept change from the same ``advice``. Adding a cause with its fix = one rule + one module here.
-
-``TUNE_ORDER`` is tune's order among the remedies of one cause (most promising first).
+and prints the kept change from the same ``advice``. A new remedy is a new module here: modules are discovered,
+not listed, and a tunable one says where it stands in tune's order (``tune_rank``).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from pitstop.findings import Fix, Use, use
-from pitstop.remedies import (  # noqa: F401  (each module registers its remedy)
-    attention,
-    balance_ranks,
-    bf16,
-    bigger_buckets,
-    compile_model,
-    cpu_threads,
-    eval_less_often,
-    expandable_segments,
-    fewer_syncs,
-    fix_transport,
-    fp16,
-    fused_kernels,
-    fused_optimizer,
-    group_by_length,
-    liger_kernels,
-    lighter_sharding,
-    manual_gc,
-    micro_batch,
-    nccl_backend,
-    no_checkpointing,
-    no_offload,
-    no_sync_accumulation,
-    overlap_comm,
-    pack,
-    pack_batch,
-    pin_memory,
-    pretokenize,
-    save_less_often,
-    tf32,
-    trim_padding,
-    unthrottle_gpu,
-    use_every_gpu,
-    workers,
-)
 from pitstop.remedies.base import REGISTRY, Advice, Remedy, TrialFacts
 from pitstop.vocabulary import Framework, RemedyId
 
-TUNE_ORDER: tuple[RemedyId, ...] = (
-    RemedyId.ATTENTION,
-    RemedyId.PRETOKENIZE,
-    RemedyId.WORKERS,
-    RemedyId.TRIM_PADDING,
-    RemedyId.PACK_BATCH,
-    RemedyId.PACK,
-    RemedyId.GROUP_BY_LENGTH,
-    RemedyId.MICRO_BATCH,
-    RemedyId.BF16,
-    RemedyId.FP16,
-    RemedyId.TF32,
-    RemedyId.NO_CHECKPOINTING,
-    RemedyId.SAVE_LESS_OFTEN,
-    RemedyId.CPU_THREADS,
-    RemedyId.FUSED_OPTIMIZER,
-    RemedyId.LIGER_KERNELS,
-    RemedyId.COMPILE_MODEL,
-    RemedyId.EXPANDABLE_SEGMENTS,
-)
+NOT_REMEDIES = ("arming", "autocast", "base")  # the package's machinery, not remedies
 
 
-def _in_tune_order() -> None:
-    """Registration follows import order, which tools may sort: put the registry in tune's order."""
-    ordered = {rid: REGISTRY[rid] for rid in TUNE_ORDER}
-    ordered.update({rid: r for rid, r in REGISTRY.items() if rid not in ordered})
+def _discover() -> None:
+    """Import every remedy module (each registers its remedy), then put the registry in tune's order: the
+    ``tune_rank`` of each tunable remedy, then the rest by id."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name not in NOT_REMEDIES:
+            importlib.import_module(f"{__name__}.{module.name}")
+    ordered = sorted(REGISTRY.values(), key=lambda r: (r.tune_rank is None, r.tune_rank or 0, str(r.id)))
     REGISTRY.clear()
-    REGISTRY.update(ordered)
+    REGISTRY.update({r.id: r for r in ordered})
 
 
-_in_tune_order()
+_discover()
+
+TUNE_ORDER: tuple[RemedyId, ...] = tuple(rid for rid, r in REGISTRY.items() if r.tune_rank is not None)
+"""Tune's order among the remedies of one cause (most promising first), from each remedy's ``tune_rank``."""
 
 __all__ = ["REGISTRY", "Advice", "Remedy", "RemedyId", "TrialFacts", "Use", "advise", "remedy", "use"]
 

@@ -7,14 +7,14 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class Attention(Remedy):
     id = RemedyId.ATTENTION
     title = "SDPA / FlashAttention instead of eager attention"
-    causes = (CauseId.SLOW_ATTENTION,)
+    tune_rank = 10
     effect = "same math, fused kernel"
     tunable = True
 

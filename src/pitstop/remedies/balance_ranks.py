@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class BalanceRanks(Remedy):
     id = RemedyId.BALANCE_RANKS
     title = "balance the ranks"
-    causes = (CauseId.STRAGGLER,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``slow_rank`` and ``reason``: who holds the others back and why (from the evidence)."""

@@ -1,7 +1,7 @@
 """What a remedy is: one change a user can make, defined once.
 
-A cause says what is wrong; a remedy says what to change. Each remedy declares the causes it addresses,
-whether it preserves what the model computes (tune then compares losses), what it cannot be combined with,
+A cause says what is wrong; a remedy says what to change (the cause, in ``diagnose/causes``, names the
+remedies that answer it). Each remedy declares whether it preserves what the model computes (tune then compares losses), what it cannot be combined with,
 its advice for every framework — one builder serves a Finding's fix *and* the change tune prints when it keeps
 the remedy, so the two cannot disagree — and, when tune can try it without editing the job, its in-job patch.
 
@@ -16,7 +16,7 @@ from textwrap import dedent
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 if TYPE_CHECKING:
     from pitstop.trials.request import FixReport, FixRequest
@@ -55,7 +55,6 @@ class Remedy:
 
     id: ClassVar[RemedyId]
     title: ClassVar[str]  # one phrase for tune's table
-    causes: ClassVar[tuple[CauseId, ...]] = ()  # the causes it addresses
     effect: ClassVar[str] = ""  # what it keeps or changes of the computation, one phrase
     preserves_computation: ClassVar[bool] = True  # same examples, same per-token losses up to fp order
     exclusive_with: ClassVar[tuple[RemedyId, ...]] = ()
@@ -64,6 +63,8 @@ class Remedy:
     # are unknown) does not compare across it
     changes_batch_shape: ClassVar[bool] = False
     tunable: ClassVar[bool] = False  # tune can apply it from outside the job
+    # when tunable: its place in tune's order among the remedies of one cause (lower first: most promising)
+    tune_rank: ClassVar[int | None] = None
     # when tunable and it rewrites DataLoader arguments: its place among the loader remedies (lower first)
     loader_order: ClassVar[int | None] = None
 
@@ -114,7 +115,7 @@ def at_first_optimizer_step(action: Callable[[], None]) -> Any:
 
 
 def register(cls: type[Remedy]) -> type[Remedy]:
-    """Class decorator: one instance per remedy, in registration order (tune's order within a cause)."""
+    """Class decorator: one instance per remedy (``pitstop.remedies`` puts the registry in tune's order)."""
     if cls.id in REGISTRY:
         raise ValueError(f"remedy {cls.id} registered twice")
     REGISTRY[cls.id] = cls()

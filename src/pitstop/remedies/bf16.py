@@ -8,7 +8,7 @@ from typing import Any
 from pitstop.remedies.autocast import autocast_every_forward
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 def mixed_precision_advice(framework: Framework, low: str, text: str) -> Advice:
@@ -41,7 +41,7 @@ def mixed_precision_advice(framework: Framework, low: str, text: str) -> Advice:
 class Bf16(Remedy):
     id = RemedyId.BF16
     title = "bf16 autocast"
-    causes = (CauseId.NO_MIXED_PRECISION,)
+    tune_rank = 90
     effect = "changes numerics (bf16 matmuls)"
     preserves_computation = False
     tunable = True

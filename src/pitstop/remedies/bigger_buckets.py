@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class BiggerBuckets(Remedy):
     id = RemedyId.BIGGER_BUCKETS
     title = "larger gradient buckets"
-    causes = (CauseId.COMMUNICATION_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``bucket_mb``: the bucket size to use; ``per_step`` / ``mb_per_call``: what was measured."""

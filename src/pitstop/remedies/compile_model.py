@@ -7,14 +7,14 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class CompileModel(Remedy):
     id = RemedyId.COMPILE_MODEL
     title = "torch.compile the model"
-    causes = (CauseId.UNFUSED_KERNELS,)
+    tune_rank = 170
     effect = "same math, compiled kernels (fp order may differ)"
     tunable = True
 

@@ -9,7 +9,7 @@ from typing import Any
 from pitstop.cpus import cores_allowed, local_ranks
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 def share() -> int:
@@ -22,7 +22,7 @@ def share() -> int:
 class CpuThreads(Remedy):
     id = RemedyId.CPU_THREADS
     title = "torch threads that fit the cores"
-    causes = (CauseId.CPU_OVERSUBSCRIBED,)
+    tune_rank = 140
     effect = "same math, fewer threads per process"
     tunable = True
 

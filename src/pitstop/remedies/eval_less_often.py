@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 def less_often(every: int | None) -> int | None:
@@ -18,7 +18,6 @@ def less_often(every: int | None) -> int | None:
 class EvalLessOften(Remedy):
     id = RemedyId.EVAL_LESS_OFTEN
     title = "evaluate and save less often"
-    causes = (CauseId.EVAL_OVERHEAD,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``eval_steps`` / ``save_steps``: today's intervals, when the run's configuration says."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 SETTING = "expandable_segments:True"
 ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the second is torch ≥ 2.9's name
@@ -20,7 +20,7 @@ ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the second is to
 class ExpandableSegments(Remedy):
     id = RemedyId.EXPANDABLE_SEGMENTS
     title = "expandable allocator segments"
-    causes = (CauseId.ALLOCATOR_THRASH,)
+    tune_rank = 180
     effect = "same math, another allocator layout"
     tunable = True
 

@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, code, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class FewerSyncs(Remedy):
     id = RemedyId.FEWER_SYNCS
     title = "fewer host-device synchronizations"
-    causes = (CauseId.HOST_SYNC,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         text = (

@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class FixTransport(Remedy):
     id = RemedyId.FIX_TRANSPORT
     title = "the fast interconnect"
-    causes = (CauseId.COMMUNICATION_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``warnings``: what the environment says (e.g. "NCCL_IB_DISABLE=1 is set"); ``multi_node``."""

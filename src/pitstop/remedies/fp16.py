@@ -8,14 +8,14 @@ from typing import Any
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
 from pitstop.remedies.bf16 import mixed_precision_advice
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class Fp16(Remedy):
     id = RemedyId.FP16
     title = "fp16 mixed precision with a loss scaler"
-    causes = (CauseId.NO_MIXED_PRECISION,)
+    tune_rank = 100
     effect = "changes numerics (fp16 matmuls, scaled loss)"
     preserves_computation = False
     tunable = True

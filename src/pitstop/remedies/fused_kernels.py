@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, code, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class FusedKernels(Remedy):
     id = RemedyId.FUSED_KERNELS
     title = "fused optimizer and compiled model"
-    causes = (CauseId.LOW_MFU_UNEXPLAINED,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         text = (

@@ -8,7 +8,7 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 FUSABLE = (
     "Adam",
@@ -27,7 +27,7 @@ def _devices(params: list[Any]) -> set[str]:
 class FusedOptimizer(Remedy):
     id = RemedyId.FUSED_OPTIMIZER
     title = "fused optimizer"
-    causes = (CauseId.UNFUSED_KERNELS,)
+    tune_rank = 150
     effect = "same update, one kernel per group"
     tunable = True
 

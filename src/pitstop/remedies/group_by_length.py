@@ -7,7 +7,7 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 MAX_GROUPED_EXAMPLES = 2_000_000  # reading every example's length beyond this costs more than a trial
 
@@ -48,7 +48,7 @@ def example_length(item: Any) -> int | None:
 class GroupByLength(Remedy):
     id = RemedyId.GROUP_BY_LENGTH
     title = "length-grouped batches"
-    causes = (CauseId.PADDING_WASTE,)
+    tune_rank = 70
     effect = "changes which examples share a batch"
     preserves_computation = False
     tunable = True

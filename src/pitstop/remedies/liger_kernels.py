@@ -8,14 +8,14 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class LigerKernels(Remedy):
     id = RemedyId.LIGER_KERNELS
     title = "Liger Kernel (fused loss and norms)"
-    causes = (CauseId.UNFUSED_KERNELS,)
+    tune_rank = 160
     effect = "same loss, computed chunk by chunk without the full logits"
     tunable = True
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, code, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 _WHY = {
     "zero2": "ZeRO-2 keeps the bf16 weights between forward and backward and still shards gradients and optimizer",
@@ -56,7 +56,6 @@ def _fsdp_pytorch(target: str, g: int) -> str:
 class LighterSharding(Remedy):
     id = RemedyId.LIGHTER_SHARDING
     title = "lighter sharding (ZeRO-2 / SHARD_GRAD_OP, or hybrid across nodes)"
-    causes = (CauseId.OVERSHARDED,)
     effect = "same math, fewer weight gathers; more memory per GPU"
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, code, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 EVERY = 50  # steps between manual collections: the garbage of that many steps waits in memory until then
 
@@ -26,7 +26,6 @@ EVERY = 50  # steps between manual collections: the garbage of that many steps w
 class ManualGc(Remedy):
     id = RemedyId.MANUAL_GC
     title = "collect garbage by hand"
-    causes = (CauseId.GC_PAUSES,)
     effect = "same training; the collector runs only where the loop calls it"
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 def largest_factor(accumulation: int, limit: int) -> int:
@@ -32,7 +32,7 @@ def next_micro_batch(micro: int, accumulation: int, planned: int | None) -> tupl
 class MicroBatch(Remedy):
     id = RemedyId.MICRO_BATCH
     title = "bigger micro-batch, proportionally less gradient accumulation"
-    causes = (CauseId.SMALL_BATCH,)
+    tune_rank = 80
     effect = "same examples per optimizer step"
     tunable = True
     changes_batch_shape = True

@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class NcclBackend(Remedy):
     id = RemedyId.NCCL_BACKEND
     title = "nccl for GPU tensors"
-    causes = (CauseId.COMMUNICATION_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         text = "Use the nccl backend for GPU tensors: gloo copies every collective through host memory."

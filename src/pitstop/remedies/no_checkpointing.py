@@ -14,7 +14,7 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, at_first_optimizer_step, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 _ENABLERS = ("gradient_checkpointing_enable", "activation_checkpointing_enable")  # renamed in transformers 5
 
@@ -23,7 +23,7 @@ _ENABLERS = ("gradient_checkpointing_enable", "activation_checkpointing_enable")
 class NoCheckpointing(Remedy):
     id = RemedyId.NO_CHECKPOINTING
     title = "activation checkpointing off"
-    causes = (CauseId.NEEDLESS_RECOMPUTE,)
+    tune_rank = 120
     effect = "same math, no recomputation"
     tunable = True
 

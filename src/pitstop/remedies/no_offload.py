@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, code, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 _DS_OFF = code("""
     "zero_optimization": {
@@ -21,7 +21,6 @@ _DS_OFF = code("""
 class NoOffload(Remedy):
     id = RemedyId.NO_OFFLOAD
     title = "offload off"
-    causes = (CauseId.OFFLOAD_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``offloaded``: {"optimizer": device, "param": device}; ``fits_without``: the planner's answer;

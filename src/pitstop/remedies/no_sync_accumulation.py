@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, code, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class NoSyncAccumulation(Remedy):
     id = RemedyId.NO_SYNC_ACCUMULATION
     title = "all-reduce once per optimizer step"
-    causes = (CauseId.COMMUNICATION_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``micro_batches``: micro-steps per optimizer step, as measured."""

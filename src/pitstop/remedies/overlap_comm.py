@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class OverlapComm(Remedy):
     id = RemedyId.OVERLAP_COMM
     title = "overlapped, bucketed gradient communication"
-    causes = (CauseId.COMMUNICATION_BOUND,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``zero_stage``: the DeepSpeed stage when one is configured."""

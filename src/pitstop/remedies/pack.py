@@ -8,14 +8,14 @@ from typing import Any
 from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.remedies.pack_batch import trial_attention
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class Pack(Remedy):
     id = RemedyId.PACK
     title = "pack whole examples into full rows (best-fit decreasing)"
-    causes = (CauseId.PADDING_WASTE,)
+    tune_rank = 60
     effect = "changes which examples share a row and a batch; attention kept per example"
     preserves_computation = False
     tunable = True

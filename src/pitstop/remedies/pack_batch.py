@@ -7,7 +7,7 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 def trial_attention(request: FixRequest) -> str:
@@ -21,7 +21,7 @@ def trial_attention(request: FixRequest) -> str:
 class PackBatch(Remedy):
     id = RemedyId.PACK_BATCH
     title = "pack each batch into padding-free rows"
-    causes = (CauseId.PADDING_WASTE,)
+    tune_rank = 50
     effect = "same examples per batch; attention kept per example"
     tunable = True
     loader_order = 40

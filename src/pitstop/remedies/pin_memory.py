@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, code, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class PinMemory(Remedy):
     id = RemedyId.PIN_MEMORY
     title = "pinned memory and non-blocking copies"
-    causes = (CauseId.PAGEABLE_COPIES,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         text = (

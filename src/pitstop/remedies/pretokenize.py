@@ -7,14 +7,14 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class Pretokenize(Remedy):
     id = RemedyId.PRETOKENIZE
     title = "tokenize every example once, before training"
-    causes = (CauseId.DATALOADER_BOUND,)
+    tune_rank = 20
     effect = "same batches"
     tunable = True
     loader_order = 10

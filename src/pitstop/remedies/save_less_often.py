@@ -8,14 +8,14 @@ from typing import Any
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.remedies.eval_less_often import less_often
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class SaveLessOften(Remedy):
     id = RemedyId.SAVE_LESS_OFTEN
     title = "checkpoint less often"
-    causes = (CauseId.CHECKPOINT_STALL,)
+    tune_rank = 130
     effect = "same training, fewer checkpoints"
     tunable = True
 

@@ -21,7 +21,7 @@ from pitstop.remedies.base import (
     register,
 )
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework
+from pitstop.vocabulary import Framework
 
 
 def _uses_new_api(torch: Any) -> bool:
@@ -44,7 +44,7 @@ def tf32_in_effect(torch: Any, new_api: bool) -> bool | None:
 class Tf32(Remedy):
     id = RemedyId.TF32
     title = "TF32 matrix math"
-    causes = (CauseId.NO_MIXED_PRECISION,)
+    tune_rank = 110
     effect = "same math at TF32 precision"
     tunable = True
 

@@ -7,14 +7,14 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class TrimPadding(Remedy):
     id = RemedyId.TRIM_PADDING
     title = "cut the padding columns of each batch"
-    causes = (CauseId.PADDING_WASTE,)
+    tune_rank = 40
     effect = "same examples and labelled tokens"
     tunable = True
     loader_order = 40

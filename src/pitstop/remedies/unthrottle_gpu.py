@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, code, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class UnthrottleGpu(Remedy):
     id = RemedyId.UNTHROTTLE_GPU
     title = "unthrottle the GPU"
-    causes = (CauseId.GPU_THROTTLED,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``reasons``: NVML's names of what held the clock back; ``rank``: whose GPU; ``many``: a multi-GPU job."""

@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.remedies.base import Advice, Remedy, register
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 
 @register
 class UseEveryGpu(Remedy):
     id = RemedyId.USE_EVERY_GPU
     title = "one process per GPU"
-    causes = (CauseId.IDLE_GPU,)
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``idle``: the GPUs that did no work."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import CauseId, Framework, RemedyId
+from pitstop.vocabulary import Framework, RemedyId
 
 PREFETCH = 4  # batches each worker keeps ready
 
@@ -25,7 +25,7 @@ def workers_for(cpus: int | None, processes: int = 1) -> int | None:
 class Workers(Remedy):
     id = RemedyId.WORKERS
     title = "DataLoader worker processes, persistent, prefetching"
-    causes = (CauseId.DATALOADER_BOUND, CauseId.PAGEABLE_COPIES)
+    tune_rank = 30
     effect = "same batches"
     tunable = True
     loader_order = 30

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pitstop.diagnose import Diagnosis
+from pitstop.diagnose.causes import CAUSES
 from pitstop.hardware import lookup_gpu
 from pitstop.remedies import REGISTRY, Remedy, TrialFacts, remedy
 from pitstop.vocabulary import CauseId, Framework, RemedyId
@@ -73,8 +74,9 @@ def propose(
     env = diagnosis.profile.environment
     picked: dict[RemedyId, Proposal] = {}
     for finding in diagnosis.findings:
+        answers = CAUSES[finding.cause].remedies
         for rid, r in REGISTRY.items():
-            if r.tunable and finding.cause in r.causes and rid not in picked and r.cannot_try(facts) is None:
+            if r.tunable and rid in answers and rid not in picked and r.cannot_try(facts) is None:
                 picked[rid] = Proposal(
                     r, f"{finding.cause} ({finding.severity})", finding.est_speedup, finding.cause
                 )

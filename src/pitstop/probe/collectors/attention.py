@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pitstop.probe import environment as envmod
-from pitstop.probe.collectors.base import ProbeContext, WindowCounts
+from pitstop.probe.collectors.base import ProbeContext, WindowCounts, collector
 from pitstop.profile import RankProfile
 
 
@@ -16,6 +16,7 @@ class SdpaCalls:
     with_mask: int = 0
 
 
+@collector
 class AttentionCollector(WindowCounts[SdpaCalls]):
     counts_type = SdpaCalls
 

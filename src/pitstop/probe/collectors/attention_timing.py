@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 
 from pitstop.probe.attention_timing import AttentionShape, time_attention
-from pitstop.probe.collectors.base import Collector, ProbeContext
+from pitstop.probe.collectors.base import Collector, ProbeContext, collector
 from pitstop.profile import AttentionTiming, RankProfile
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -35,7 +35,10 @@ def shape_of(draft: RankProfile, device: object) -> AttentionShape | None:
     )
 
 
+@collector
 class AttentionTimingCollector(Collector):
+    order = 90  # after the others: it reads the environment they filled
+
     def __init__(self, ctx: ProbeContext) -> None:
         super().__init__(ctx)
         self.closed = False  # the window ended and the job ends next: the timing may run

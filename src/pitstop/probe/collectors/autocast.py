@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pitstop.probe import environment as envmod
-from pitstop.probe.collectors.base import Collector
+from pitstop.probe.collectors.base import Collector, collector
 from pitstop.profile import RankProfile
 
 
@@ -17,6 +17,7 @@ class AutocastSeen:
     dtype: Any
 
 
+@collector
 class AutocastCollector(Collector):
     seen: AutocastSeen | None = None
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.hooks import Hooks
@@ -54,6 +54,10 @@ class ProbeContext:
 
 class Collector:
     """One measured signal. Every call has a do-nothing default: a collector overrides what it needs."""
+
+    # where it stands among the collectors (lower first, then by module name): only one that reads what
+    # others filled, or whose notes must come last, sets it
+    order: ClassVar[int] = 0
 
     def __init__(self, ctx: ProbeContext) -> None:
         self.ctx = ctx
@@ -106,3 +110,13 @@ class WindowCounts(Collector, Generic[CountsT]):
 def overrides(collector: Collector, name: str) -> bool:
     """Whether ``collector`` does something at ``name`` (so the probe calls it only then)."""
     return getattr(type(collector), name) is not getattr(Collector, name)
+
+
+CollectorT = TypeVar("CollectorT", bound=type[Collector])
+REGISTERED: list[type[Collector]] = []  # filled as the collector modules are imported (``collectors``)
+
+
+def collector(cls: CollectorT) -> CollectorT:
+    """Class decorator: the probe runs this collector (``pitstop.probe.collectors`` finds the modules)."""
+    REGISTERED.append(cls)
+    return cls

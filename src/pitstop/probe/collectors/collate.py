@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pitstop.data.rawtext import looks_like_text
-from pitstop.probe.collectors.base import ProbeContext, WindowCounts
+from pitstop.probe.collectors.base import ProbeContext, WindowCounts, collector
 from pitstop.profile import RankProfile
 
 
@@ -17,6 +17,7 @@ class CollateTime:
     seconds: float = 0.0
 
 
+@collector
 class CollateCollector(WindowCounts[CollateTime]):
     counts_type = CollateTime
 

@@ -5,12 +5,15 @@ and the job's distributed facts (backend, hosts, transport settings) in the envi
 from __future__ import annotations
 
 from pitstop.probe import collectives as collmod
-from pitstop.probe.collectors.base import Collector, ProbeContext
+from pitstop.probe.collectors.base import Collector, ProbeContext, collector
 from pitstop.profile import RankProfile, StepRecord
 
 
+@collector
 class CollectivesCollector(Collector):
     """The counters are ``CollectiveRecorder``'s records and per-step totals."""
+
+    order = 100  # last: its notes follow the probe's own in probe_errors
 
     def __init__(self, ctx: ProbeContext) -> None:
         super().__init__(ctx)

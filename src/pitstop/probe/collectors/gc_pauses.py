@@ -14,12 +14,13 @@ import contextlib
 import gc
 from time import perf_counter
 
-from pitstop.probe.collectors.base import ProbeContext, WindowCounts
+from pitstop.probe.collectors.base import ProbeContext, WindowCounts, collector
 from pitstop.profile import GcPauses, RankProfile
 
 OLDEST = 2  # the full collection; a newer interpreter's extra generations count as the oldest
 
 
+@collector
 class GcPausesCollector(WindowCounts[GcPauses]):
     """The counters are the profile's ``GcPauses``, fresh at each window start."""
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from pitstop.probe.allocator import AllocatorWatch
-from pitstop.probe.collectors.base import Collector, ProbeContext
+from pitstop.probe.collectors.base import Collector, ProbeContext, collector
 from pitstop.profile import Environment, MemoryStats, RankProfile, StepRecord
 from pitstop.vocabulary import Device
 
 
+@collector
 class MemoryCollector(Collector):
     """The window's counters are ``AllocatorWatch``'s snapshots; None off a GPU and until the window starts."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pitstop.probe.collectors.base import WindowCounts
+from pitstop.probe.collectors.base import WindowCounts, collector
 from pitstop.profile import RankProfile
 
 
@@ -14,6 +14,7 @@ class CheckpointCalls:
     calls: int = 0
 
 
+@collector
 class RecomputeCollector(WindowCounts[CheckpointCalls]):
     counts_type = CheckpointCalls
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pitstop.probe.collectors.base import Collector, Emit, ProbeContext
+from pitstop.probe.collectors.base import Collector, Emit, ProbeContext, collector
 from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml, open_nvml
 from pitstop.profile import RankProfile, to_jsonable
 from pitstop.vocabulary import Device
 
 
+@collector
 class SamplersCollector(Collector):
     """The counters are the samplers' sample lists; how many of each went to the rank file so far."""
 

@@ -3,11 +3,12 @@ wraps the save functions at the window's start, once the job has imported its fr
 
 from __future__ import annotations
 
-from pitstop.probe.collectors.base import Collector, ProbeContext
+from pitstop.probe.collectors.base import Collector, ProbeContext, collector
 from pitstop.probe.saves import install_save_watch
 from pitstop.profile import RankProfile, SaveStats, StepRecord
 
 
+@collector
 class SaveCollector(Collector):
     """The counters are ``SaveStats`` (the profile's own dataclass); None until the window starts."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from pitstop.probe.collectors.base import WindowCounts
+from pitstop.probe.collectors.base import WindowCounts, collector
 from pitstop.profile import RankProfile, SyncSite
 
 MAX_SYNC_SITES = 20
@@ -20,6 +20,7 @@ class HostWaits:
     non_blocking: int = 0
 
 
+@collector
 class SyncCollector(WindowCounts[HostWaits]):
     counts_type = HostWaits
 

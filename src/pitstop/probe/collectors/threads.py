@@ -4,11 +4,12 @@ from the window's start; the means go into the environment's ``cpu``)."""
 
 from __future__ import annotations
 
-from pitstop.probe.collectors.base import Collector, ProbeContext
+from pitstop.probe.collectors.base import Collector, ProbeContext, collector
 from pitstop.probe.cpu_threads import ThreadLoad, thread_facts
 from pitstop.profile import RankProfile
 
 
+@collector
 class ThreadLoadCollector(Collector):
     """The counters are ``ThreadLoad``'s samples; None until the window starts."""
 

@@ -4,11 +4,11 @@ Live, the probe times every save inside the measured window (``RankProfile.check
 measured. A save counts in the step it delays (the one that closes after it); a save after the window's last
 step (a trainer's final ``save_model``) delays no measured step and is not in ``checkpoints``. From a Trainer's outputs the saves are counted from ``save_steps`` but never timed; there the cost
 of one save is an estimate — the model's weights and Adam's states written at an assumed disk speed — and is
-labelled as one.
-"""
+labelled as one."""
 
 from __future__ import annotations
 
+from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.findings import Finding, use
 from pitstop.remedies import advise
@@ -28,6 +28,24 @@ def _kept_share(every: int | None) -> float:
     return 1.0 - every / new if every and new else 0.8
 
 
+@cause(
+    CauseId.CHECKPOINT_STALL,
+    title="Checkpoint saves stall training",
+    because=(
+        "checkpoints are saved synchronously so often that the training loop spends a large share of its "
+        "time waiting for them"
+    ),
+    needs_gpu=False,
+    fires_when=(
+        "timed `torch.save` / `save_pretrained` / Trainer / Lightning / Accelerate saves ≥ {SAVE_MIN:.0%} "
+        "of the window; offline: saves counted from `save_steps`"
+    ),
+    estimate=(
+        "saved share × (1 − old/new interval); offline an estimate: the checkpoint's bytes at an assumed "
+        "{ASSUMED_WRITE_GBPS:.0f} GB/s"
+    ),
+    remedies=(RemedyId.SAVE_LESS_OFTEN,),
+)
 def checkpoint_stall(ctx: RuleContext) -> Finding | None:
     env = ctx.env
     watched = [r for r in ctx.profile.ranks if r.checkpoints is not None and r.steps]

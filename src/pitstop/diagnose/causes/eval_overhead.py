@@ -1,9 +1,11 @@
-"""Rules about the run as a whole: time lost to evaluation and checkpoints, GPUs left idle."""
+"""Evaluation (or other periodic pauses) taking a large share of the run's time: from the Trainer's
+logs, the rank's own eval time, or periodic idle stretches on the GPU."""
 
 from __future__ import annotations
 
 import statistics
 
+from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import working
 from pitstop.findings import Finding, use
@@ -14,6 +16,18 @@ EVAL_MIN = 0.10
 FREQUENT_STEPS = 50
 
 
+@cause(
+    CauseId.EVAL_OVERHEAD,
+    title="Evaluation and checkpoints eat the run",
+    because="evaluation or checkpointing runs so often that it takes a large share of the run's time",
+    needs_gpu=False,
+    fires_when=(
+        "Trainer-logged evaluation ≥ {EVAL_MIN:.0%} of the run; or GPU samples that pause at regular "
+        "intervals for ≥ {EVAL_MIN:.0%} of the time the job ran"
+    ),
+    estimate="80% of that time saved",
+    remedies=(RemedyId.EVAL_LESS_OFTEN,),
+)
 def eval_overhead(ctx: RuleContext) -> Finding | None:
     env = ctx.env
     share = ctx.metrics.eval_frac
@@ -138,37 +152,4 @@ def _periodic_pauses(ctx: RuleContext) -> Finding | None:
         fix=advise(
             ctx.framework, use(RemedyId.EVAL_LESS_OFTEN, eval_steps=env.eval_steps, save_steps=env.save_steps)
         ),
-    )
-
-
-def idle_gpu(ctx: RuleContext) -> Finding | None:
-    """A GPU in the samples that never worked while the others did (per GPU, from gpu_windows.py)."""
-    windows = ctx.results.gpus
-    if len(windows) < 2:
-        return None
-    idle = [w.gpu for w in windows if w.never_busy]
-    busy = [w.gpu for w in windows if not w.never_busy and (w.active_util or 0.0) >= 0.20]
-    if not busy or not idle:
-        return None
-    share = len(idle) / len(windows)
-    working_then = ", ".join(f"GPU {w.gpu} {w.active_util or 0.0:.0%}" for w in windows if w.gpu in busy)
-    return Finding(
-        cause=CauseId.IDLE_GPU,
-        severity=Severity.HIGH,
-        confidence=0.85,
-        summary=(
-            f"GPU {', '.join(map(str, idle))} of {len(windows)} never did any work while the others were busy "
-            f"({working_then} while computing)."
-        ),
-        evidence={
-            "idle_gpus": idle,
-            "busy_gpus": busy,
-            "mean_util_pct": {str(w.gpu): round(100 * (w.mean_util or 0.0), 1) for w in windows},
-            "active_util_pct": {
-                str(w.gpu): round(100 * w.active_util, 1) for w in windows if w.active_util is not None
-            },
-        },
-        est_speedup=1 / (1 - share),
-        speedup_basis="the job could spread over every GPU it holds: GPUs / busy GPUs",
-        fix=advise(ctx.framework, use(RemedyId.USE_EVERY_GPU, idle=[str(i) for i in idle])),
     )

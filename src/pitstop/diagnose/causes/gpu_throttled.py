@@ -3,8 +3,7 @@
 Read from NVML beside each utilization sample (``GpuSample.clock_reasons``, ``sm_clock``, ``app_clock``), per
 GPU. A throttled GPU is slow by the clock ratio on the compute it does; in a multi-GPU job every other rank
 waits for it at each collective, so the whole job runs at its pace. The estimate is that clock ratio applied
-to the compute share of the step (measured clocks; linear scaling with clock is the assumption).
-"""
+to the compute share of the step (measured clocks; linear scaling with clock is the assumption)."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from pitstop.clock_reasons import HARDWARE_MASK, THROTTLING_MASK, reason_names
+from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.findings import Finding, use
 from pitstop.remedies import advise
@@ -76,6 +76,21 @@ def per_gpu_clocks(ctx: RuleContext) -> dict[int, GpuClocks]:
     return gpus
 
 
+@cause(
+    CauseId.GPU_THROTTLED,
+    title="A GPU runs below its clock",
+    because=(
+        "a busy GPU is held below its application clock by a power cap or thermal / hardware slowdown (and "
+        "in a multi-GPU job the others wait for it)"
+    ),
+    needs_gpu=True,
+    fires_when=(
+        "NVML clock-event reasons (power cap, thermal, HW slowdown) in ≥ {THROTTLED_SHARE:.0%} of busy "
+        "samples with the SM clock ≤ {SLOW_CLOCK:.0%} of the application clock, per GPU"
+    ),
+    estimate="compute share × application clock / measured clock",
+    remedies=(RemedyId.UNTHROTTLE_GPU,),
+)
 def gpu_throttled(ctx: RuleContext) -> Finding | None:
     if not ctx.on_gpu:
         return None

@@ -10,11 +10,11 @@ embeddings, the head, the loss and whatever the loop computes before ``backward`
 layer's backward costs about twice its forward (two matmuls for each of the forward's), so B ≈ 2F + R and
 R ≈ B − 2F, bounded by 0 ≤ R ≤ F and R ≤ B/3 (all of the forward checkpointed). Turning checkpointing off
 saves R. The ratio 2 is assumed, not measured: the confidence says so. (Issue 27: "the forward is 47% of the
-step" gave ×1.89 where tune measured ×0.97; B − 2F gives ×1.00.)
-"""
+step" gave ×1.89 where tune measured ×0.97; B − 2F gives ×1.00.)"""
 
 from __future__ import annotations
 
+from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl
 from pitstop.findings import Finding, use
 from pitstop.plan.from_run import has_shape, setup_for_run
@@ -50,6 +50,24 @@ def _planned_fit(ctx: RuleContext) -> tuple[float, float, float] | None:
     return with_ckpt, without, gpu_bytes
 
 
+@cause(
+    CauseId.NEEDLESS_RECOMPUTE,
+    title="Activations recomputed that would fit",
+    because=(
+        "activation checkpointing re-runs the forward pass inside the backward while the activations would "
+        "fit in memory without it"
+    ),
+    needs_gpu=False,
+    fires_when=(
+        "activation checkpointing on while the planner says the run fits without it under {FIT_SHARE:.0%} "
+        "of the GPU (or a CPU run, or < 50% GPU memory used)"
+    ),
+    estimate=(
+        "recompute ≈ measured backward − {BACKWARD_PER_FORWARD:.0f} × forward of the checkpointed step "
+        "(the ratio assumed, so confidence is lowered), at most the forward and a third of the backward"
+    ),
+    remedies=(RemedyId.NO_CHECKPOINTING,),
+)
 def needless_recompute(ctx: RuleContext) -> Finding | None:
     if not ctx.env.gradient_checkpointing:
         return None

@@ -5,13 +5,13 @@ default) and its DataLoader workers (one torch thread each). Several ranks on on
 default, and a container or ``taskset`` gives fewer cores than ``os.cpu_count()`` says: threads then wait for a
 core, and OpenMP's barriers wait for the slowest thread. Thread counts come from the probe (the demand); the
 job's runnable threads sampled during the window are the measured side. There is no speed-up figure: what
-oversubscription costs depends on how much of the step is CPU work, which only a trial measures.
-"""
+oversubscription costs depends on how much of the step is CPU work, which only a trial measures."""
 
 from __future__ import annotations
 
 import statistics
 
+from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext
 from pitstop.findings import Finding, use
 from pitstop.profile import CpuThreads
@@ -73,6 +73,21 @@ def _summary(cpu: CpuThreads, ranks: int, threads: int, workers: int, others: fl
     )
 
 
+@cause(
+    CauseId.CPU_OVERSUBSCRIBED,
+    title="More busy threads than cores",
+    because=(
+        "torch's thread pools, DataLoader workers and ranks together run more threads than the cores the "
+        "job may use, so threads wait for a core"
+    ),
+    needs_gpu=False,
+    fires_when=(
+        "ranks × (torch threads + busy DataLoader workers) > {MARGIN} × the cores allowed (affinity, "
+        "cgroup quota); the job's runnable threads sampled from `/proc`"
+    ),
+    estimate="not estimated (depends on the step's CPU work; `tune` measures the fix)",
+    remedies=(RemedyId.CPU_THREADS,),
+)
 def cpu_oversubscribed(ctx: RuleContext) -> Finding | None:
     cpu = ctx.env.cpu
     if cpu is None or not cpu.cores_allowed or not cpu.torch_threads:

@@ -14,11 +14,11 @@ the objects promoted since the last one exceed a quarter of those it kept, so wi
 the collections come more often (measured: the planted job's full-collection share rose from 55% to 74% with
 ``gc.freeze()`` alone: ``pitstop doctor -- python tests/scripts/gc_heavy.py [--freeze]`` on the shared
 2-core machine, 2026-12-04).
-Traces and attach's stack samples do not see the collector: there the rule is silent.
-"""
+Traces and attach's stack samples do not see the collector: there the rule is silent."""
 
 from __future__ import annotations
 
+from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.findings import Finding, use
 from pitstop.profile import GcPauses, RankProfile
@@ -106,6 +106,30 @@ def _summary(gc: GcPauses, share: float, steps: int) -> str:
     )
 
 
+@cause(
+    CauseId.GC_PAUSES,
+    title="Garbage-collector pauses stall the loop",
+    because=(
+        "Python's cyclic garbage collector stops the training loop to traverse every tracked object the "
+        "job keeps alive (datasets held as Python lists, big dicts), and its full collections land inside "
+        "steps"
+    ),
+    needs_gpu=False,
+    fires_when=(
+        "Python's garbage collector, timed per generation by a `gc.callbacks` callback during the window, "
+        "takes ≥ {GC_MIN:.0%} of the step time (of the rank that loses most); high from {FULL_HIGH:.0%} in "
+        "full (generation-2) collections the fix would remove"
+    ),
+    estimate=(
+        "1/(1 − what the fix removes): `gc.freeze()` after setup, `gc.disable()` and a full `gc.collect()` "
+        "every N steps take the survivors' traversal out of the full collections; finding and freeing the "
+        "garbage they found stays (each found object costing {FOUND_COST:.0f}× a survivor, the tracked "
+        "objects counted after the window), and so does the young generations' time. Without the count, "
+        "the full collections' whole time, an upper bound. `gc.freeze()` alone shortens each full "
+        "collection, but CPython then runs them more often"
+    ),
+    remedies=(RemedyId.MANUAL_GC,),
+)
 def gc_pauses(ctx: RuleContext) -> Finding | None:
     watched = [r for r in ctx.profile.ranks if r.gc_pauses is not None and r.steps]
     if not watched:

@@ -14,15 +14,15 @@ Three parts, each with its own evidence and estimate; the finding names those th
 The GPUs' activity counters (DCGM, GPM) add a verdict: DRAM busy while the tensor pipes are not is a
 memory-bound step, what unfused elementwise work looks like. It raises the confidence of a finding made from
 the parts above, and on its own (an offline run whose kernels pitstop never saw) names the cause with low
-confidence and no estimate.
-"""
+confidence and no estimate."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from pitstop.diagnose.activity import Activity, read_activity
+from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.diagnose.rules.activity import Activity, read_activity
 from pitstop.findings import Finding, Use, use
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import logits
@@ -119,6 +119,25 @@ def _memory_bound_only(ctx: RuleContext, act: Activity) -> Finding:
     )
 
 
+@cause(
+    CauseId.UNFUSED_KERNELS,
+    title="Unfused loss, optimizer or norms",
+    because=(
+        "the loss materialises full large-vocabulary logits, the optimizer steps parameter by parameter, "
+        "or norms and activations run as separate kernels where fused ones are available"
+    ),
+    needs_gpu=True,
+    fires_when=(
+        "vocabulary ≥ {LARGE_VOCAB:,} without a fused linear-cross-entropy; Adam/AdamW/SGD without `fused` "
+        "on CUDA; Liger installed but not applied"
+    ),
+    estimate=(
+        "loss: the planner's logits bytes ×{TRAFFIC_PASSES:.0f} at {BW_EFFICIENCY:.0%} of memory bandwidth "
+        "over the step (estimate); optimizer: measured share × assumed ×{LOOP_TO_FUSED:.0f} (for-loop) / "
+        "×{FOREACH_TO_FUSED} (foreach)"
+    ),
+    remedies=(RemedyId.FUSED_OPTIMIZER, RemedyId.LIGER_KERNELS, RemedyId.COMPILE_MODEL),
+)
 def unfused_kernels(ctx: RuleContext) -> Finding | None:
     act = read_activity(ctx.profile) if ctx.on_gpu else None
     bound = act if act is not None and act.memory_bound else None

@@ -4,11 +4,11 @@ In steady state every tensor comes from the allocator's cache. Allocation retrie
 and cudaMalloc tried again), cudaMalloc / cudaFree calls step after step, or reserved memory far above what
 tensors hold while memory is nearly full (fragmentation: free bytes split into blocks too small to reuse) all
 cost synchronising driver calls. The counters are measured (``torch.cuda.memory_stats`` at each step's end);
-what each call costs is an assumption, stated in the basis.
-"""
+what each call costs is an assumption, stated in the basis."""
 
 from __future__ import annotations
 
+from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.findings import Finding, use
 from pitstop.profile import RankProfile
@@ -61,6 +61,25 @@ def _rank_evidence(
     )
 
 
+@cause(
+    CauseId.ALLOCATOR_THRASH,
+    title="The CUDA allocator thrashes",
+    because=(
+        "the caching allocator retries allocations, calls cudaMalloc / cudaFree step after step, or holds "
+        "memory fragmented near the limit"
+    ),
+    needs_gpu=True,
+    fires_when=(
+        "`torch.cuda.memory_stats` over the window: allocation retries, cudaMalloc in ≥ {CHURN_STEPS:.0%} "
+        "of the steps with cudaFree, or reserved ≥ {FRAGMENTED} × allocated near full memory (≥ "
+        "{NEAR_FULL:.0%} reserved)"
+    ),
+    estimate=(
+        "counters × assumed {ASSUMED_DRIVER_CALL_S_MS:.0f} ms per cudaMalloc / cudaFree and "
+        "{ASSUMED_RETRY_S_MS:.0f} ms per retry"
+    ),
+    remedies=(RemedyId.EXPANDABLE_SEGMENTS,),
+)
 def allocator_thrash(ctx: RuleContext) -> Finding | None:
     if not ctx.on_gpu:
         return None

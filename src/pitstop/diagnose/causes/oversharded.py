@@ -5,13 +5,13 @@ backward, 3(n−1)/n of the parameter bytes a step against DDP's or ZeRO-2's 2(n
 model `pitstop plan` uses) says ZeRO-2 / SHARD_GRAD_OP fits the GPU, the third pass is paid for nothing.
 Across nodes every gather of FULL_SHARD runs at the network's rate; HYBRID_SHARD (or DeepSpeed ZeRO++ hpZ)
 keeps the gathers inside the node and sends only gradients across. The extra bytes and seconds come from
-``plan.comm``, labelled as an estimate: overlap may hide part of them.
-"""
+``plan.comm``, labelled as an estimate: overlap may hide part of them."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.findings import Finding, use
 from pitstop.hardware import GpuSpec, lookup_gpu
@@ -89,6 +89,28 @@ def _step_s(ctx: RuleContext, s: Setup, gpu: GpuSpec, now: CommPlan) -> tuple[fl
     return compute + now.seconds, "planned step (compute at 45% MFU + its communication, none hidden)"
 
 
+@cause(
+    CauseId.OVERSHARDED,
+    title="Sharded more than memory needs",
+    because=(
+        "multi-GPU: ZeRO-3 / FSDP FULL_SHARD gathers the weights twice per step although a lighter "
+        "strategy (ZeRO-2, SHARD_GRAD_OP) fits, or spans nodes without HYBRID_SHARD / ZeRO++ hpZ, so every "
+        "gather crosses the slower network"
+    ),
+    needs_gpu=True,
+    fires_when=(
+        "ZeRO-3 / FSDP `FULL_SHARD` (or `HYBRID_SHARD`) on ≥ 2 GPUs while the planner says ZeRO-2 / "
+        "`SHARD_GRAD_OP` (`HYBRID_SHARD_ZERO2`) fits under {FIT_SHARE:.0%} of the GPU (model states under "
+        "{STATES_SHARE:.0%} when the shape is unknown); or `FULL_SHARD` across nodes without "
+        "`HYBRID_SHARD` / ZeRO++ hpZ while the hybrid fits"
+    ),
+    estimate=(
+        "plan/comm's extra communication seconds per step at 80% of the links, over the measured step (at "
+        "most half of it, or the measured exposed communication when collectives were timed) or the "
+        "planned one"
+    ),
+    remedies=(RemedyId.LIGHTER_SHARDING,),
+)
 def oversharded(ctx: RuleContext) -> Finding | None:
     env = ctx.env
     world = ctx.profile.world_size
