@@ -57,7 +57,7 @@ def _modules() -> frozenset[str]:
 
 
 def _part(target: str, modules: frozenset[str]) -> str | None:
-    """The part an import names: ``pitstop.diagnose.rules`` -> diagnose; the package root itself (``import
+    """The part an import names: ``pitstop.diagnose.causes`` -> diagnose; the package root itself (``import
     pitstop``, or a name it defines: ``from pitstop import __version__``) -> __init__; outside pitstop -> None."""
     parts = target.split(".")
     if parts[0] != "pitstop":

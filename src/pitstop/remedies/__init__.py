@@ -31,9 +31,6 @@ def _discover() -> None:
 
 _discover()
 
-TUNE_ORDER: tuple[RemedyId, ...] = tuple(rid for rid, r in REGISTRY.items() if r.tune_rank is not None)
-"""Tune's order among the remedies of one cause (most promising first), from each remedy's ``tune_rank``."""
-
 __all__ = ["REGISTRY", "Advice", "Remedy", "RemedyId", "TrialFacts", "Use", "advise", "remedy", "use"]
 
 
