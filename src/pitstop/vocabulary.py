@@ -4,6 +4,7 @@ documents read the same; code compares against members, never against loose stri
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from enum import Enum
 
 if sys.version_info >= (3, 11):
@@ -199,3 +200,89 @@ class Sharding(StrEnum):
             if word in cls._value2member_map_:
                 return cls(word)
         return None
+
+
+class Phase(StrEnum):
+    """The parts of a training step's time; each member *is* the ``StepRecord`` field (seconds) it names, so a
+    phase reads a step with ``getattr(step, phase)`` and keys JSON as before. DATA_WAIT, FORWARD, BACKWARD and
+    OPTIMIZER are timed by the probe (``timed``); OTHER is what they leave of the step's wall time (evaluation,
+    checkpoint saves, logging run there); the five add up to the step (``breakdown``). SYNC, the host blocked
+    on the device, lies inside the others. Each renderer takes its words from here (``word``, ``label``,
+    ``window_label``, ``noun``, ``where``); only colours stay with the renderers."""
+
+    DATA_WAIT = "data_wait_s"
+    FORWARD = "forward_s"
+    BACKWARD = "backward_s"
+    OPTIMIZER = "optimizer_s"
+    OTHER = "other_s"
+    SYNC = "sync_s"
+
+    @classmethod
+    def timed(cls) -> tuple[Phase, ...]:
+        """The four phases the probe times in every step."""
+        return (cls.DATA_WAIT, cls.FORWARD, cls.BACKWARD, cls.OPTIMIZER)
+
+    @classmethod
+    def breakdown(cls) -> tuple[Phase, ...]:
+        """The five parts a step's wall time is split into: the timed four and what they leave (OTHER)."""
+        return (*cls.timed(), cls.OTHER)
+
+    @property
+    def word(self) -> str:
+        """One word, where room is tight: the terminal's breakdown bar ("data")."""
+        return _PHASE_WORDS[self].word
+
+    @property
+    def label(self) -> str:
+        """Its name in a run's pictures of where a step's time goes ("data wait", "other")."""
+        return _PHASE_WORDS[self].label
+
+    @property
+    def window_label(self) -> str:
+        """Its name in the whole-run picture, window by window (OTHER: "between steps")."""
+        return _PHASE_WORDS[self].window_label
+
+    @property
+    def noun(self) -> str:
+        """What a sentence says grew ("time between steps went from 0.1 s to 0.3 s")."""
+        return _PHASE_WORDS[self].noun
+
+    @property
+    def where(self) -> str:
+        """Where time spent in it went, in a few words ("waiting for the DataLoader", "in backward")."""
+        return _PHASE_WORDS[self].where
+
+    @property
+    def where_explained(self) -> str:
+        """``where``, with what runs there when that is not plain from its name (a periodic stall's text)."""
+        aside = _PHASE_WORDS[self].aside
+        return f"{self.where} ({aside})" if aside else self.where
+
+
+@dataclass(frozen=True)
+class _Words:
+    word: str
+    label: str
+    window_label: str
+    noun: str
+    where: str
+    aside: str = ""
+
+
+_PHASE_WORDS = {
+    Phase.DATA_WAIT: _Words("data", "data wait", "data wait", "data wait", "waiting for the DataLoader"),
+    Phase.FORWARD: _Words("forward", "forward", "forward", "forward", "in forward"),
+    Phase.BACKWARD: _Words("backward", "backward", "backward", "backward", "in backward"),
+    Phase.OPTIMIZER: _Words("optimizer", "optimizer", "optimizer", "optimizer", "in the optimizer step"),
+    Phase.OTHER: _Words(
+        "other",
+        "other",
+        "between steps",
+        "time between steps",
+        "between steps",
+        "outside data, forward, backward and optimizer: evaluation, checkpoint saving or logging run there",
+    ),
+    Phase.SYNC: _Words(
+        "sync", "synchronisation", "synchronisation", "synchronisation", "in host-device synchronisation"
+    ),
+}

@@ -15,8 +15,8 @@ from itertools import accumulate
 
 from pitstop.diagnose.gpu_windows import GpuWindow, window_samples
 from pitstop.profile import GpuSample, RankProfile, RunProfile, StepRecord
+from pitstop.vocabulary import Phase
 
-PHASES = ("data_wait_s", "forward_s", "backward_s", "optimizer_s")
 GPU_FIELDS = ("util", "mem_used", "mem_total", "pcie_rx", "pcie_tx", "sm_clock", "power_w")
 
 
@@ -29,7 +29,7 @@ class StepSeries:
     steps: list[int] = field(default_factory=list)  # optimizer step numbers (warm-up + position)
     end_s: list[float] = field(default_factory=list)  # end of each step, seconds after the window start
     wall_s: list[float] = field(default_factory=list)
-    phases: dict[str, list[float | None]] = field(default_factory=dict)  # PHASES and "other_s"
+    phases: dict[str, list[float | None]] = field(default_factory=dict)  # Phase.breakdown()
     tokens_per_s: list[float | None] = field(default_factory=list)
     real_tokens_per_s: list[float | None] = field(default_factory=list)
     padding_frac: list[float | None] = field(default_factory=list)
@@ -56,7 +56,7 @@ class StepSeries:
     @property
     def phases_known(self) -> bool:
         """Whether the steps were split into phases (a trace or a log carries only wall times)."""
-        return any(v for name in PHASES for v in self.phases.get(name, []))
+        return any(v for name in Phase.timed() for v in self.phases.get(name, []))
 
 
 def _rate(count: int | None, wall: float) -> float | None:
@@ -89,8 +89,9 @@ def _padding(s: StepRecord) -> float | None:
 
 def step_series(rank: RankProfile) -> StepSeries:
     ends = list(accumulate(s.wall_s for s in rank.steps))
-    phases: dict[str, list[float | None]] = {name: [getattr(s, name) for s in rank.steps] for name in PHASES}
-    phases["other_s"] = [max(s.wall_s - sum(getattr(s, n) or 0.0 for n in PHASES), 0.0) for s in rank.steps]
+    timed = Phase.timed()
+    phases: dict[str, list[float | None]] = {name: [getattr(s, name) for s in rank.steps] for name in timed}
+    phases[Phase.OTHER] = [max(s.wall_s - sum(getattr(s, n) or 0.0 for n in timed), 0.0) for s in rank.steps]
     return StepSeries(
         rank=rank.rank,
         steps=[rank.warmup_steps + i + 1 for i in range(len(rank.steps))],

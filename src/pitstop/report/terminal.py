@@ -18,16 +18,17 @@ from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.savings import context_line, describe, first_saving
 from pitstop.report.untrusted import as_text
 from pitstop.report.untrusted import shown as plain
-from pitstop.vocabulary import Device, Source
+from pitstop.vocabulary import Device, Phase, Source
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
-# Okabe–Ito colours: distinguishable with the common colour-vision deficiencies
+# each phase's share of step time (a Metrics field) and its Okabe–Ito colour: distinguishable with the common
+# colour-vision deficiencies
 BREAKDOWN = (
-    ("data", "data_wait_frac", "#E69F00"),
-    ("forward", "forward_frac", "#56B4E9"),
-    ("backward", "backward_frac", "#0072B2"),
-    ("optimizer", "optimizer_frac", "#009E73"),
-    ("other", "other_frac", "#999999"),
+    (Phase.DATA_WAIT, "data_wait_frac", "#E69F00"),
+    (Phase.FORWARD, "forward_frac", "#56B4E9"),
+    (Phase.BACKWARD, "backward_frac", "#0072B2"),
+    (Phase.OPTIMIZER, "optimizer_frac", "#009E73"),
+    (Phase.OTHER, "other_frac", "#999999"),
 )
 
 
@@ -39,14 +40,14 @@ def breakdown_bar(diagnosis: Diagnosis, width: int = 48) -> Text:
     m = diagnosis.metrics
     text = Text()
     legend = Text()
-    for label, attr, colour in BREAKDOWN:
+    for phase, attr, colour in BREAKDOWN:
         frac = getattr(m, attr)
         if frac is None:
             continue
         cells = round(frac * width)
         text.append("█" * cells, style=colour)
         legend.append("■ ", style=colour)
-        legend.append(f"{label} {frac:.0%}  ")
+        legend.append(f"{phase.word} {frac:.0%}  ")
     if not text:
         return Text("unknown")
     return Text.assemble(text, "\n", legend)

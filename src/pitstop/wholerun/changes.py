@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop.profile import StepRecord
-from pitstop.vocabulary import CauseId, Severity
-from pitstop.wholerun.periodic import PART_WORDS
+from pitstop.vocabulary import CauseId, Phase, Severity
 from pitstop.wholerun.windows import WindowSummary
 
 SIGMAS = 4.0
@@ -30,14 +29,6 @@ BASELINE_WINDOWS = 8  # the most recent windows of the current phase that make t
 WORSE_BY = 0.10
 MIN_SHIFT = 0.08  # a split of the step times must shift them by this much...
 SPLIT_T = 5.0  # ...and by this many standard errors  # a finding is worse when fixing it would save this much more of the step
-PART_NAMES = {
-    "data_wait_s": "data wait",
-    "forward_s": "forward",
-    "backward_s": "backward",
-    "optimizer_s": "optimizer",
-    "other_s": "time between steps",
-    "sync_s": "synchronisation",
-}
 
 
 @dataclass
@@ -50,7 +41,7 @@ class Change:
     cause: CauseId | None = None
     before: float | None = None  # the rate (slower / faster) or the time-saved share (findings) before
     after: float | None = None
-    part: str | None = None  # the step part that grew most (slower)
+    part: Phase | None = None  # the step part that grew most (slower)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -228,8 +219,8 @@ class ChangeDetector:
         if part is not None:
             old = statistics.median(w.typical_parts.get(part, 0.0) for w in baseline)
             text += (
-                f": {PART_NAMES[part]} went from {old:.3f} s to {current.typical_parts[part]:.3f} s in a typical step "
-                f"({PART_WORDS[part].split(' (')[0]})"
+                f": {part.noun} went from {old:.3f} s to {current.typical_parts[part]:.3f} s in a typical step "
+                f"({part.where})"
             )
         old_causes = {f.cause for w in baseline for f in w.findings}
         new = [f for f in current.findings if f.cause not in old_causes]
@@ -284,8 +275,8 @@ class ChangeDetector:
         return out
 
 
-def _grown_part(current: WindowSummary, baseline: list[WindowSummary]) -> str | None:
-    grown = {}
+def _grown_part(current: WindowSummary, baseline: list[WindowSummary]) -> Phase | None:
+    grown: dict[Phase, float] = {}
     for part, now in current.typical_parts.items():  # medians: a stall in one window does not explain a shift
         olds = [w.typical_parts[part] for w in baseline if part in w.typical_parts]
         if olds:

@@ -12,17 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop.profile import StepRecord
+from pitstop.vocabulary import Phase
 
-# the part of a step a stall's extra time sits in -> how it reads
-PART_WORDS = {
-    "data_wait_s": "waiting for the DataLoader",
-    "forward_s": "in forward",
-    "backward_s": "in backward",
-    "optimizer_s": "in the optimizer step",
-    "other_s": "between steps (outside data, forward, backward and optimizer: evaluation, checkpoint "
-    "saving or logging run there)",
-    "sync_s": "in host-device synchronisation",
-}
 STALL_RATIO = 1.5  # a stall takes at least this many times the window's median step
 STALL_SIGMAS = 6.0  # ... and exceeds it by this many robust standard deviations
 MIN_REPEATS = 4
@@ -34,7 +25,7 @@ MIN_HIT_SHARE = 0.8  # of the period's positions inside the observed range, the 
 class Stall:
     step: int
     excess_s: float  # seconds over the window's median step
-    part: str  # the StepRecord part that grew most (PART_WORDS key)
+    part: Phase  # the part of the step that grew most
 
 
 def find_stalls(steps: list[StepRecord]) -> list[Stall]:
@@ -44,12 +35,12 @@ def find_stalls(steps: list[StepRecord]) -> list[Stall]:
     walls = [s.wall_s for s in steps]
     median = statistics.median(walls)
     mad = statistics.median(abs(w - median) for w in walls) * 1.4826
-    part_medians = {name: statistics.median(getattr(s, name) or 0.0 for s in steps) for name in PART_WORDS}
+    part_medians = {name: statistics.median(getattr(s, name) or 0.0 for s in steps) for name in Phase}
     out = []
     for s in steps:
         excess = s.wall_s - median
         if s.wall_s >= STALL_RATIO * median and excess > STALL_SIGMAS * mad:
-            grown = {name: (getattr(s, name) or 0.0) - part_medians[name] for name in PART_WORDS}
+            grown = {name: (getattr(s, name) or 0.0) - part_medians[name] for name in Phase}
             part = max(grown, key=lambda k: grown[k])
             out.append(Stall(s.index, excess, part))
     return out
@@ -61,13 +52,13 @@ class PeriodicStall:
     first_step: int
     steps: list[int]  # the stalls it explains
     mean_excess_s: float
-    part: str
+    part: Phase
     share_of_time: float | None = None  # of the whole run's step time, when known
     label: str | None = None  # "evaluation (eval_steps=500)" when a configured period matches
 
     @property
     def where(self) -> str:
-        return PART_WORDS.get(self.part, self.part)
+        return self.part.where_explained
 
     def describe(self) -> str:
         what = self.label or "a stall"

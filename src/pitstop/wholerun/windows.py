@@ -15,7 +15,7 @@ from pitstop.diagnose import diagnose
 from pitstop.diagnose.cost import run_cost
 from pitstop.diagnose.metrics import Metrics
 from pitstop.profile import Environment, GpuSample, RankProfile, RunProfile, StepRecord
-from pitstop.vocabulary import CauseId, Source
+from pitstop.vocabulary import CauseId, Phase, Source
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,6 @@ class FindingBrief:
         }
 
 
-# per-step seconds of each part of a step, averaged over the window (what a change is explained by)
-PARTS = ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "other_s", "sync_s")
-
-
 @dataclass
 class WindowSummary:
     index: int
@@ -74,10 +70,10 @@ class WindowSummary:
     gpu_util: float | None
     sync_frac: float | None
     throughput_spread: float | None  # the doctor's within-window spread of real tokens/s
-    parts: dict[str, float] = field(default_factory=dict)  # PARTS, mean seconds per step (rank 0)
-    typical_parts: dict[str, float] = field(
-        default_factory=dict
-    )  # PARTS, median seconds (what stalls leave alone)
+    # each Phase of a step (what a change is explained by), seconds per step of rank 0: the mean, and the
+    # median (what stalls leave alone)
+    parts: dict[Phase, float] = field(default_factory=dict)
+    typical_parts: dict[Phase, float] = field(default_factory=dict)
     findings: list[FindingBrief] = field(default_factory=list)
     gpu_power_w: float | None = None  # the window's GPUs together, from their power samples
     joules_per_step: float | None = None
@@ -158,9 +154,9 @@ def summarise(
     typical_tps = None
     if typical and all(t is not None for t in tokens):
         typical_tps = statistics.median(t for t in tokens if t is not None) / typical * len(ranks)
-    parts: dict[str, float] = {}
-    typical_parts: dict[str, float] = {}
-    for name in PARTS:
+    parts: dict[Phase, float] = {}
+    typical_parts: dict[Phase, float] = {}
+    for name in Phase:
         values = [getattr(s, name) for s in lead]
         if values and all(v is not None for v in values):
             parts[name] = statistics.fmean(v for v in values if v is not None)

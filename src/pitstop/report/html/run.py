@@ -9,20 +9,12 @@ import json
 from html import escape
 
 from pitstop.diagnose import Diagnosis
-from pitstop.diagnose.series import PHASES
 from pitstop.profile import TraceStats
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.html import svg
 from pitstop.report.html.page import num, section, snippet, stat, table
 from pitstop.report.savings import context_line, describe, first_saving
-
-PHASE_LABELS = {
-    "data_wait_s": "data wait",
-    "forward_s": "forward",
-    "backward_s": "backward",
-    "optimizer_s": "optimizer",
-    "other_s": "other",
-}
+from pitstop.vocabulary import Phase
 
 
 def _where(d: Diagnosis) -> str:
@@ -133,9 +125,7 @@ def step_plots(d: Diagnosis) -> list[str]:
     )
     if not series.phases_known:
         return tokens_plot  # only wall times (a trace, a log): a breakdown would be one colour
-    ms = {
-        PHASE_LABELS[k]: [(v or 0.0) * 1000 for v in series.phases.get(k, [])] for k in (*PHASES, "other_s")
-    }
+    ms = {k.label: [(v or 0.0) * 1000 for v in series.phases.get(k, [])] for k in Phase.breakdown()}
     out = [
         svg.stacked_bars(
             "step-breakdown",
@@ -146,7 +136,7 @@ def step_plots(d: Diagnosis) -> list[str]:
             first_x=series.steps[0],
         )
     ]
-    means = {PHASE_LABELS[k]: v * 1000 for k, v in series.mean_phases_s.items()}
+    means = {Phase(k).label: v * 1000 for k, v in series.mean_phases_s.items()}
     out.append(
         svg.hbars(
             "step-breakdown-mean",

@@ -9,14 +9,7 @@ from typing import Any
 
 from pitstop.report.html import svg
 from pitstop.report.html.page import num, section, table
-
-PARTS = {
-    "data_wait_s": "data wait",
-    "forward_s": "forward",
-    "backward_s": "backward",
-    "optimizer_s": "optimizer",
-    "other_s": "between steps",
-}
+from pitstop.vocabulary import Phase
 
 
 def watch_section(w: dict[str, Any]) -> str:
@@ -41,8 +34,8 @@ def watch_section(w: dict[str, Any]) -> str:
         )
     ]
     parts = {
-        label: [1000 * float((x.get("parts") or {}).get(key, 0.0)) for x in windows]
-        for key, label in PARTS.items()
+        phase.window_label: [1000 * float((x.get("parts") or {}).get(phase, 0.0)) for x in windows]
+        for phase in Phase.breakdown()
     }
     if windows:
         plots.append(
