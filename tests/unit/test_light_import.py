@@ -27,9 +27,28 @@ def test_help_is_light() -> None:
     code = (
         "from typer.testing import CliRunner\nfrom pitstop.cli.app import app\n"
         "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output\n"
-        "r = CliRunner().invoke(app, ['doctor', '--help']); assert r.exit_code == 0, r.output"
+        "for c in (['doctor'], ['attach'], ['history'], ['data'], ['data', 'pack']):\n"
+        "    r = CliRunner().invoke(app, [*c, '--help']); assert r.exit_code == 0, r.output"
     )
     assert _loaded_after(code) == set()
+
+
+def test_every_command_is_registered_at_import() -> None:
+    """app.py registers every command when it is imported, one way (no argv sniffing, no late mounting):
+    the tree a test's CliRunner sees is the one ``pitstop`` runs, in the order --help lists it."""
+    import typer
+
+    from pitstop.cli.app import app
+
+    group = typer.main.get_group(app)
+    assert list(group.commands) == [
+        *("doctor", "watch", "tune", "report", "analyze", "check", "plan", "gpus", "causes", "version"),
+        *("attach", "history", "data"),
+    ]
+    history, data = group.commands["history"], group.commands["data"]
+    assert isinstance(history, typer.core.TyperGroup) and isinstance(data, typer.core.TyperGroup)
+    assert list(history.commands) == ["list", "show", "compare", "calibration", "check"]
+    assert list(data.commands) == ["stats", "cache", "pack"]
 
 
 @pytest.mark.slow

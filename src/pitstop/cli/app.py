@@ -1,4 +1,12 @@
-"""The ``pitstop`` command line. Thin: parse arguments, call the pipeline, render."""
+"""The ``pitstop`` command line. Thin: parse arguments, call the pipeline, render.
+
+Every command is registered here, at import, by typer itself, one way: a command is a function below
+decorated with ``@app.command()`` (its options in its signature, its work imported from ``cli/<name>.py``
+inside its body); a group of sub-commands (``history``, ``data``) is a ``typer.Typer`` in ``cli/<name>.py``,
+mounted by ``app.add_typer`` at the end of this module. This module and those groups import only light things
+at module level, so ``pitstop --help`` and each command's ``--help`` load no torch, transformers, NVML or
+tracker (tests/unit/test_light_import.py).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,10 @@ from typing import Annotated
 
 import typer
 
+from pitstop import schemas
+from pitstop.cli.data import data_app
 from pitstop.cli.errors import UserError
+from pitstop.cli.history import history_app
 from pitstop.errors import PitstopError
 
 app = typer.Typer(
@@ -78,7 +89,7 @@ def doctor(
         bool, typer.Option("--full", help="Let the run finish; measure every step after warm-up.")
     ] = False,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the diagnosis as JSON (pitstop.run/1).")
+        Path | None, typer.Option("--json", help=f"Write the diagnosis as JSON ({schemas.RUN}).")
     ] = None,
     demo: Annotated[
         bool, typer.Option("--demo", help="Diagnose the built-in, deliberately slow example.")
@@ -162,7 +173,7 @@ def watch(
         Path | None, typer.Option(help="Keep the compressed per-step series of every rank in this folder.")
     ] = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the result as JSON (pitstop.run/1 with `watch`).")
+        Path | None, typer.Option("--json", help=f"Write the result as JSON ({schemas.RUN} with `watch`).")
     ] = None,
     timeout: TimeoutOpt = None,
     html: HtmlOpt = None,
@@ -200,7 +211,7 @@ def watch(
 GpuOpt = Annotated[str | None, typer.Option(help="The GPU of the run (e.g. H100-SXM, A100-80GB), for MFU.")]
 GpusOpt = Annotated[int | None, typer.Option(min=1, help="How many GPUs the run uses.")]
 ModelOpt = Annotated[str | None, typer.Option(help="The model's config.json (or its folder), for FLOPs.")]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the diagnosis as JSON (pitstop.run/1).")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help=f"Write the diagnosis as JSON ({schemas.RUN}).")]
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -228,7 +239,7 @@ def tune(
         typer.Option("--keep-outputs", help="Let trials write checkpoints and logs where the job says."),
     ] = False,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the result as JSON (pitstop.tune/1).")
+        Path | None, typer.Option("--json", help=f"Write the result as JSON ({schemas.TUNE}).")
     ] = None,
     html: HtmlOpt = None,
     tensorboard: TensorboardOpt = None,
@@ -430,7 +441,7 @@ def plan(
     ] = True,
     presets: Annotated[bool, typer.Option("--presets", help="List the model presets and exit.")] = False,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the plan as JSON (pitstop.plan/1).")
+        Path | None, typer.Option("--json", help=f"Write the plan as JSON ({schemas.PLAN}).")
     ] = None,
 ) -> None:
     """Memory, micro-batch, offload and expected speed for a model on a GPU, before the run."""
@@ -455,12 +466,6 @@ def plan(
     raise typer.Exit(run_plan(json_out, **{f.name: here[f.name] for f in fields(PlanRequest)}))
 
 
-def _data_app() -> typer.Typer:
-    from pitstop.cli.data import app as data_app
-
-    return data_app
-
-
 @app.command()
 def gpus() -> None:
     """List the GPUs pitstop knows peaks for, with their sources."""
@@ -474,7 +479,7 @@ def gpus() -> None:
 @app.command()
 def causes() -> None:
     """List the causes pitstop knows, with their stable ids."""
-    from pitstop.catalogue import CAUSES
+    from pitstop.diagnose.causes import CAUSES
 
     for c in CAUSES.values():
         gpu = " (GPU)" if c.needs_gpu else ""
@@ -489,24 +494,41 @@ def version() -> None:
     typer.echo(__version__)
 
 
-def _add_history() -> None:
-    from pitstop.cli.history import history_app
+@app.command()
+def attach(
+    pid: Annotated[int, typer.Argument(help="The trainer's PID, or its launcher's (torchrun, accelerate).")],
+    for_: Annotated[str, typer.Option("--for", help="How long to sample (e.g. 30s, 2m).")] = "30s",
+    rate: Annotated[float, typer.Option("--rate", help="Samples per second per thread.")] = 100.0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help=f"Write the diagnosis as JSON ({schemas.RUN}).")
+    ] = None,
+    sample: Annotated[
+        bool,
+        typer.Option("--sample", help="Sample the stacks even where the full probe could be armed (3.14+)."),
+    ] = False,
+) -> None:
+    """Diagnose a job that is already running, without restarting it. On Python 3.14+ pitstop's probe is
+    armed in the job for the window by sys.remote_exec (PEP 768) and removed after it; elsewhere (or where
+    remote debugging is off, said why) its stacks are sampled from outside (py-spy, non-blocking).
 
-    app.add_typer(history_app, name="history")
+    pitstop attach 12345 --for 60s --json now.json
+    """
+    from pitstop.cli.attach import MAX_RATE, parse_window, run_attach
+
+    try:
+        if not 1.0 <= rate <= MAX_RATE:
+            raise UserError(f"--rate: between 1 and {MAX_RATE:g} samples per second")
+        code = run_attach(pid, parse_window(for_), rate, json_out, sample)
+    except UserError as exc:
+        raise fail(str(exc), exc.code) from None
+    raise typer.Exit(code)
 
 
-_add_history()
-app.command(name="attach")(__import__("pitstop.cli.attach", fromlist=["attach_command"]).attach_command)
+app.add_typer(history_app, name="history")
+app.add_typer(data_app, name="data")
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "data":  # the data sub-app is imported only when used
-        app.add_typer(_data_app(), name="data")
-    else:
-        app.add_typer(
-            typer.Typer(help="Pre-tokenize once, pack without cross-contamination, measure padding."),
-            name="data",
-        )
     from pitstop.report.untrusted import shown
 
     try:

@@ -1,13 +1,11 @@
-"""``pitstop attach PID``: sample a running job from outside for a window, then the same RunProfile ->
-rules -> report as doctor. Only typer is imported at module level (``pitstop --help`` stays light)."""
+"""``pitstop attach PID`` (registered in app.py): sample a running job from outside for a window, then the
+same RunProfile -> rules -> report as doctor. Imported when the command runs; the work imported inside."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
+from typing import Any
 
 from pitstop.cli.errors import UserError
 
@@ -23,36 +21,6 @@ def parse_window(text: str) -> float:
     if value < MIN_SECONDS:
         raise UserError(f"--for: at least {MIN_SECONDS:g}s (a step has to be seen more than once)")
     return value
-
-
-def attach_command(
-    pid: Annotated[int, typer.Argument(help="The trainer's PID, or its launcher's (torchrun, accelerate).")],
-    for_: Annotated[str, typer.Option("--for", help="How long to sample (e.g. 30s, 2m).")] = "30s",
-    rate: Annotated[float, typer.Option("--rate", help="Samples per second per thread.")] = 100.0,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the diagnosis as JSON (pitstop.run/1).")
-    ] = None,
-    sample: Annotated[
-        bool,
-        typer.Option("--sample", help="Sample the stacks even where the full probe could be armed (3.14+)."),
-    ] = False,
-) -> None:
-    """Diagnose a job that is already running, without restarting it. On Python 3.14+ pitstop's probe is
-    armed in the job for the window by sys.remote_exec (PEP 768) and removed after it; elsewhere (or where
-    remote debugging is off, said why) its stacks are sampled from outside (py-spy, non-blocking).
-
-    pitstop attach 12345 --for 60s --json now.json
-    """
-    from pitstop.report.untrusted import shown
-
-    try:
-        if not 1.0 <= rate <= MAX_RATE:
-            raise UserError(f"--rate: between 1 and {MAX_RATE:g} samples per second")
-        code = run_attach(pid, parse_window(for_), rate, json_out, sample)
-    except UserError as exc:
-        typer.secho(f"pitstop: {shown(str(exc))}", err=True, fg="red")
-        raise typer.Exit(exc.code) from None
-    raise typer.Exit(code)
 
 
 def run_attach(pid: int, seconds: float, rate: float, json_out: Path | None, sample: bool = False) -> int:

@@ -1,4 +1,5 @@
-"""``pitstop data``: padding stats, the token cache, packing plans."""
+"""``pitstop data``: padding stats, the token cache, packing plans. Only typer is imported at module level
+(rich's tables and progress bars when a command runs): app.py mounts this group on every ``pitstop``."""
 
 from __future__ import annotations
 
@@ -9,18 +10,18 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from pitstop import schemas
 from pitstop.cli.errors import UserError
 from pitstop.report.untrusted import markup
 
-app = typer.Typer(
+if TYPE_CHECKING:
+    from rich.console import Console
+
+data_app = typer.Typer(
     help="Pre-tokenize once, pack without cross-contamination, measure padding.", no_args_is_help=True
 )
 
@@ -106,6 +107,8 @@ def _build(
     console: Console,
     total: int | None,
 ) -> Path:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from pitstop.data.cache import build_cache
 
     with Progress(
@@ -138,7 +141,7 @@ def _write_json(path: Path | None, doc: dict[str, object]) -> None:
     write_output(path, json.dumps(doc, indent=1))
 
 
-@app.command()
+@data_app.command()
 def stats(
     source: Annotated[Path, typer.Argument(help="JSONL / JSON / Parquet / CSV / saved dataset, or a cache")],
     tokenizer: TokenizerOpt = None,
@@ -152,6 +155,9 @@ def stats(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
 ) -> None:
     """How much of each batch is padding today, with length grouping, and with packing."""
+    from rich.console import Console
+    from rich.table import Table
+
     from pitstop.data.cache import open_cache
     from pitstop.data.stats import length_stats
 
@@ -183,7 +189,7 @@ def stats(
     _write_json(json_out, {"schema": schemas.DATA_STATS, "cache": str(cache.path), **s.to_dict()})
 
 
-@app.command()
+@data_app.command()
 def cache(
     source: Annotated[Path, typer.Argument(help="JSONL / JSON / Parquet / CSV / saved dataset")],
     tokenizer: TokenizerOpt = None,
@@ -203,6 +209,8 @@ def cache(
     ] = False,
 ) -> None:
     """Tokenize once into a content-addressed, memory-mapped cache (resumable; reused when unchanged)."""
+    from rich.console import Console
+
     from pitstop.data.cache import open_cache
 
     console = Console(stderr=True)
@@ -221,7 +229,7 @@ def cache(
     )
 
 
-@app.command()
+@data_app.command()
 def pack(
     source: Annotated[
         Path,
@@ -240,6 +248,7 @@ def pack(
 ) -> None:
     """Plan best-fit-decreasing packing over the whole dataset and report its efficiency."""
     import numpy as np
+    from rich.console import Console
 
     from pitstop.data.cache import open_cache
     from pitstop.data.packing import plan_packing
