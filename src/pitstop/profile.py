@@ -64,6 +64,10 @@ class StepRecord:
     collectives: int | None = None  # torch.distributed collectives issued in the step (probe-timed)
     collective_bytes: int | None = None
     collective_blocked_s: float | None = None  # host time blocked inside blocking collectives
+    # a collector's counts charged to this step (the rank's figure is their sum), so a window of steps has its
+    # own (``wholerun/slicing.py``); None: none in this step, or not counted per step
+    gc_pauses: GcPauses | None = None  # collections that ended in the step (generations only; steps 1 or 0)
+    checkpoints: SaveStats | None = None  # saves the step waited for
 
     @property
     def other_s(self) -> float | None:

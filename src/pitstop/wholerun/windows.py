@@ -1,8 +1,10 @@
 """Windows of a long run: every N steps or T seconds, each summarised with the doctor's own metrics and rules.
 
-Why summaries: a 20-hour run has millions of step records; memory must not grow with it. A window's steps are
-held only until the window closes; then ``diagnose`` runs on a RunProfile of exactly those steps and only the
-summary (a few numbers and the findings' causes) is kept. The full series goes to disk (``store.py``).
+Why summaries: a 20-hour run has millions of step records; memory must not grow with it. Each rank's profile is
+held only for the steps of windows not closed yet; when a window closes, ``diagnose`` runs on the window sliced
+from it (``slicing.py``: its steps and everything measured in them, the collectors' per-step counts included)
+and only the summary (a few numbers and the findings' causes) is kept. The full series goes to disk
+(``store.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pitstop.diagnose.cost import run_cost
 from pitstop.diagnose.metrics import Metrics
 from pitstop.profile import Environment, GpuSample, RankProfile, RunProfile, StepRecord
 from pitstop.vocabulary import CauseId, Phase, Source
+from pitstop.wholerun.slicing import slice_rank, step_span
 
 
 @dataclass(frozen=True)
@@ -111,36 +114,12 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarise(
-    index: int,
-    start_s: float,
-    per_rank: dict[int, list[StepRecord]],
-    environments: dict[int, Environment],
-    gpu: dict[int, list[GpuSample]] | None = None,
-    price: float | None = None,
-) -> WindowSummary:
-    """Diagnose one window's steps (all ranks) with the doctor's rules and keep the summary; with a price per
-    GPU-hour, what a million real tokens cost in it."""
-    ranks = []
-    for rank in sorted(per_rank):
-        steps = per_rank[rank]
-        if not steps:
-            continue
-        samples = (gpu or {}).get(rank, [])
-        ranks.append(
-            RankProfile(
-                rank=rank,
-                steps=steps,
-                warmup_steps=steps[0].index - 1,
-                environment=environments.get(rank, Environment()),
-                gpu_samples=samples,
-                window_start_t=samples[0].t if samples else None,
-                window_end_t=samples[-1].t if samples else None,
-            )
-        )
+def summarise(index: int, start_s: float, window: RunProfile, price: float | None = None) -> WindowSummary:
+    """Diagnose one window (its profile, all ranks, lowest first: ``slicing.slice_run``) with the doctor's rules
+    and keep the summary; with a price per GPU-hour, what a million real tokens cost in it."""
+    ranks = [r for r in window.ranks if r.steps]
     if not ranks:
         raise ValueError("a window without steps")
-    window = RunProfile(source=Source.WATCH, ranks=ranks)
     diagnosis = diagnose(window)
     m = diagnosis.metrics
     lead = ranks[0].steps
@@ -206,15 +185,15 @@ class Windower:
     """Fed step records as they arrive (any rank, in step order per rank); hands back each window as it closes.
 
     Rank 0 (the lowest rank seen) decides where a window ends; the window closes once every rank has passed
-    that step, so all ranks' steps of the same indices are diagnosed together. Only open windows' steps are
-    held."""
+    that step, so all ranks' steps of the same indices are diagnosed together. Each rank's profile is held
+    only for the windows not closed yet; a closing window is sliced from it (``slicing.slice_rank``)."""
 
     spec: WindowSpec = field(default_factory=WindowSpec)
     environments: dict[int, Environment] = field(default_factory=dict)
     ranks: int | None = None  # ranks fed to this windower; None: the job's world size (the environment says)
     price: float | None = None  # per GPU-hour: each window's cost per million real tokens
-    _pending: dict[int, list[StepRecord]] = field(default_factory=dict)
-    _gpu: dict[int, list[GpuSample]] = field(default_factory=dict)
+    _open: dict[int, RankProfile] = field(default_factory=dict)  # each rank's profile past the closed windows
+    _fed: set[int] = field(default_factory=set)  # ranks fed steps (GPU samples alone count no rank)
     _bounds: list[tuple[int, int]] = field(default_factory=list)  # closed-by-rank-0 windows: (first, last)
     _open_first: int | None = None
     _cut_upto: int = 0
@@ -228,12 +207,24 @@ class Windower:
         """Take new records of one rank; return the windows this closes."""
         if environment is not None:
             self.environments[rank] = environment
-        self._pending.setdefault(rank, []).extend(records)
+        self._fed.add(rank)
+        self._profile(rank).steps.extend(records)
         return self._close_ready()
 
     def add_gpu(self, rank: int, samples: list[GpuSample]) -> None:
-        """GPU samples stay with the window being filled (bounded by the window, like its steps)."""
-        self._gpu.setdefault(rank, []).extend(samples)
+        """GPU samples stay with the windows not closed yet (bounded by them, like their steps): each goes to the
+        window its time falls in, or, where the steps' times are not known, to the next window that closes."""
+        self._profile(rank).gpu_samples.extend(samples)
+
+    def _profile(self, rank: int) -> RankProfile:
+        if rank not in self._open:
+            self._open[rank] = RankProfile(rank=rank)
+        return self._open[rank]
+
+    @property
+    def _pending(self) -> dict[int, list[StepRecord]]:
+        """Each fed rank's steps not in a closed window yet."""
+        return {rank: self._open[rank].steps for rank in sorted(self._fed)}
 
     def expected_ranks(self) -> int:
         """How many ranks feed this windower (given, else the job's world size, else 1)."""
@@ -274,12 +265,20 @@ class Windower:
         return closed
 
     def _summarise(self, first: int, last: int) -> WindowSummary:
-        window: dict[int, list[StepRecord]] = {}
-        for rank, queue in self._pending.items():
-            window[rank] = [r for r in queue if first <= r.index <= last]
-            self._pending[rank] = [r for r in queue if r.index > last]
-        gpu, self._gpu = self._gpu, {}
-        summary = summarise(self._count, self._elapsed_s, window, self.environments, gpu, self.price)
+        ranks = []
+        for rank, held in sorted(self._open.items()):
+            held.environment = self.environments.get(rank, Environment())
+            part = slice_rank(held, first, last) if rank in self._fed else None
+            span = step_span(held, part.steps) if part is not None else None
+            if part is not None:
+                ranks.append(part)
+            held.steps = [s for s in held.steps if s.index > last]
+            # samples after the window wait for the next; where the steps' times are not known, a window takes
+            # all the samples fed while it was open
+            held.gpu_samples = [s for s in held.gpu_samples if span is not None and s.t > span[1]]
+            held.host_samples = [s for s in held.host_samples if span is not None and s.t > span[1]]
+        window = RunProfile(source=Source.WATCH, ranks=ranks)
+        summary = summarise(self._count, self._elapsed_s, window, self.price)
         self._count += 1
         self._elapsed_s += summary.seconds
         return summary
