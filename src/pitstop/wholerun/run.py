@@ -17,7 +17,7 @@ SCHEMA_KEY = "watch"  # the key the whole-run section takes in a pitstop.run/1 d
 
 
 @dataclass
-class Phase:
+class RunPhase:
     """Steps between two rate changes, with the findings any of its windows had (worst estimate kept)."""
 
     first_step: int
@@ -35,7 +35,7 @@ class WholeRunReport:
     windows: list[WindowSummary]
     changes: list[Change]
     stalls: list[PeriodicStall]
-    phases: list[Phase]
+    phases: list[RunPhase]
     steps: int
     seconds: float
     series_path: str | None = None
@@ -188,7 +188,7 @@ class WholeRun:
         )
 
 
-def phases(windows: list[WindowSummary], changes: list[Change]) -> list[Phase]:
+def phases(windows: list[WindowSummary], changes: list[Change]) -> list[RunPhase]:
     """Cut the run at its rate changes; each phase keeps its windows' findings."""
     # a phase starts with the window that holds the change's first step (a change is often seen a window later)
     starts = {
@@ -212,5 +212,5 @@ def phases(windows: list[WindowSummary], changes: list[Change]) -> list[Phase]:
         for w in group:
             for f in w.findings:
                 findings[f.cause] = max(findings.get(f.cause, 0.0), f.time_saved_frac)
-        out.append(Phase(group[0].first_step, group[-1].last_step, tps, findings))
+        out.append(RunPhase(group[0].first_step, group[-1].last_step, tps, findings))
     return out
