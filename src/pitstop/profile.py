@@ -363,6 +363,51 @@ class GcPauses:
         return sum(g.pause_s for g in self.generations)
 
 
+def json_key(key: str) -> dict[str, str]:
+    """A field's metadata naming its JSON key, where that is not the field's name (a key with a space)."""
+    return {"json": key}
+
+
+@dataclass
+class StepCategories:
+    """The TensorBoard plugin's Overview of a step, ms per step: each moment of the step counted once, for the
+    first category that covers it in this order (``ingest/trace/overview.py``). The JSON keys are the plugin's
+    category names ("Kernel", "CPU Exec")."""
+
+    kernel: float = field(default=0.0, metadata=json_key("Kernel"))
+    memcpy: float = field(default=0.0, metadata=json_key("Memcpy"))
+    memset: float = field(default=0.0, metadata=json_key("Memset"))
+    communication: float = field(default=0.0, metadata=json_key("Communication"))
+    runtime: float = field(default=0.0, metadata=json_key("Runtime"))
+    dataloader: float = field(default=0.0, metadata=json_key("DataLoader"))
+    cpu_exec: float = field(default=0.0, metadata=json_key("CPU Exec"))
+    other: float = field(default=0.0, metadata=json_key("Other"))
+
+    def by_name(self) -> dict[str, float]:
+        """ms per step under the plugin's category names, in its order."""
+        return {key: getattr(self, name) for name, key in json_keys(StepCategories)}
+
+
+@dataclass
+class GpuTime:
+    """Holistic Trace Analysis's temporal breakdown: shares of the span from the first to the last GPU event
+    that the GPU sat idle, ran compute kernels, and ran anything else (communication, copies, sets)."""
+
+    idle: float = 0.0
+    compute: float = 0.0
+    non_compute: float = 0.0
+
+
+@dataclass
+class IdleSplit:
+    """Why the GPU sat idle, as shares of its idle time (HTA's): waiting for the host to launch, the gap
+    between back-to-back kernels, anything else."""
+
+    host_wait: float = 0.0
+    kernel_wait: float = 0.0
+    other: float = 0.0
+
+
 @dataclass
 class TraceStats:
     """What a profiler trace of one rank says beyond per-step times. Times are per step, in ms, unless named
@@ -370,14 +415,10 @@ class TraceStats:
 
     steps: int = 0
     step_ms: float | None = None
-    breakdown_ms: dict[str, float] = field(
-        default_factory=dict
-    )  # the TensorBoard plugin's Overview categories
+    breakdown_ms: StepCategories | None = None  # None: the trace has no steps
     gpu_util: float | None = None  # kernel-busy share of step time (union over streams)
-    temporal: dict[str, float] = field(default_factory=dict)  # idle / compute / non_compute shares (HTA's)
-    idle_split: dict[str, float] = field(
-        default_factory=dict
-    )  # host_wait / kernel_wait / other, shares of idle
+    temporal: GpuTime | None = None  # None: no GPU events
+    idle_split: IdleSplit | None = None
     kernels_per_step: float | None = None
     tiny_kernel_frac: float | None = None  # kernels shorter than 10 us, share of kernel count
     launch_bound: bool | None = None
@@ -571,9 +612,16 @@ def word(enum: type[E], value: str) -> E:
     return member if member is not None else value  # type: ignore[return-value]
 
 
+@functools.cache
+def json_keys(cls: type) -> tuple[tuple[str, str], ...]:
+    """(field name, JSON key) of each field of a dataclass, in order; the key is the name unless the field's
+    metadata names another (``json_key``)."""
+    return tuple((f.name, f.metadata.get("json", f.name)) for f in dataclasses.fields(cls))
+
+
 def to_jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {key: to_jsonable(getattr(obj, name)) for name, key in json_keys(type(obj))}
     if isinstance(obj, list | tuple):
         return [to_jsonable(v) for v in obj]
     if isinstance(obj, dict):
@@ -582,11 +630,12 @@ def to_jsonable(obj: Any) -> Any:
 
 
 @functools.cache
-def _fields_of(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
-    """Type hints and field names of a dataclass, once per class (a 100k-step profile asks 100k times)."""
+def _fields_of(cls: type) -> tuple[dict[str, Any], dict[str, str]]:
+    """Type hints of a dataclass and its field names by JSON key, once per class (a 100k-step profile asks
+    100k times)."""
     import typing
 
-    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+    return typing.get_type_hints(cls), {key: name for name, key in json_keys(cls)}
 
 
 def from_jsonable(cls: type[T], data: Any) -> T:
@@ -594,9 +643,10 @@ def from_jsonable(cls: type[T], data: Any) -> T:
     hints, names = _fields_of(cls)  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        if key not in names:
+        name = names.get(key)
+        if name is None:
             continue
-        kwargs[key] = _convert(hints[key], value)
+        kwargs[name] = _convert(hints[name], value)
     return cls(**kwargs)
 
 
@@ -611,6 +661,8 @@ def _convert(hint: Any, value: Any) -> Any:
         for arg in typing.get_args(hint):
             if arg is type(None):
                 continue
+            if value == {} and dataclasses.is_dataclass(arg):
+                return None  # a record that may be absent, written as an empty object (a trace's old dicts)
             return _convert(arg, value)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
         return from_jsonable(hint, value)

@@ -18,7 +18,16 @@ from typing import Any
 import pytest
 
 from pitstop.diagnose import diagnose
-from pitstop.profile import GpuSample, RankProfile, RunProfile, StepRecord, TraceStats
+from pitstop.profile import (
+    GpuSample,
+    GpuTime,
+    IdleSplit,
+    RankProfile,
+    RunProfile,
+    StepCategories,
+    StepRecord,
+    TraceStats,
+)
 from pitstop.report.html import render_html
 from tests.conftest import ROOT, SCRIPTS, require_shared, run_pitstop
 from tests.factories import environment
@@ -183,9 +192,9 @@ def wide_trace(ranks: int = 64) -> dict[str, Any]:
         step = 100 + rng.random() * 10
         trace = TraceStats(
             steps=5, step_ms=step, gpu_util=0.8,
-            breakdown_ms={"Kernel": step * 0.7, "Communication": step * 0.2, "CPU Exec": step * 0.1},
-            temporal={"compute": 0.7, "non_compute": 0.2, "idle": 0.1},
-            idle_split={"host_wait": 0.5, "kernel_wait": 0.4, "other": 0.1},
+            breakdown_ms=StepCategories(kernel=step * 0.7, communication=step * 0.2, cpu_exec=step * 0.1),
+            temporal=GpuTime(compute=0.7, non_compute=0.2, idle=0.1),
+            idle_split=IdleSplit(host_wait=0.5, kernel_wait=0.4, other=0.1),
         )  # fmt: skip
         profiles.append(
             RankProfile(rank=r, steps=[StepRecord(index=i, wall_s=step / 1000) for i in range(5)], trace=trace,

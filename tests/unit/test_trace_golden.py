@@ -53,11 +53,13 @@ def test_temporal_breakdown_matches_hta(shared_data: Path, key: str) -> None:
     *_, idle, compute, non_compute = REFERENCE[key]
     t = load_trace(_trace(shared_data, key)).trace
     assert t is not None
-    assert 100 * t.temporal["idle"] == pytest.approx(idle, abs=2.0)
-    assert 100 * t.temporal["idle"] == pytest.approx(idle, abs=0.1)
-    assert 100 * t.temporal["compute"] == pytest.approx(compute, abs=0.15)
-    assert 100 * t.temporal["non_compute"] == pytest.approx(non_compute, abs=0.15)
-    assert sum(t.idle_split.values()) == pytest.approx(1.0, abs=1e-3)
+    assert t.temporal is not None and t.idle_split is not None
+    assert 100 * t.temporal.idle == pytest.approx(idle, abs=2.0)
+    assert 100 * t.temporal.idle == pytest.approx(idle, abs=0.1)
+    assert 100 * t.temporal.compute == pytest.approx(compute, abs=0.15)
+    assert 100 * t.temporal.non_compute == pytest.approx(non_compute, abs=0.15)
+    split = t.idle_split
+    assert split.host_wait + split.kernel_wait + split.other == pytest.approx(1.0, abs=1e-3)
 
 
 def test_trace_facts(shared_data: Path) -> None:

@@ -76,9 +76,9 @@ class RuleContext:
         m = self.metrics
         parts = (m.forward_frac, m.backward_frac, m.optimizer_frac)
         traced = [
-            t.temporal["compute"] * min(1.0, (t.gpu_util or 1.0) / max(1 - t.temporal["idle"], 1e-9))
+            t.temporal.compute * min(1.0, (t.gpu_util or 1.0) / max(1 - t.temporal.idle, 1e-9))
             for t in self.traces
-            if t.temporal
+            if t.temporal is not None
         ]
         if traced:  # GPU compute kernels' share of the step (HTA's compute share, scaled to the step span)
             return min(1.0, sum(traced) / len(traced))

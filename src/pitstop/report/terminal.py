@@ -82,7 +82,8 @@ def _trace_rows(d: Diagnosis, grid: Table) -> None:
         if t is None or not t.step_ms:
             continue
         label = f"Trace r{rank.rank}" if d.profile.world_size > 1 else "Trace"
-        shares = {k: v / t.step_ms for k, v in t.breakdown_ms.items()}
+        by_name = t.breakdown_ms.by_name() if t.breakdown_ms is not None else {}
+        shares = {k: v / t.step_ms for k, v in by_name.items()}
         grid.add_row(
             label,
             Text.assemble(
@@ -90,13 +91,18 @@ def _trace_rows(d: Diagnosis, grid: Table) -> None:
                 trace_bar(shares),
             ),
         )
-        if t.temporal:
-            split = ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in t.idle_split.items())
+        if t.temporal is not None:
+            idle = t.idle_split
+            split = (
+                f"host wait {idle.host_wait:.0%}, kernel wait {idle.kernel_wait:.0%}, other {idle.other:.0%}"
+                if idle is not None
+                else ""
+            )
             grid.add_row(
                 "",
                 as_text(
-                    f"GPU time: idle {t.temporal['idle']:.1%} ({split}) · compute "
-                    f"{t.temporal['compute']:.1%} · non-compute {t.temporal['non_compute']:.1%}"
+                    f"GPU time: idle {t.temporal.idle:.1%} ({split}) · compute "
+                    f"{t.temporal.compute:.1%} · non-compute {t.temporal.non_compute:.1%}"
                 ),
             )
         if len(d.profile.ranks) > 3:

@@ -48,9 +48,9 @@ def host_sync(ctx: RuleContext) -> Finding | None:
     }
     if act is not None:
         evidence.update(act.evidence())
-    splits = [t.idle_split.get("host_wait") for t in ctx.traces if t.idle_split]
+    splits = [t.idle_split.host_wait for t in ctx.traces if t.idle_split is not None]
     if splits:
-        evidence["idle_that_is_host_wait"] = round(max(s for s in splits if s is not None), 3)
+        evidence["idle_that_is_host_wait"] = round(max(splits), 3)
     return Finding(
         cause=CauseId.HOST_SYNC,
         severity=Severity.HIGH

@@ -130,7 +130,7 @@ def _token_share(ctx: RuleContext) -> tuple[float, str]:
     backward when the probe timed them (the optimizer step and the data wait do not grow with padding; the
     backward holds any recompute, which does), else the compute share (a trace's kernels, or 1 − data wait)."""
     m = ctx.metrics
-    traced = any(t.temporal for t in ctx.traces)
+    traced = any(t.temporal is not None for t in ctx.traces)
     if not traced and m.forward_frac is not None and m.backward_frac is not None:
         share = min(1.0, m.forward_frac + m.backward_frac)
         return share, (

@@ -64,12 +64,13 @@ def _why_late(slow: TraceStats, others: list[TraceStats], peer: str) -> str:
     input pipeline or CPU)."""
 
     def excess(name: str) -> float:
-        mine = getattr(slow, name) if name != "kernel" else slow.breakdown_ms.get("Kernel")
-        theirs = [
-            v
-            for t in others
-            if (v := (getattr(t, name) if name != "kernel" else t.breakdown_ms.get("Kernel"))) is not None
-        ]
+        def of(t: TraceStats) -> float | None:
+            if name != "kernel":
+                return getattr(t, name)
+            return t.breakdown_ms.kernel if t.breakdown_ms is not None else None
+
+        mine = of(slow)
+        theirs = [v for t in others if (v := of(t)) is not None]
         return (mine - statistics.median(theirs)) if mine is not None and theirs else 0.0
 
     kernel, host = excess("kernel"), excess("host_wait_ms")

@@ -10,7 +10,7 @@ from pitstop.ingest.trace.events import TraceColumns, read_columns
 from pitstop.ingest.trace.overview import Overview, overview
 from pitstop.ingest.trace.stats import trace_stats
 from pitstop.ingest.trace.temporal import temporal
-from pitstop.profile import Environment, RankProfile, StepRecord
+from pitstop.profile import Environment, GpuTime, IdleSplit, RankProfile, StepRecord
 from pitstop.vocabulary import Device
 
 
@@ -65,8 +65,8 @@ def profile_of(cols: TraceColumns, fallback_rank: int = 0) -> tuple[RankProfile,
     stats = trace_stats(cols, view)
     hta = temporal(cols)
     if hta is not None:
-        stats.temporal = {k: round(v, 4) for k, v in hta.shares().items()}
-        stats.idle_split = {k: round(float(v), 4) for k, v in hta.idle_split().items()}
+        stats.temporal = GpuTime(**{k: round(v, 4) for k, v in hta.shares().items()})
+        stats.idle_split = IdleSplit(**{k: round(float(v), 4) for k, v in hta.idle_split().items()})
         if view.steps:
             stats.host_wait_ms = hta.host_wait_us / len(view.steps) / 1000.0
     env = _environment(cols)

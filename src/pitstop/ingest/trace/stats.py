@@ -9,7 +9,7 @@ import numpy as np
 from pitstop.ingest.trace.events import COMMUNICATION, COMPUTE, H2D_PAGEABLE, H2D_PINNED, TraceColumns
 from pitstop.ingest.trace.intervals import intersection_length, length, union
 from pitstop.ingest.trace.overview import Overview
-from pitstop.profile import TraceStats
+from pitstop.profile import StepCategories, TraceStats, from_jsonable
 
 TINY_KERNEL_US = 10.0
 
@@ -71,10 +71,9 @@ def _kernels(stats: TraceStats, cols: TraceColumns, lo: np.ndarray, hi: np.ndarr
         durs = k_end - k_ts
         stats.tiny_kernel_frac = float(np.mean(durs < TINY_KERNEL_US))
         mean_kernel = float(durs.mean())
+        breakdown = stats.breakdown_ms or StepCategories()
         stats.launch_bound = bool(
-            (stats.gpu_util or 1.0) < 0.6
-            and mean_kernel < 20.0
-            and stats.breakdown_ms.get("Runtime", 0.0) > stats.breakdown_ms.get("Kernel", 0.0)
+            (stats.gpu_util or 1.0) < 0.6 and mean_kernel < 20.0 and breakdown.runtime > breakdown.kernel
         )
         comm = codes == COMMUNICATION
         if comm.any():
@@ -100,10 +99,13 @@ def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
     hi = np.array([s.end for s in view.steps])
     n = len(view.steps)
     stats.step_ms = view.mean_step_us / 1000.0
-    stats.breakdown_ms = {k: v / 1000.0 for k, v in view.mean_role_us().items()}
+    # the plugin's category names are StepCategories' JSON keys
+    stats.breakdown_ms = from_jsonable(
+        StepCategories, {k: v / 1000.0 for k, v in view.mean_role_us().items()}
+    )
     if view.gpu_util:
         stats.gpu_util = float(np.mean(list(view.gpu_util.values())))
-    stats.dataloader_ms = stats.breakdown_ms.get("DataLoader")
+    stats.dataloader_ms = stats.breakdown_ms.dataloader
     if cols.dataloader_names:
         stats.dataloader_multiprocess = any("MultiProcessing" in name for name in cols.dataloader_names)
 

@@ -6,6 +6,7 @@ its GPU window, the per-rank rows), so this page shows what the terminal shows."
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from html import escape
 
 from pitstop.diagnose import Diagnosis
@@ -248,23 +249,25 @@ def trace_plots(d: Diagnosis) -> list[str]:
     rank, tr = next(((r, t) for r, t in traced if r == d.results.shown.rank), traced[0])
     whose = f" (rank {rank})" if len(traced) > 1 else ""
     out = []
-    if tr.breakdown_ms:
-        names = sorted(tr.breakdown_ms, key=lambda k: -tr.breakdown_ms[k])
+    if tr.breakdown_ms is not None:
+        by_name = tr.breakdown_ms.by_name()
+        names = sorted(by_name, key=lambda k: -by_name[k])
         out.append(
             svg.hbars(
                 "trace-categories",
                 f"Step time by category (profiler trace{whose})",
                 names,
-                [tr.breakdown_ms[k] for k in names],
+                [by_name[k] for k in names],
                 "ms per step",
                 colors=[svg.OKABE_ITO[i % 8] for i in range(len(names))],
             )
         )
-    for key, title, shares in (
+    for key, title, record in (
         ("temporal", "GPU time: compute, non-compute, idle", tr.temporal),
         ("idle_split", "Why the GPU sat idle", tr.idle_split),
     ):
-        if shares:
+        if record is not None:
+            shares = asdict(record)  # its shares, under their field names as labels
             out.append(
                 svg.hbars(
                     f"trace-{key.replace('_', '-')}",

@@ -1,0 +1,55 @@
+"""A trace fills the same profile a live run does: what only a trace knows is typed records in TraceStats, and
+a profile saved before (string-keyed dicts, per-step means under ``trace``) reads back with the same facts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pitstop.profile import GpuTime, IdleSplit, RunProfile, StepCategories, TraceStats, to_jsonable
+
+# a rank as pitstop analyze saved it before the trace's facts were typed records
+OLD_RANK: dict[str, Any] = {
+    "rank": 0,
+    "steps": [{"index": i, "wall_s": 0.1, "data_wait_s": 0.01} for i in (1, 2, 3, 4)],
+    "trace": {
+        "steps": 4,
+        "step_ms": 100.0,
+        "breakdown_ms": {"Kernel": 60.0, "Memcpy": 1.0, "Memset": 0.0, "Communication": 9.0,
+                         "Runtime": 5.0, "DataLoader": 10.0, "CPU Exec": 14.0, "Other": 1.0},
+        "gpu_util": 0.7,
+        "temporal": {"idle": 0.3, "compute": 0.6, "non_compute": 0.1},
+        "idle_split": {"host_wait": 0.5, "kernel_wait": 0.25, "other": 0.25},
+        "dataloader_ms": 10.0,
+    },
+}  # fmt: skip
+
+
+def _read(rank: dict[str, Any]) -> TraceStats:
+    trace = (
+        RunProfile.from_dict({"schema": "pitstop.profile/1", "source": "analyze", "ranks": [rank]})
+        .ranks[0]
+        .trace
+    )
+    assert trace is not None
+    return trace
+
+
+def test_an_old_trace_reads_back_as_typed_records() -> None:
+    t = _read(OLD_RANK)
+    assert t.breakdown_ms == StepCategories(
+        kernel=60.0, memcpy=1.0, communication=9.0, runtime=5.0, dataloader=10.0, cpu_exec=14.0, other=1.0
+    )
+    assert t.temporal == GpuTime(idle=0.3, compute=0.6, non_compute=0.1)
+    assert t.idle_split == IdleSplit(host_wait=0.5, kernel_wait=0.25, other=0.25)
+    # written back under the same keys it was read from
+    assert to_jsonable(t)["breakdown_ms"] == OLD_RANK["trace"]["breakdown_ms"]
+    assert to_jsonable(t)["temporal"] == OLD_RANK["trace"]["temporal"]
+
+
+def test_an_old_trace_without_gpu_events_reads_back_as_none() -> None:
+    """Before, a trace without GPU events (or steps) wrote its breakdowns as empty objects."""
+    old = json.loads(json.dumps(OLD_RANK))
+    old["trace"].update(breakdown_ms={}, temporal={}, idle_split={})
+    t = _read(old)
+    assert (t.breakdown_ms, t.temporal, t.idle_split) == (None, None, None)
