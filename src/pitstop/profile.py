@@ -409,21 +409,11 @@ class IdleSplit:
 
 
 @dataclass
-class DebugModes:
-    """Debug and safety modes left on in the job, as the live probe saw them: each makes every step slower."""
-
-    anomaly_steps: int = 0  # measured steps during which autograd's anomaly detection was on
-    anomaly_site: str | None = None  # "file:line" of the job's call that switched it on, where it was seen
-    settings: list[str] = field(default_factory=list)  # others on: "CUDA_LAUNCH_BLOCKING=1", ...
-
-
-@dataclass
 class TraceStats:
-    """What a profiler trace of one rank says beyond per-step times. Times are per step, in ms, unless named
-    otherwise; fractions are of the mean step time."""
+    """What only a profiler trace of one rank says; what a live run measures too (each step's time and data
+    wait, its host syncs) is in the rank's ``steps``. Times are per step, in ms, unless named otherwise;
+    fractions are of the mean step time (``RankProfile.mean_step_s``)."""
 
-    steps: int = 0
-    step_ms: float | None = None
     breakdown_ms: StepCategories | None = None  # None: the trace has no steps
     gpu_util: float | None = None  # kernel-busy share of step time (union over streams)
     temporal: GpuTime | None = None  # None: no GPU events
@@ -440,12 +430,9 @@ class TraceStats:
     tf32_gemm_frac: float | None = None  # share in TF32 tensor-core kernels
     low_precision_gemm_frac: float | None = None  # share in bf16 / fp16 tensor-core kernels
     attention_path: str | None = None  # flash, mem_efficient, math, eager, unknown
-    attention_ms: float | None = None
     nccl_ms: float | None = None
     nccl_overlap_frac: float | None = None  # share of NCCL time that overlaps compute kernels
-    dataloader_ms: float | None = None
     dataloader_multiprocess: bool | None = None
-    device_name: str | None = None
     limitations: list[str] = field(default_factory=list)
     # across ranks (pitstop analyze on several traces: clocks aligned on the ends of matching collectives)
     host_wait_ms: float | None = None  # GPU idle while waiting for the host to launch (HTA's host wait)
@@ -522,7 +509,6 @@ class RankProfile:
     trace: TraceStats | None = None
     checkpoints: SaveStats | None = None  # None: not watched (an offline source)
     gc_pauses: GcPauses | None = None  # None: not watched (an offline source, attach's stack samples)
-    debug_modes: DebugModes | None = None  # None: not watched (an offline source)
     stopped_by_probe: bool = False
     probe_errors: list[str] = field(default_factory=list)
     window_rule: str | None = None  # why an adaptive window ended ("12 steps: mean step time known to ±2.1%")
@@ -556,6 +542,10 @@ class RankProfile:
     @property
     def median_step_s(self) -> float | None:
         return statistics.median(s.wall_s for s in self.steps) if self.steps else None
+
+    @property
+    def mean_step_s(self) -> float | None:
+        return self.wall_s / len(self.steps) if self.steps else None
 
 
 @dataclass

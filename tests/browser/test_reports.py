@@ -191,7 +191,7 @@ def wide_trace(ranks: int = 64) -> dict[str, Any]:
     for r in range(ranks):
         step = 100 + rng.random() * 10
         trace = TraceStats(
-            steps=5, step_ms=step, gpu_util=0.8,
+            gpu_util=0.8,
             breakdown_ms=StepCategories(kernel=step * 0.7, communication=step * 0.2, cpu_exec=step * 0.1),
             temporal=GpuTime(compute=0.7, non_compute=0.2, idle=0.1),
             idle_split=IdleSplit(host_wait=0.5, kernel_wait=0.4, other=0.1),

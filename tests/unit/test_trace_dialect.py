@@ -4,8 +4,15 @@ a profile saved before (string-keyed dicts, per-step means under ``trace``) read
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+from tests import kineto_ranks as kr
+
+from pitstop.ingest.trace import profile_of
+from pitstop.ingest.trace.events import read_columns
+from pitstop.ingest.trace.overview import overview
 from pitstop.profile import GpuTime, IdleSplit, RunProfile, StepCategories, TraceStats, to_jsonable
 
 # a rank as pitstop analyze saved it before the trace's facts were typed records
@@ -53,3 +60,17 @@ def test_an_old_trace_without_gpu_events_reads_back_as_none() -> None:
     old["trace"].update(breakdown_ms={}, temporal={}, idle_split={})
     t = _read(old)
     assert (t.breakdown_ms, t.temporal, t.idle_split) == (None, None, None)
+
+
+def test_a_trace_s_step_time_and_data_wait_are_its_steps(tmp_path: Path) -> None:
+    """The per-step facts a live run measures too are the rank's steps, not the trace's statistics."""
+    path = kr.write(kr.job(1, steps=6, loader_us=1500.0)[0], tmp_path / "rank-0.json")
+    cols = read_columns(path)
+    view = overview(cols)
+    rank = profile_of(cols)[0]
+    assert len(rank.steps) == len(view.steps) == 6
+    assert rank.mean_step_s == pytest.approx(view.mean_step_us / 1e6)
+    assert rank.trace is not None and rank.trace.breakdown_ms is not None
+    wait_ms = 1000 * sum(s.data_wait_s for s in rank.steps) / len(rank.steps)
+    assert wait_ms == pytest.approx(rank.trace.breakdown_ms.dataloader) and wait_ms > 1.0
+    assert not {"steps", "step_ms", "dataloader_ms", "device_name"} & set(to_jsonable(rank.trace))

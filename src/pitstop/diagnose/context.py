@@ -10,7 +10,7 @@ from pitstop.diagnose.ranks import RanksAnalysis, Scaling, analyse, scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.findings import Finding
 from pitstop.hardware import GpuSpec, lookup_gpu
-from pitstop.profile import Environment, RunProfile, TraceStats
+from pitstop.profile import Environment, RankProfile, RunProfile, TraceStats
 from pitstop.vocabulary import Device, Severity
 
 
@@ -59,6 +59,11 @@ class RuleContext:
     @property
     def traces(self) -> list[TraceStats]:
         return [r.trace for r in self.profile.ranks if r.trace is not None]
+
+    @property
+    def traced(self) -> list[tuple[RankProfile, TraceStats]]:
+        """The ranks read from a trace, each with its trace's statistics (its steps are in the rank)."""
+        return [(r, r.trace) for r in self.profile.ranks if r.trace is not None]
 
     @property
     def measured(self) -> bool:

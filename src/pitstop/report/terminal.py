@@ -78,16 +78,16 @@ def trace_bar(shares: dict[str, float], width: int = 48) -> Text:
 
 def _trace_rows(d: Diagnosis, grid: Table) -> None:
     for rank in d.profile.ranks:
-        t = rank.trace
-        if t is None or not t.step_ms:
+        t, step_ms = rank.trace, 1000 * (rank.mean_step_s or 0.0)
+        if t is None or not step_ms:
             continue
         label = f"Trace r{rank.rank}" if d.profile.world_size > 1 else "Trace"
         by_name = t.breakdown_ms.by_name() if t.breakdown_ms is not None else {}
-        shares = {k: v / t.step_ms for k, v in by_name.items()}
+        shares = {k: v / step_ms for k, v in by_name.items()}
         grid.add_row(
             label,
             Text.assemble(
-                f"{t.steps} steps of {t.step_ms:.1f} ms · GPU util {_num(t.gpu_util, '.1%')}\n",
+                f"{len(rank.steps)} steps of {step_ms:.1f} ms · GPU util {_num(t.gpu_util, '.1%')}\n",
                 trace_bar(shares),
             ),
         )

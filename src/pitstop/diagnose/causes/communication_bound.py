@@ -38,19 +38,18 @@ def communication_bound(ctx: RuleContext) -> Finding | None:
     compute kernels (from traces)."""
     if ctx.ranks is not None:
         return _communication_live(ctx)
+    steps_ms = [(t, 1000 * (r.mean_step_s or 0.0)) for r, t in ctx.traced]
     rows = [
-        (t.nccl_ms, t.nccl_overlap_frac, t.step_ms)
-        for t in ctx.traces
-        if t.nccl_ms and t.step_ms and t.nccl_overlap_frac is not None
+        (t.nccl_ms, t.nccl_overlap_frac, step)
+        for t, step in steps_ms
+        if t.nccl_ms and step and t.nccl_overlap_frac is not None
     ]
     if not rows:
         return None
     exposed = max(nccl * (1 - overlap) / step for nccl, overlap, step in rows)
     share = max(nccl / step for nccl, _, step in rows)
     # ranks aligned across traces: time spent waiting for a late rank is the straggler's, not the link's
-    aligned = [
-        t.exposed_comm_ms / t.step_ms for t in ctx.traces if t.exposed_comm_ms is not None and t.step_ms
-    ]
+    aligned = [t.exposed_comm_ms / step for t, step in steps_ms if t.exposed_comm_ms is not None and step]
     exposed = max(aligned) if aligned else exposed
     bandwidths = [t.bus_bandwidth_gbps for t in ctx.traces if t.bus_bandwidth_gbps]
     if exposed < 0.05:

@@ -4,6 +4,8 @@ traces or data wait run longest, and why (its GPU's clocks, its CPU load, its pa
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.causes.gpu_throttled import per_gpu_clocks
@@ -24,18 +26,19 @@ def _late_arrival(ctx: RuleContext) -> tuple[int, float, str, str, dict[str, obj
     """The rank the others wait for at collectives, from traces of several ranks with aligned clocks:
     (slow rank, share of the step the others wait, reason, summary, evidence, basis)."""
     rows = {
-        r.rank: r.trace
-        for r in ctx.profile.ranks
-        if r.trace is not None and r.trace.arrival_late_ms is not None and r.trace.step_ms
+        r.rank: _Traced(r, t, 1000 * r.mean_step_s)
+        for r, t in ctx.traced
+        if t.arrival_late_ms is not None and r.mean_step_s
     }
     if len(rows) < 2:
         return None
-    slow_rank = max(rows, key=lambda k: rows[k].arrival_late_ms or 0.0)
-    slow = rows[slow_rank]
-    others = [t for k, t in rows.items() if k != slow_rank]
-    waiting = statistics.fmean(min((t.collective_wait_ms or 0.0) / (t.step_ms or 1.0), 1.0) for t in others)
+    slow_rank = max(rows, key=lambda k: rows[k].trace.arrival_late_ms or 0.0)
+    slow_row = rows[slow_rank]
+    slow = slow_row.trace
+    others = [row for k, row in rows.items() if k != slow_rank]
+    waiting = statistics.fmean(min((o.trace.collective_wait_ms or 0.0) / o.step_ms, 1.0) for o in others)
     peer = "the other rank" if len(others) == 1 else "the median rank"
-    reason = _why_late(slow, others, peer)
+    reason = _why_late(slow_row, others, peer)
     late = slow.arrival_late_ms or 0.0
     summary = (
         f"Rank {slow_rank} holds every rank back: the others wait {waiting:.0%} of the step for it at "
@@ -45,11 +48,11 @@ def _late_arrival(ctx: RuleContext) -> tuple[int, float, str, str, dict[str, obj
     evidence: dict[str, object] = {
         "slow_rank": slow_rank,
         "waiting_frac_others": round(waiting, 3),
-        "arrival_skew_ms": round(statistics.median(t.arrival_skew_ms or 0.0 for t in rows.values()), 3),
+        "arrival_skew_ms": round(statistics.median(o.trace.arrival_skew_ms or 0.0 for o in rows.values()), 3),
         "arrival_late_ms": round(late, 3),
         "last_arrival_frac": round(slow.last_arrival_frac or 0.0, 3),
         "reason": reason,
-        "slow_rank_step_s": round((slow.step_ms or 0.0) / 1000, 4),
+        "slow_rank_step_s": round(slow_row.step_ms / 1000, 4),
         "ranks": len(rows),
     }
     basis = (
@@ -59,23 +62,37 @@ def _late_arrival(ctx: RuleContext) -> tuple[int, float, str, str, dict[str, obj
     return slow_rank, waiting, reason, summary, evidence, basis
 
 
-def _why_late(slow: TraceStats, others: list[TraceStats], peer: str) -> str:
+@dataclass
+class _Traced:
+    """A rank read from a trace: its profile, its trace's statistics, its mean step time in ms."""
+
+    rank: RankProfile
+    trace: TraceStats
+    step_ms: float
+
+
+def _kernel_ms(row: _Traced) -> float | None:
+    return row.trace.breakdown_ms.kernel if row.trace.breakdown_ms is not None else None
+
+
+def _loader_ms(row: _Traced) -> float | None:
+    """The mean data wait of its steps, in ms."""
+    total = row.rank.total("data_wait_s")
+    return None if total is None else 1000 * total / len(row.rank.steps)
+
+
+def _why_late(slow: _Traced, others: list[_Traced], peer: str) -> str:
     """The late rank's own breakdown against the others': longer kernels (its GPU) or longer host gaps (its
     input pipeline or CPU)."""
 
-    def excess(name: str) -> float:
-        def of(t: TraceStats) -> float | None:
-            if name != "kernel":
-                return getattr(t, name)
-            return t.breakdown_ms.kernel if t.breakdown_ms is not None else None
-
+    def excess(of: Callable[[_Traced], float | None]) -> float:
         mine = of(slow)
-        theirs = [v for t in others if (v := of(t)) is not None]
+        theirs = [v for o in others if (v := of(o)) is not None]
         return (mine - statistics.median(theirs)) if mine is not None and theirs else 0.0
 
-    kernel, host = excess("kernel"), excess("host_wait_ms")
-    loader = excess("dataloader_ms")
-    if max(kernel, host, loader) <= 0.1 * max(slow.arrival_late_ms or 0.0, 1e-3):
+    kernel, host = excess(_kernel_ms), excess(lambda row: row.trace.host_wait_ms)
+    loader = excess(_loader_ms)
+    if max(kernel, host, loader) <= 0.1 * max(slow.trace.arrival_late_ms or 0.0, 1e-3):
         return f"its own breakdown does not say why (its kernels and host gaps match {peer}'s)"
     if kernel >= max(host, loader):
         return (

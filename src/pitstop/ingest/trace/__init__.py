@@ -70,7 +70,6 @@ def profile_of(cols: TraceColumns, fallback_rank: int = 0) -> tuple[RankProfile,
         if view.steps:
             stats.host_wait_ms = hta.host_wait_us / len(view.steps) / 1000.0
     env = _environment(cols)
-    stats.device_name = env.gpu_name
     rank = RankProfile(
         rank=cols.rank if cols.rank is not None else fallback_rank,
         warmup_steps=0,

@@ -131,7 +131,7 @@ def cross_rank(summaries: list[RankSummary]) -> list[str]:
         rows = t["rank"] == r
         if stats is None or not rows.any():
             continue
-        steps = max(stats.steps, 1)
+        steps = max(len(s.profile.steps), 1)
         stats.collectives = int(rows.sum())
         stats.clock_offset_us = round(float(offset[r]), 3)
         stats.arrival_skew_ms = float(np.mean((last - first)[rows])) / 1000.0
@@ -190,9 +190,9 @@ def summarize_ranks(summaries: list[RankSummary]) -> list[str]:
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
         notes.append(f"{who}: {limit}")
     steps = {
-        s.rank: s.profile.trace.step_ms
+        s.rank: 1000 * mean_s
         for s in summaries
-        if s.profile.trace is not None and s.profile.trace.step_ms is not None
+        if s.profile.trace is not None and (mean_s := s.profile.mean_step_s) is not None
     }
     if len(steps) < 2:
         return notes

@@ -88,7 +88,7 @@ def _kernels(stats: TraceStats, cols: TraceColumns, lo: np.ndarray, hi: np.ndarr
 
 
 def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
-    stats = TraceStats(steps=len(view.steps))
+    stats = TraceStats()
     if not view.steps:
         stats.limitations.append(
             "no ProfilerStep#N spans: record with torch.profiler.profile(schedule=...) and "
@@ -98,14 +98,12 @@ def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
     lo = np.array([s.start for s in view.steps])
     hi = np.array([s.end for s in view.steps])
     n = len(view.steps)
-    stats.step_ms = view.mean_step_us / 1000.0
     # the plugin's category names are StepCategories' JSON keys
     stats.breakdown_ms = from_jsonable(
         StepCategories, {k: v / 1000.0 for k, v in view.mean_role_us().items()}
     )
     if view.gpu_util:
         stats.gpu_util = float(np.mean(list(view.gpu_util.values())))
-    stats.dataloader_ms = stats.breakdown_ms.dataloader
     if cols.dataloader_names:
         stats.dataloader_multiprocess = any("MultiProcessing" in name for name in cols.dataloader_names)
 

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from html import escape
 
 from pitstop.diagnose import Diagnosis
-from pitstop.profile import TraceStats
+from pitstop.profile import RankProfile, TraceStats
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.html import svg
 from pitstop.report.html.page import num, section, snippet, stat, table
@@ -237,8 +237,8 @@ def gpu_log_plots(d: Diagnosis) -> list[str]:
     ]
 
 
-def _traced(d: Diagnosis) -> list[tuple[int, TraceStats]]:
-    return [(r.rank, r.trace) for r in sorted(d.profile.ranks, key=lambda r: r.rank) if r.trace is not None]
+def _traced(d: Diagnosis) -> list[tuple[RankProfile, TraceStats]]:
+    return [(r, r.trace) for r in sorted(d.profile.ranks, key=lambda r: r.rank) if r.trace is not None]
 
 
 def trace_plots(d: Diagnosis) -> list[str]:
@@ -246,8 +246,8 @@ def trace_plots(d: Diagnosis) -> list[str]:
     traced = _traced(d)
     if not traced:
         return []
-    rank, tr = next(((r, t) for r, t in traced if r == d.results.shown.rank), traced[0])
-    whose = f" (rank {rank})" if len(traced) > 1 else ""
+    shown, tr = next(((r, t) for r, t in traced if r.rank == d.results.shown.rank), traced[0])
+    whose = f" (rank {shown.rank})" if len(traced) > 1 else ""
     out = []
     if tr.breakdown_ms is not None:
         by_name = tr.breakdown_ms.by_name()
@@ -278,13 +278,13 @@ def trace_plots(d: Diagnosis) -> list[str]:
                     colors=[svg.OKABE_ITO[(i + 2) % 8] for i in range(len(shares))],
                 )
             )
-    if len(traced) > 1 and all(t.step_ms for _, t in traced):
+    if len(traced) > 1 and all(r.steps for r, _ in traced):
         out.append(
             svg.hbars(
                 "trace-per-rank",
                 "Step time per rank (traces)",
-                [f"rank {r}" for r, _ in traced],
-                [t.step_ms or 0.0 for _, t in traced],
+                [f"rank {r.rank}" for r, _ in traced],
+                [1000 * (r.mean_step_s or 0.0) for r, _ in traced],
                 "ms per step",
             )
         )
