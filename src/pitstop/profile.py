@@ -409,6 +409,15 @@ class IdleSplit:
 
 
 @dataclass
+class DebugModes:
+    """Debug and safety modes left on in the job, as the live probe saw them: each makes every step slower."""
+
+    anomaly_steps: int = 0  # measured steps during which autograd's anomaly detection was on
+    anomaly_site: str | None = None  # "file:line" of the job's call that switched it on, where it was seen
+    settings: list[str] = field(default_factory=list)  # others on: "CUDA_LAUNCH_BLOCKING=1", ...
+
+
+@dataclass
 class TraceStats:
     """What only a profiler trace of one rank says; what a live run measures too (each step's time and data
     wait, its host syncs) is in the rank's ``steps``. Times are per step, in ms, unless named otherwise;
@@ -509,6 +518,7 @@ class RankProfile:
     trace: TraceStats | None = None
     checkpoints: SaveStats | None = None  # None: not watched (an offline source)
     gc_pauses: GcPauses | None = None  # None: not watched (an offline source, attach's stack samples)
+    debug_modes: DebugModes | None = None  # None: not watched (an offline source)
     stopped_by_probe: bool = False
     probe_errors: list[str] = field(default_factory=list)
     window_rule: str | None = None  # why an adaptive window ended ("12 steps: mean step time known to ±2.1%")

@@ -60,8 +60,9 @@ _SEVERITY_ORDER = {Severity.HIGH: 0, Severity.MEDIUM: 1, Severity.LOW: 2}
 
 
 class CauseId(StrEnum):
-    """The catalogue's cause ids (``pitstop.catalogue`` says what each means): a Finding's ``cause`` in every
-    document. An id, once released, keeps its meaning; a new cause is a new member."""
+    """The cause ids: a Finding's ``cause`` in every document. Each member has one module that says what it
+    means and finds it (``pitstop.diagnose.causes.<id>``). An id, once released, keeps its meaning; a new cause
+    is a new member and its module."""
 
     DATALOADER_BOUND = "dataloader_bound"
     SMALL_BATCH = "small_batch"
@@ -83,6 +84,7 @@ class CauseId(StrEnum):
     GPU_THROTTLED = "gpu_throttled"
     OVERSHARDED = "oversharded"
     GC_PAUSES = "gc_pauses"
+    DEBUG_MODES = "debug_modes"
     LOW_MFU_UNEXPLAINED = "low_mfu_unexplained"
 
     @classmethod
@@ -132,6 +134,7 @@ class RemedyId(StrEnum):
     NCCL_BACKEND = "nccl_backend"
     LIGHTER_SHARDING = "lighter_sharding"
     MANUAL_GC = "manual_gc"
+    DEBUG_OFF = "debug_off"
 
 
 class Device(StrEnum):
