@@ -112,7 +112,10 @@ def test_only_collectors_with_work_per_step_are_called_per_step() -> None:
     """A collector without ``step_end`` costs a step nothing: the probe calls only those that have one."""
     probe = Probe(ProbeConfig(announce=False))
     owners = {type(c) for c in probe.collectors if any(c.step_end == f for f in probe._step_ends)}
-    assert owners == {SaveCollector, MemoryCollector, CollectivesCollector} and len(probe._step_ends) == 3
+    assert (
+        owners == {SaveCollector, MemoryCollector, CollectivesCollector, GcPausesCollector}
+        and len(probe._step_ends) == 4
+    )
     streams = {type(c) for c in probe.collectors if any(c.stream == f for f in probe._streamers)}
     assert streams == {SamplersCollector} and len(probe._streamers) == 1
 
@@ -137,6 +140,9 @@ def test_a_save_before_the_window_or_after_its_end_is_not_counted() -> None:
     checkpoints = probe.rank_profile().checkpoints
     assert checkpoints is not None
     assert (checkpoints.saves, checkpoints.save_s, checkpoints.steps_with_saves) == (1, 0.25, 1)
+    # the save on the record of the step that waited for it: a watched window of steps has its saves
+    charged = {s.index: s.checkpoints for s in probe.rank_profile().steps if s.checkpoints is not None}
+    assert charged == {4: checkpoints}
 
 
 class Broken(Collector):
@@ -214,6 +220,14 @@ def test_a_full_collection_in_the_window_is_timed_and_none_after_its_end() -> No
     assert (full.collections, full.steps) == (2, 2) and full.collected >= 1
     assert (young.collections, young.steps) == (1, 1)
     assert full.pause_s >= full.longest_s > 0 and pauses.pause_s >= full.pause_s
+    # each step's own collections on its record: a watched window of steps has its pauses
+    by_step = {s.index: s.gc_pauses for s in probe.rank_profile().steps}
+    step3, step4 = by_step[3], by_step[4]
+    assert step3 is not None and [g.collections for g in step3.generations] == [0, 0, 1]
+    assert (
+        step4 is not None and [g.collections for g in step4.generations] == [1, 0, 1] and by_step[5] is None
+    )
+    assert step3.pause_s + step4.pause_s == pytest.approx(pauses.pause_s)
 
 
 def test_gc_counters_are_fresh_at_each_window_and_the_callback_never_raises() -> None:

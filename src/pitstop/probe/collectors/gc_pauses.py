@@ -15,7 +15,7 @@ import gc
 from time import perf_counter
 
 from pitstop.probe.collectors.base import ProbeContext, WindowCounts, collector
-from pitstop.profile import GcPauses, RankProfile
+from pitstop.profile import GcPauses, RankProfile, StepRecord
 
 OLDEST = 2  # the full collection; a newer interpreter's extra generations count as the oldest
 
@@ -30,6 +30,7 @@ class GcPausesCollector(WindowCounts[GcPauses]):
         super().__init__(ctx)
         self._started: float | None = None  # perf_counter at the collection now running
         self._last_step = [0, 0, 0]  # per generation: the last step it was counted in
+        self._step = GcPauses()  # the collections of the step under way, charged to its record at its end
         self._registered = False
 
     def start_window(self) -> None:
@@ -37,6 +38,7 @@ class GcPausesCollector(WindowCounts[GcPauses]):
         self.counts.enabled = gc.isenabled()
         self.counts.thresholds = list(gc.get_threshold())
         self._last_step = [0, 0, 0]
+        self._step = GcPauses()
         self._started = None
         if not self._registered:
             gc.callbacks.append(self._on_gc)
@@ -53,17 +55,24 @@ class GcPausesCollector(WindowCounts[GcPauses]):
                 return
             seconds = perf_counter() - started
             index = min(int(info.get("generation", OLDEST)), OLDEST)
-            generation = self.counts.generations[index]
-            generation.collections += 1
-            generation.pause_s += seconds
-            generation.longest_s = max(generation.longest_s, seconds)
-            generation.collected += int(info.get("collected", 0)) + int(info.get("uncollectable", 0))
+            found = int(info.get("collected", 0)) + int(info.get("uncollectable", 0))
+            for generation in (self.counts.generations[index], self._step.generations[index]):
+                generation.collections += 1
+                generation.pause_s += seconds
+                generation.longest_s = max(generation.longest_s, seconds)
+                generation.collected += found
+            self._step.generations[index].steps = 1
             step = self.ctx.step_index()
             if self._last_step[index] != step:
                 self._last_step[index] = step
-                generation.steps += 1
+                self.counts.generations[index].steps += 1
         except Exception:  # a figure lost is better than an error inside the job's collection
             return
+
+    def step_end(self, record: StepRecord) -> None:
+        """The step's own collections on its record, so a window of steps has its pauses."""
+        if any(g.collections for g in self._step.generations):
+            record.gc_pauses, self._step = self._step, GcPauses()
 
     def stop_window(self) -> None:
         if self._registered:

@@ -35,10 +35,13 @@ class SaveCollector(Collector):
         if stats is None or not saves:
             return
         stats.steps_with_saves += 1
+        step = SaveStats(steps_with_saves=1)  # the step's own share: a window of steps has its saves
         for label, seconds in saves:
-            stats.saves += 1
-            stats.save_s += seconds
-            stats.calls[label] = stats.calls.get(label, 0) + 1
+            for counts in (stats, step):
+                counts.saves += 1
+                counts.save_s += seconds
+                counts.calls[label] = counts.calls.get(label, 0) + 1
+        record.checkpoints = step
 
     def stop_window(self) -> None:
         self._counting = False
