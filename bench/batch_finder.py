@@ -62,18 +62,18 @@ def cap_memory() -> None:
 def predicted_batch() -> int:
     """pitstop's memory model: activations and logits per row of this model, against the budget."""
     from pitstop.plan.memory import Setup, activations, logits
-    from pitstop.plan.model_shape import ModelShape
+    from pitstop.profile import ModelInfo
 
-    shape = ModelShape(
-        layers=LAYERS,
-        hidden=HIDDEN,
-        intermediate=4 * HIDDEN,
-        heads=4,
+    shape = ModelInfo(
+        n_layers=LAYERS,
+        hidden_size=HIDDEN,
+        intermediate_size=4 * HIDDEN,
+        n_heads=4,
         head_dim=HIDDEN // 4,
-        kv_heads=4,
-        vocab=VOCAB,
+        n_kv_heads=4,
+        vocab_size=VOCAB,
     )
-    s = Setup.for_shape(shape, seq=SEQ)
+    s = Setup(shape, seq=SEQ)
     per_row = activations(s) + logits(s)
     return max(1, int(BUDGET / per_row))
 

@@ -21,7 +21,7 @@ import sys
 import time
 
 from pitstop.plan.memory import GIB, Setup, held_after_forward
-from pitstop.plan.model_shape import ModelShape
+from pitstop.plan.model_shape import model_info_from_config
 from pitstop.plan.params import resolve_model
 from pitstop.plan.simulate import simulate_step
 
@@ -43,9 +43,7 @@ def accuracy() -> list[dict[str, object]]:
     rows = []
     for name, batch, seq, attn, ckpt in CASES:
         config = resolve_model(name)[1]
-        s = Setup.for_shape(
-            ModelShape.from_config(config), seq=seq, micro_batch=batch, attn=attn, checkpointing=ckpt
-        )
+        s = Setup(model_info_from_config(config), seq=seq, micro_batch=batch, attn=attn, checkpointing=ckpt)
         start = time.perf_counter()
         simulated = simulate_step(config, batch, seq, attn, ckpt).activations
         sim_s = time.perf_counter() - start

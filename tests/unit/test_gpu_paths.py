@@ -175,10 +175,10 @@ def test_mixture_of_experts_flops_count_only_the_active_experts() -> None:
 
 
 def test_mixtral_8x7b_plan_is_about_84_gflop_per_token_not_286() -> None:
-    from pitstop.plan.model_shape import ModelShape
+    from pitstop.plan.model_shape import model_info_from_config
     from pitstop.plan.params import resolve_model
 
-    info = ModelShape.from_config(resolve_model("mixtral-8x7b")[1]).model_info()
+    info = model_info_from_config(resolve_model("mixtral-8x7b")[1])
     fpt = flops_per_token(info, 4096.0)
     assert fpt is not None and 80e9 < fpt.total < 88e9
 

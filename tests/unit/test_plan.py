@@ -12,9 +12,10 @@ import pytest
 
 from pitstop.hardware import lookup_gpu
 from pitstop.plan.memory import GIB, Setup, activations, held_after_forward, memory, model_states
-from pitstop.plan.model_shape import ModelShape, model_info_from_config
+from pitstop.plan.model_shape import model_info_from_config
 from pitstop.plan.params import count_params, presets, resolve_model
-from pitstop.plan.planner import PlanError, make_plan
+from pitstop.plan.planner import PlanError, make_plan, model_info
+from pitstop.profile import ModelInfo
 
 MLC_PRESETS = [
     "llama2_7b",
@@ -68,17 +69,9 @@ def _ds_zero3(p: int, largest: int, n: int, offload: bool, offload_params: bool)
 
 def _setup(**kw: Any) -> Setup:
     base = dict(
-        total_params=8_030_261_248,
+        model=shape_stub(),
         lora_params=41_943_040,
-        embedding_params=525_336_576,
         largest_module=525_336_576,
-        layers=32,
-        hidden=4096,
-        intermediate=14336,
-        heads=32,
-        head_dim=128,
-        kv_heads=8,
-        vocab=128256,
         seq=4096,
     )
     return Setup(**{**base, **kw})
@@ -118,9 +111,7 @@ def test_activation_formula_within_10pct_of_the_simulated_step(
     from pitstop.plan.simulate import simulate_step
 
     config = resolve_model(name)[1]
-    s = Setup.for_shape(
-        ModelShape.from_config(config), seq=seq, micro_batch=batch, checkpointing=checkpointing
-    )
+    s = Setup(model_info_from_config(config), seq=seq, micro_batch=batch, checkpointing=checkpointing)
     simulated = simulate_step(config, batch, seq, "sdpa", checkpointing).activations
     assert held_after_forward(s) == pytest.approx(simulated, rel=0.10)
 
@@ -136,20 +127,15 @@ def _plan(**kw: Any) -> Any:
     config = resolve_model("llama-3.1-8b")[1]
     params = count_params(config, kw.get("method", "full"))
     lora = count_params(config, "lora").trainable
-    sh = ModelShape.from_config(config)
-    s = Setup.for_shape(
-        sh,
-        total_params=params.total,
+    s = Setup(
+        model=model_info(params, model_info_from_config(config)),
         lora_params=lora,
-        embedding_params=params.embedding,
         largest_module=params.largest_module,
         seq=kw.pop("seq", 4096),
         **{k: v for k, v in kw.items() if k != "auto"},
     )
     gpu = lookup_gpu(kw.get("gpu_name", "H100-SXM"))
-    return make_plan(
-        "llama-3.1-8b", gpu, s, params, sh, global_batch=64, auto_micro_batch=kw.get("auto", False)
-    )
+    return make_plan("llama-3.1-8b", gpu, s, params, global_batch=64, auto_micro_batch=kw.get("auto", False))
 
 
 def test_full_fine_tune_of_8b_on_one_h100_needs_a_change() -> None:
@@ -203,7 +189,7 @@ def test_impossible_combinations() -> None:
         replace(s, zero=4),
     ):
         with pytest.raises(PlanError):
-            make_plan("m", gpu, bad, count_params_stub(), shape_stub())
+            make_plan("m", gpu, bad, count_params_stub())
     assert memory(s, 80 * GIB).total > 0
 
 
@@ -219,9 +205,18 @@ def count_params_stub() -> Any:
     )
 
 
-def shape_stub() -> ModelShape:
-    return ModelShape(
-        layers=32, hidden=4096, intermediate=14336, heads=32, head_dim=128, kv_heads=8, vocab=128256
+def shape_stub() -> ModelInfo:
+    """Llama-3.1-8B's shape and counts."""
+    return ModelInfo(
+        n_layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        n_heads=32,
+        head_dim=128,
+        n_kv_heads=8,
+        vocab_size=128256,
+        params_total=8_030_261_248,
+        params_embedding=525_336_576,
     )
 
 

@@ -13,9 +13,9 @@ from pitstop.hardware import GPUS, lookup_gpu
 from pitstop.interconnect import LINKS
 from pitstop.plan.comm import DEFAULT_NETWORK
 from pitstop.plan.memory import Setup
-from pitstop.plan.model_shape import ModelConfigError, ModelShape
+from pitstop.plan.model_shape import ModelConfigError, model_info_from_config
 from pitstop.plan.params import count_params, resolve_model
-from pitstop.plan.planner import Plan, PlanError, make_plan
+from pitstop.plan.planner import Plan, PlanError, make_plan, model_info
 from pitstop.vocabulary import Sharding
 
 
@@ -93,7 +93,7 @@ def build_plan(request: PlanRequest) -> Plan:
         raise PlanError(f"unknown GPU '{r.gpu}'; pitstop knows: {', '.join(g.key for g in GPUS)}")
     try:
         name, config = resolve_model(r.model)
-        shape = ModelShape.from_config(config)
+        shape = model_info_from_config(config)
     except (ModelConfigError, KeyError, TypeError, ValueError) as exc:
         raise ModelConfigError(f"--model: {exc or f'{r.model}: the config misses fields'}") from None
     micro_batch = _micro_batch(r.micro_batch)
@@ -101,11 +101,9 @@ def build_plan(request: PlanRequest) -> Plan:
     zero, sharding = _sharding(r)
     params = count_params(config, r.method, r.rank)
     lora = params.trainable if r.method != "full" else count_params(config, "lora", r.rank).trainable
-    setup = Setup.for_shape(
-        shape,
-        total_params=params.total,
+    setup = Setup(
+        model=model_info(params, shape),
         lora_params=lora,
-        embedding_params=params.embedding,
         largest_module=params.largest_module,
         seq=r.seq,
         micro_batch=1 if micro_batch is None else micro_batch,
@@ -125,7 +123,7 @@ def build_plan(request: PlanRequest) -> Plan:
     network = LINKS.get(r.network)
     if network is None:
         raise PlanError(f"unknown --network '{r.network}'; pitstop knows: {', '.join(LINKS)}")
-    plan = make_plan(name, spec, setup, params, shape, r.global_batch, auto, network)
+    plan = make_plan(name, spec, setup, params, r.global_batch, auto, network)
     if r.simulate:
         _cross_check(plan, config, r)
     return plan

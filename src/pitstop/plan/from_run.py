@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pitstop.plan.memory import Setup
-from pitstop.plan.model_shape import ModelShape
 from pitstop.profile import Environment
 from pitstop.vocabulary import Sharding
 
@@ -13,8 +14,10 @@ _ATTENTION = {"flash_attention_2": "flash", "flash_attention_3": "flash", "sdpa"
 def setup_for_run(env: Environment, seq: int = 0, gpus: int | None = None) -> Setup | None:
     """A Setup for the run's model and settings, or None when the run did not reveal the model's size.
 
-    Shape fields the run did not reveal are 0: model states need only the parameter counts, activations
-    need the shape (``has_shape``).
+    The setup's model is a copy of the run's ``environment.model`` (the same ``ModelInfo``), its head size
+    and key / value heads filled from the others where the run did not say them. Shape fields the run did
+    not reveal stay unknown (counted as 0): model states need only the parameter counts, activations need
+    the shape (``has_shape``).
     """
     model = env.model
     total = model.params_total
@@ -22,15 +25,11 @@ def setup_for_run(env: Environment, seq: int = 0, gpus: int | None = None) -> Se
         return None
     trainable = model.params_trainable if model.params_trainable is not None else total
     embedding = model.params_embedding or (model.hidden_size or 0) * (model.vocab_size or 0)
-    heads = model.n_heads or 0
-    shape = ModelShape(
-        layers=model.n_layers or 0,
-        hidden=model.hidden_size or 0,
-        intermediate=model.intermediate_size or 0,
-        heads=heads,
-        head_dim=model.head_dim or ((model.hidden_size or 0) // heads if heads else 0),
-        kv_heads=model.n_kv_heads or heads,
-        vocab=model.vocab_size or 0,
+    heads = model.n_heads
+    shape = replace(
+        model,
+        head_dim=model.head_dim or ((model.hidden_size or 0) // heads if heads else None),
+        n_kv_heads=model.n_kv_heads or heads,
     )
     world = max(gpus or env.world_size or 1, 1)
     strategy = Sharding.parse(env.fsdp_sharding)
@@ -39,11 +38,9 @@ def setup_for_run(env: Environment, seq: int = 0, gpus: int | None = None) -> Se
     hpz = env.zero_hpz or 1
     if strategy is not None or zero != 3 or world % hpz:
         hpz = 1
-    return Setup.for_shape(
-        shape,
-        total_params=total,
+    return Setup(
+        model=shape,
         lora_params=trainable,
-        embedding_params=embedding,
         largest_module=embedding,  # the embedding is the largest module ZeRO-3 gathers in a decoder
         seq=seq,
         gpus=world,
@@ -60,4 +57,6 @@ def setup_for_run(env: Environment, seq: int = 0, gpus: int | None = None) -> Se
 
 def has_shape(s: Setup) -> bool:
     """Whether the setup knows enough of the model's shape to predict activation memory."""
-    return all((s.layers, s.hidden, s.intermediate, s.heads, s.head_dim, s.kv_heads, s.vocab, s.seq))
+    m = s.model
+    dims = (m.n_layers, m.hidden_size, m.intermediate_size, m.n_heads, m.head_dim, m.n_kv_heads, m.vocab_size)
+    return all((*dims, s.seq))

@@ -36,9 +36,8 @@ NCCL_BUFFSIZE, 16-32 channels on NVLink: 384 MiB plus 16 MiB per rank), and with
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
-from pitstop.plan.model_shape import ModelShape
+from pitstop.profile import ModelInfo
 
 GIB = 2**30
 MIB = 2**20
@@ -58,20 +57,17 @@ OPTIMIZERS = {  # bytes per trainable parameter the optimizer keeps (fp32 master
 
 @dataclass
 class Setup:
-    """One training configuration on one kind of GPU."""
+    """One training configuration on one kind of GPU: the model, and the run's choices around it.
 
-    total_params: int
-    lora_params: int  # trainable parameters when the method is LoRA / QLoRA (counted for lora_rank)
-    embedding_params: int
-    largest_module: int
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    head_dim: int
-    kv_heads: int
-    vocab: int
+    ``model`` is the model's shape and parameter counts (``profile.ModelInfo``, the type the probe and ingest
+    fill): model states need ``params_total``, activations and logits the dimensions; a dimension it does
+    not know is ``None`` and counts as 0 (``plan.from_run.has_shape`` says whether all are known).
+    """
+
+    model: ModelInfo
     seq: int
+    lora_params: int = 0  # trainable parameters when the method is LoRA / QLoRA (counted for lora_rank)
+    largest_module: int = 0  # the largest single module's own parameters (what ZeRO-3 gathers at once)
     micro_batch: int = 1
     gpus: int = 1
     zero: int = 0
@@ -88,6 +84,10 @@ class Setup:
     hpz: int = 1  # DeepSpeed ZeRO++ zero_hpz_partition_size: ZeRO-3's secondary copy of the shard
 
     @property
+    def total_params(self) -> int:
+        return self.model.params_total or 0
+
+    @property
     def trainable_params(self) -> int:
         return self.total_params if self.method == "full" else self.lora_params
 
@@ -97,32 +97,6 @@ class Setup:
         if self.sharding in ("hybrid_shard", "hybrid_shard_zero2"):
             return max(self.gpus // max(self.nodes, 1), 1)
         return max(self.gpus, 1)
-
-    @classmethod
-    def for_shape(
-        cls,
-        shape: ModelShape,
-        total_params: int = 0,
-        lora_params: int = 0,
-        embedding_params: int = 0,
-        largest_module: int = 0,
-        **options: Any,
-    ) -> Setup:
-        """A setup for a model of this shape; ``options`` are the training choices."""
-        return cls(
-            total_params=total_params,
-            lora_params=lora_params,
-            embedding_params=embedding_params,
-            largest_module=largest_module,
-            layers=shape.layers,
-            hidden=shape.hidden,
-            intermediate=shape.intermediate,
-            heads=shape.heads,
-            head_dim=shape.head_dim,
-            kv_heads=shape.kv_heads,
-            vocab=shape.vocab,
-            **options,
-        )
 
 
 @dataclass
@@ -180,11 +154,14 @@ def model_states(s: Setup) -> tuple[float, float, float, float]:
 
 def activation_bytes_per_token_layer(s: Setup) -> float:
     """What one decoder layer holds for backward, per token (bytes, bf16)."""
+    m = s.model
+    hidden = m.hidden_size or 0
     if s.checkpointing:
-        return 2.0 * s.hidden
-    per = 24.0 * s.hidden + 4.0 * s.kv_heads * s.head_dim + 8.0 * s.intermediate + 2.0 * s.seq
+        return 2.0 * hidden
+    per = 24.0 * hidden + 4.0 * (m.n_kv_heads or 0) * (m.head_dim or 0) + 8.0 * (m.intermediate_size or 0)
+    per += 2.0 * s.seq
     if s.attn == "eager":
-        per += 6.0 * s.heads * s.seq
+        per += 6.0 * (m.n_heads or 0) * s.seq
     if s.method in ("lora", "qlora"):
         per += 2.0 * s.lora_rank * 7  # each adapted linear keeps its rank-r intermediate (7 linears)
     return per
@@ -192,7 +169,8 @@ def activation_bytes_per_token_layer(s: Setup) -> float:
 
 def held_activations(s: Setup) -> float:
     """Activations alive at the end of the forward pass."""
-    return s.micro_batch * s.seq * (s.layers * activation_bytes_per_token_layer(s) + 8.0 * s.hidden)
+    layers, hidden = s.model.n_layers or 0, s.model.hidden_size or 0
+    return s.micro_batch * s.seq * (layers * activation_bytes_per_token_layer(s) + 8.0 * hidden)
 
 
 def activations(s: Setup) -> float:
@@ -207,14 +185,15 @@ def activations(s: Setup) -> float:
 def held_after_forward(s: Setup) -> float:
     """What the end of the forward pass holds for backward: activations plus the fp32 logits the loss keeps
     (the quantity the fake-tensor simulation measures)."""
-    return held_activations(s) + s.micro_batch * s.seq * 4.0 * s.vocab
+    return held_activations(s) + s.micro_batch * s.seq * 4.0 * (s.model.vocab_size or 0)
 
 
 def logits(s: Setup) -> float:
     tokens = s.micro_batch * s.seq
-    per_token = 10.0 * s.vocab
+    vocab = s.model.vocab_size or 0
+    per_token = 10.0 * vocab
     if s.chunked_loss:
-        per_token = 2.0 * s.vocab  # fused / chunked cross-entropy: bf16 logits, fp32 only chunk by chunk
+        per_token = 2.0 * vocab  # fused / chunked cross-entropy: bf16 logits, fp32 only chunk by chunk
     return tokens * per_token
 
 

@@ -1,4 +1,5 @@
-"""A model's shape and parameter counts from its Hugging Face ``config.json``, without instantiating it.
+"""A model's shape (``profile.ModelInfo``) and parameter counts from its Hugging Face ``config.json``,
+without instantiating it.
 
 Covers the decoder-only families people fine-tune: Llama-style (Llama, Mistral, Mixtral, Qwen2/2.5/3,
 Gemma/Gemma 2, Phi-3, SmolLM, ...) and GPT-2-style. Counts follow the modules those models build: gated
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,125 +80,90 @@ def _count(cfg: Mapping[str, Any], *names: str, default: int | None = None, mini
     return int(value)
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions of a decoder-only model, parsed from its config in one place (``from_config``).
-
-    ``experts`` is 0 for a dense model; a mixture-of-experts layer has ``experts`` MLPs of width
-    ``expert_intermediate`` of which a token goes through ``experts_active``.
-    """
-
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    head_dim: int
-    kv_heads: int
-    vocab: int
-    model_type: str | None = None
-    tied: bool = False
-    experts: int = 0
-    experts_active: int = 1
-    expert_intermediate: int = 0
-    attention_bias: bool = False
-    positions: int = 0  # learned absolute positions (GPT-2 style); 0 for rotary models
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
-        cfg = config.get("text_config") or config
-        if not isinstance(cfg, Mapping):
-            raise ModelConfigError(f"text_config is {type(cfg).__name__}, not an object")
-        model_type = str(cfg.get("model_type") or "")
-        d = _count(cfg, "hidden_size", "n_embd")
-        heads = _count(cfg, "num_attention_heads", "n_head")
-        if cfg.get("head_dim") is None and d < heads:
-            raise ModelConfigError(f"{heads} attention heads for a hidden size of {d}: no head dimension")
-        gpt2 = model_type in GPT2_STYLE
-        tied = cfg.get("tie_word_embeddings")
-        if tied is None:
-            tied = model_type in TIED_BY_DEFAULT or gpt2
-        experts = _count(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0, minimum=0)
-        inter = _count(cfg, "intermediate_size", "n_inner", default=4 * d)
-        return cls(
-            layers=_count(cfg, "num_hidden_layers", "n_layer"),
-            hidden=d,
-            intermediate=inter,
-            heads=heads,
-            head_dim=_count(cfg, "head_dim", default=d // heads),
-            kv_heads=_count(cfg, "num_key_value_heads", default=heads),
-            vocab=_count(cfg, "vocab_size"),
-            model_type=model_type or None,
-            tied=bool(tied),
-            experts=experts,
-            experts_active=min(_count(cfg, "num_experts_per_tok", "moe_topk", default=1), max(experts, 1)),
-            expert_intermediate=_count(cfg, "moe_intermediate_size", default=inter) if experts else 0,
-            attention_bias=bool(cfg.get("attention_bias")),
-            positions=_count(cfg, "n_positions", "max_position_embeddings", default=1024) if gpt2 else 0,
-        )
-
-    @property
-    def is_gpt2_style(self) -> bool:
-        return self.positions > 0
-
-    def counts(self) -> ParamCountsByFormula:
-        """Parameter counts by construction: what the family's modules hold (module doc)."""
-        d, layers, vocab = self.hidden, self.layers, self.vocab
-        embedding = vocab * d
-        expert_params = 0
-        if self.is_gpt2_style:
-            inner = self.intermediate
-            per_layer = (
-                2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * inner + inner) + (inner * d + d)
-            )
-            embedding += self.positions * d
-            total = embedding + layers * per_layer + 2 * d
-        else:
-            q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
-            attn = d * q_out + 2 * d * kv_out + q_out * d
-            if self.attention_bias or self.model_type in QKV_BIAS:  # q/k/v biases; o_proj's only if asked
-                attn += q_out + 2 * kv_out + (d if self.attention_bias else 0)
-            if (self.model_type or "").startswith("qwen3"):
-                attn += 2 * self.head_dim  # q_norm and k_norm
-            mlp = 3 * d * self.intermediate
-            if self.experts:
-                expert_params = layers * self.experts * 3 * d * self.expert_intermediate
-                mlp = self.experts * 3 * d * self.expert_intermediate + d * self.experts
-            norms = 4 * d if self.model_type in ("gemma2", "gemma3_text") else 2 * d  # + post-ff norms
-            total = embedding + layers * (attn + mlp + norms) + d
-        if not self.tied:
-            total += vocab * d
-        inactive = expert_params * (self.experts - self.experts_active) // self.experts if self.experts else 0
-        return ParamCountsByFormula(total=total, embedding=embedding, inactive=inactive)
-
-    def model_info(self) -> ModelInfo:
-        """The FLOPs model's view of this shape, with its parameter counts by formula."""
-        counts = self.counts()
-        return ModelInfo(
-            model_type=self.model_type,
-            n_layers=self.layers,
-            hidden_size=self.hidden,
-            n_heads=self.heads,
-            head_dim=self.head_dim,
-            vocab_size=self.vocab,
-            intermediate_size=self.intermediate,
-            n_kv_heads=self.kv_heads,
-            tied_embeddings=self.tied,
-            params_total=counts.total,
-            params_trainable=counts.total,
-            params_embedding=counts.embedding,
-            n_experts=self.experts or None,
-            experts_active=self.experts_active if self.experts else None,
-            params_inactive=counts.inactive if self.experts else None,
-        )
+def model_info_from_config(config: Mapping[str, Any]) -> ModelInfo:
+    """The model's shape (``profile.ModelInfo``, the one shape type) from a decoder-only model's config, with
+    its parameter counts by construction (module doc)."""
+    cfg = config.get("text_config") or config
+    if not isinstance(cfg, Mapping):
+        raise ModelConfigError(f"text_config is {type(cfg).__name__}, not an object")
+    shape = _shape(cfg)
+    total, embedding, inactive = _formula_counts(shape, cfg)
+    return replace(
+        shape,
+        params_total=total,
+        params_trainable=total,
+        params_embedding=embedding,
+        params_inactive=inactive if shape.n_experts else None,
+    )
 
 
-@dataclass(frozen=True)
-class ParamCountsByFormula:
-    total: int
-    embedding: int
-    inactive: int  # expert weights a token does not pass through
+def _shape(cfg: Mapping[str, Any]) -> ModelInfo:
+    """The dimensions a config gives, checked (``n_experts`` and ``experts_active`` stay None when dense)."""
+    model_type = str(cfg.get("model_type") or "")
+    d = _count(cfg, "hidden_size", "n_embd")
+    heads = _count(cfg, "num_attention_heads", "n_head")
+    if cfg.get("head_dim") is None and d < heads:
+        raise ModelConfigError(f"{heads} attention heads for a hidden size of {d}: no head dimension")
+    tied = cfg.get("tie_word_embeddings")
+    if tied is None:
+        tied = model_type in TIED_BY_DEFAULT or model_type in GPT2_STYLE
+    experts = _count(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0, minimum=0)
+    inter = _count(cfg, "intermediate_size", "n_inner", default=4 * d)
+    layers = _count(cfg, "num_hidden_layers", "n_layer")
+    head_dim = _count(cfg, "head_dim", default=d // heads)
+    kv_heads = _count(cfg, "num_key_value_heads", default=heads)
+    vocab = _count(cfg, "vocab_size")
+    active = min(_count(cfg, "num_experts_per_tok", "moe_topk", default=1), max(experts, 1))
+    return ModelInfo(
+        model_type=model_type or None,
+        n_layers=layers,
+        hidden_size=d,
+        n_heads=heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        intermediate_size=inter,
+        n_kv_heads=kv_heads,
+        tied_embeddings=bool(tied),
+        n_experts=experts or None,
+        experts_active=active if experts else None,
+    )
 
 
-def model_info_from_config(cfg: Mapping[str, Any]) -> ModelInfo:
-    """Shape and exact-by-construction parameter counts for a decoder-only model config."""
-    return ModelShape.from_config(cfg).model_info()
+def _n(value: int | None) -> int:
+    return value or 0
+
+
+def _formula_counts(m: ModelInfo, cfg: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(total, embedding, inactive expert) parameters by construction: what the family's modules hold
+    (module doc). ``cfg`` gives what only the count needs: MoE expert width, attention biases, learned
+    absolute positions (GPT-2 style)."""
+    d, layers, vocab = _n(m.hidden_size), _n(m.n_layers), _n(m.vocab_size)
+    inter, head_dim = _n(m.intermediate_size), _n(m.head_dim)
+    experts, active = _n(m.n_experts), m.experts_active or 1
+    model_type = m.model_type or ""
+    expert_inter = _count(cfg, "moe_intermediate_size", default=inter) if experts else 0
+    attention_bias = bool(cfg.get("attention_bias"))
+    embedding = vocab * d
+    expert_params = 0
+    if model_type in GPT2_STYLE:
+        positions = _count(cfg, "n_positions", "max_position_embeddings", default=1024)
+        per_layer = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * inter + inter) + (inter * d + d)
+        embedding += positions * d
+        total = embedding + layers * per_layer + 2 * d
+    else:
+        q_out, kv_out = _n(m.n_heads) * head_dim, _n(m.n_kv_heads) * head_dim
+        attn = d * q_out + 2 * d * kv_out + q_out * d
+        if attention_bias or model_type in QKV_BIAS:  # q/k/v biases; o_proj's only if asked
+            attn += q_out + 2 * kv_out + (d if attention_bias else 0)
+        if model_type.startswith("qwen3"):
+            attn += 2 * head_dim  # q_norm and k_norm
+        mlp = 3 * d * inter
+        if experts:
+            expert_params = layers * experts * 3 * d * expert_inter
+            mlp = experts * 3 * d * expert_inter + d * experts
+        norms = 4 * d if model_type in ("gemma2", "gemma3_text") else 2 * d  # + post-ff norms
+        total = embedding + layers * (attn + mlp + norms) + d
+    if not m.tied_embeddings:
+        total += vocab * d
+    inactive = expert_params * (experts - active) // experts if experts else 0
+    return total, embedding, inactive

@@ -14,7 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pitstop.plan.model_shape import ModelConfigError, ModelShape, load_model_config
+from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
+from pitstop.profile import ModelInfo
 
 
 @dataclass
@@ -64,7 +65,7 @@ def count_params(
     config: dict[str, Any], method: str = "full", rank: int = 16, targets: str | list[str] = "all-linear"
 ) -> ParamCounts:
     """Total, embedding, trainable and largest-module parameter counts for full / LoRA / QLoRA training."""
-    shape = ModelShape.from_config(config)
+    shape = model_info_from_config(config)
     try:
         model = _meta_model(config)
     except Exception:
@@ -79,7 +80,8 @@ def count_params(
         if name.rsplit(".", 1)[-1] == "experts"
         for p in m.parameters()
     )
-    inactive = experts * (shape.experts - shape.experts_active) // shape.experts if shape.experts else 0
+    n_experts, active = shape.n_experts or 0, shape.experts_active or 1
+    inactive = experts * (n_experts - active) // n_experts if n_experts else 0
     trainable = total
     if method in ("lora", "qlora"):
         try:
@@ -100,20 +102,22 @@ def count_params(
     )
 
 
-def _analytic(shape: ModelShape, method: str, rank: int) -> ParamCounts:
-    counts = shape.counts()
-    trainable = counts.total
+def _analytic(shape: ModelInfo, method: str, rank: int) -> ParamCounts:
+    """The counts by formula of a shape read from a config (``model_info_from_config`` fills every field)."""
+    total, embedding = shape.params_total or 0, shape.params_embedding or 0
+    trainable = total
     if method in ("lora", "qlora"):
-        q = shape.heads * shape.head_dim
-        kv = shape.kv_heads * shape.head_dim
-        d, inter = shape.hidden, shape.intermediate
+        head_dim = shape.head_dim or 0
+        q = (shape.n_heads or 0) * head_dim
+        kv = (shape.n_kv_heads or 0) * head_dim
+        d, inter = shape.hidden_size or 0, shape.intermediate_size or 0
         per_layer = rank * ((d + q) + 2 * (d + kv) + (q + d) + 2 * (d + inter) + (inter + d))
-        trainable = shape.layers * per_layer
+        trainable = (shape.n_layers or 0) * per_layer
     return ParamCounts(
-        total=counts.total,
-        embedding=counts.embedding,
+        total=total,
+        embedding=embedding,
         trainable=trainable,
-        largest_module=max(counts.embedding, 1),
+        largest_module=max(embedding, 1),
         exact=False,
-        inactive=counts.inactive,
+        inactive=shape.params_inactive or 0,
     )

@@ -7,7 +7,6 @@ activation figure as its cross-check.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,7 +18,6 @@ from pitstop.interconnect import Link
 from pitstop.plan.comm import communication
 from pitstop.plan.flops import FlopsPerToken, flops_per_token
 from pitstop.plan.memory import GIB, Memory, Setup, held_after_forward, memory
-from pitstop.plan.model_shape import ModelShape
 from pitstop.plan.params import ParamCounts
 from pitstop.profile import ModelInfo
 from pitstop.vocabulary import Sharding
@@ -179,14 +177,14 @@ def _validate_layout(s: Setup) -> None:
         raise PlanError(f"--hpz {s.hpz} does not divide {s.gpus} GPUs")
 
 
-def model_info(params: ParamCounts, shape: ModelShape) -> ModelInfo:
-    """The FLOPs model's view of the planned model: its shape with the counted parameters."""
-    return dataclasses.replace(
-        shape.model_info(),
+def model_info(params: ParamCounts, shape: ModelInfo) -> ModelInfo:
+    """The planned model: its shape (from its config) with the parameters counted for the training method."""
+    return replace(
+        shape,
         params_total=params.total,
         params_trainable=params.trainable,
         params_embedding=params.embedding,
-        params_inactive=params.inactive if shape.experts else None,
+        params_inactive=params.inactive if shape.n_experts else None,
     )
 
 
@@ -290,15 +288,13 @@ def make_plan(
     gpu: GpuSpec,
     s: Setup,
     params: ParamCounts,
-    shape: ModelShape,
     global_batch: int | None = None,
     auto_micro_batch: bool = False,
     network: Link | None = None,
 ) -> Plan:
     validate(s)
     gpu_bytes = float(gpu.memory_bytes)
-    info = model_info(params, shape)
-    fpt = flops_per_token(info, float(s.seq))
+    fpt = flops_per_token(s.model, float(s.seq))
     if fpt is None:  # pragma: no cover - counts are always known here
         raise PlanError("cannot compute FLOPs without parameter counts")
     best = largest_micro_batch(s, gpu_bytes)
