@@ -430,8 +430,6 @@ class TraceStats:
     kernels_per_step: float | None = None
     tiny_kernel_frac: float | None = None  # kernels shorter than 10 us, share of kernel count
     launch_bound: bool | None = None
-    syncs_per_step: float | None = None
-    sync_ms: float | None = None
     h2d_pageable_mb: float | None = None
     h2d_pinned_mb: float | None = None
     gemm_ms: float | None = None
@@ -602,6 +600,8 @@ class RunProfile:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunProfile:
         payload = {k: v for k, v in data.items() if k != "schema"}
+        if isinstance(payload.get("ranks"), list):
+            payload["ranks"] = [_trace_syncs_to_steps(r) for r in payload["ranks"]]
         return from_jsonable(cls, payload)
 
     def save(self, path: Path) -> None:
@@ -610,6 +610,29 @@ class RunProfile:
     @classmethod
     def load(cls, path: Path) -> RunProfile:
         return cls.from_dict(json.loads(path.read_text()))
+
+
+def _trace_syncs_to_steps(rank: Any) -> Any:
+    """A rank saved before a trace's host syncs were its steps' (``trace.syncs_per_step`` and ``sync_ms``,
+    means per step): the same figures spread over its steps, so it reads back with the syncs per step and
+    the time blocked it was saved with. Anything else is returned as it came."""
+    trace = rank.get("trace") if isinstance(rank, dict) else None
+    steps = rank.get("steps") if isinstance(rank, dict) else None
+    if not isinstance(trace, dict) or not isinstance(steps, list) or not steps:
+        return rank
+    per_step, sync_ms = trace.get("syncs_per_step"), trace.get("sync_ms")
+    if not isinstance(per_step, int | float) or not all(isinstance(s, dict) for s in steps):
+        return rank
+    if any(s.get("syncs") is not None for s in steps):
+        return rank
+    n = len(steps)
+    total = round(per_step * n)  # a whole number of syncs over the steps (a mean of counts)
+    blocked_s = sync_ms / 1000.0 if isinstance(sync_ms, int | float) else None
+    spread = [
+        {**s, "syncs": total * (i + 1) // n - total * i // n, "sync_s": blocked_s}
+        for i, s in enumerate(steps)
+    ]
+    return {**rank, "steps": spread}
 
 
 E = TypeVar("E", bound=StrEnum)

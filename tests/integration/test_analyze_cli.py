@@ -41,7 +41,7 @@ def test_planted_causes_in_recorded_cpu_traces(tmp_path: Path) -> None:
 
     base = _analyze(tmp_path, _record(tmp_path, "base"))
     item = _analyze(tmp_path, _record(tmp_path, "item", "--item"))
-    syncs = [doc["profile"]["ranks"][0]["trace"]["syncs_per_step"] for doc in (base, item)]
+    syncs = [doc["metrics"]["syncs_per_step"] for doc in (base, item)]  # the steps' syncs, one rank
     assert syncs[1] == pytest.approx(syncs[0] + 1)  # the planted .item() adds exactly one per step
     assert "host_sync" in item["skipped_checks"]  # on a CPU it blocks on nothing: a GPU-only check
 

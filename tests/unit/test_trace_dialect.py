@@ -10,10 +10,21 @@ from typing import Any
 import pytest
 from tests import kineto_ranks as kr
 
+from pitstop.diagnose.metrics import compute_metrics
 from pitstop.ingest.trace import profile_of
 from pitstop.ingest.trace.events import read_columns
 from pitstop.ingest.trace.overview import overview
-from pitstop.profile import GpuTime, IdleSplit, RunProfile, StepCategories, TraceStats, to_jsonable
+from pitstop.profile import (
+    GpuTime,
+    IdleSplit,
+    RankProfile,
+    RunProfile,
+    StepCategories,
+    StepRecord,
+    TraceStats,
+    to_jsonable,
+)
+from pitstop.vocabulary import Source
 
 # a rank as pitstop analyze saved it before the trace's facts were typed records
 OLD_RANK: dict[str, Any] = {
@@ -74,3 +85,46 @@ def test_a_trace_s_step_time_and_data_wait_are_its_steps(tmp_path: Path) -> None
     wait_ms = 1000 * sum(s.data_wait_s for s in rank.steps) / len(rank.steps)
     assert wait_ms == pytest.approx(rank.trace.breakdown_ms.dataloader) and wait_ms > 1.0
     assert not {"steps", "step_ms", "dataloader_ms", "device_name"} & set(to_jsonable(rank.trace))
+
+
+def test_a_trace_s_host_syncs_are_its_steps(tmp_path: Path) -> None:
+    """Each step's blocking synchronizations and the time blocked in them, as the live probe counts them;
+    the metrics and host_sync read them one way for both."""
+    path = kr.write(kr.job(1, steps=6)[0], tmp_path / "rank-0.json")
+    rank = profile_of(read_columns(path))[0]
+    assert all(s.syncs == 1 for s in rank.steps)  # the simulated job synchronizes once a step
+    assert all(s.sync_s is not None and s.sync_s > 0 for s in rank.steps)
+    assert not {"syncs_per_step", "sync_ms"} & set(to_jsonable(rank.trace))
+    m = compute_metrics(RunProfile(source=Source.ANALYZE, ranks=[rank]))
+    assert m.syncs_per_step == 1.0
+    assert m.sync_frac == pytest.approx(sum(s.sync_s or 0.0 for s in rank.steps) / rank.wall_s)
+
+
+def test_an_old_trace_s_syncs_read_back_into_its_steps() -> None:
+    """A profile saved with the trace's per-step means (``syncs_per_step``, ``sync_ms``) diagnoses the same:
+    the means are spread over its steps."""
+    old = json.loads(json.dumps(OLD_RANK))
+    old["trace"].update(syncs_per_step=2.5, sync_ms=20.0)
+    profile = RunProfile.from_dict({"schema": "pitstop.profile/1", "source": "analyze", "ranks": [old]})
+    steps = profile.ranks[0].steps
+    assert [s.syncs for s in steps] == [2, 3, 2, 3] and all(s.sync_s == 0.02 for s in steps)
+    m = compute_metrics(profile)
+    assert m.syncs_per_step == 2.5 and m.sync_frac == pytest.approx(0.2)
+    # a profile whose steps carry their syncs is read as it is
+    saved = json.loads(json.dumps(OLD_RANK))
+    saved["steps"][0]["syncs"] = 7
+    saved["trace"]["syncs_per_step"] = 1.0
+    read = RunProfile.from_dict({"schema": "pitstop.profile/1", "source": "analyze", "ranks": [saved]})
+    assert [s.syncs for s in read.ranks[0].steps] == [7, None, None, None]
+
+
+def test_syncs_per_step_weigh_each_rank_alike() -> None:
+    """Ranks that measured different numbers of steps (traces of different lengths): the job's syncs per
+    step and blocked share are the mean over ranks of each rank's own, as a trace's were before."""
+    short = RankProfile(rank=0, steps=[StepRecord(index=1, wall_s=0.1, syncs=10, sync_s=0.01)])
+    long = RankProfile(
+        rank=1, steps=[StepRecord(index=i, wall_s=0.1, syncs=2, sync_s=0.03) for i in range(3)]
+    )
+    m = compute_metrics(RunProfile(source=Source.ANALYZE, ranks=[short, long]))
+    assert m.syncs_per_step == pytest.approx(6.0)  # (10 + 2) / 2, not 16 / 4
+    assert m.sync_frac == pytest.approx(0.2)  # (0.01 + 0.03) / 2 over 0.1

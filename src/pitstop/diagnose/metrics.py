@@ -272,6 +272,14 @@ class _Sums:
     def frac(self, name: str) -> float | None:
         return _ratio(self.total(name), self.wall)
 
+    def per_step(self, name: str) -> float | None:
+        """The mean over ranks of each rank's mean per step: a rank that measured more steps (traces of
+        different lengths) weighs no more than another."""
+        means = [_ratio(r.total(name), len(r.steps)) for r in self.ranks]
+        if not means or any(v is None for v in means):
+            return None
+        return statistics.fmean(v for v in means if v is not None)
+
 
 def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) -> Metrics:
     """Every headline figure of the run; ``gpus`` are its GPU windows when already computed."""
@@ -324,8 +332,8 @@ def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) ->
         gpu_mem_used_frac=use.mem_used_frac,
         pcie_rx_gbps=use.pcie_rx_gbps,
         pcie_tx_gbps=use.pcie_tx_gbps,
-        syncs_per_step=_ratio(sums.total("syncs"), sum(len(r.steps) for r in ranks)),
-        sync_frac=sums.frac("sync_s"),
+        syncs_per_step=sums.per_step("syncs"),
+        sync_frac=_ratio(sums.per_step("sync_s"), sums.per_step("wall_s")),
         main_cpu_pct=_mean([h.main_cpu_pct for h in host]),
         workers_cpu_pct=_mean([h.workers_cpu_pct for h in host]),
         flops_per_token=None if fpt is None else fpt.total,

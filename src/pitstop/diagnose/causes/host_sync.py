@@ -27,15 +27,7 @@ def host_sync(ctx: RuleContext) -> Finding | None:
     if not ctx.on_gpu:
         return None
     m = ctx.metrics
-    per_step = ctx.trace_mean("syncs_per_step")
-    blocked = None
-    if per_step is not None:
-        sync_ms = ctx.trace_mean("sync_ms")
-        traced_steps = [1000 * s for r, _ in ctx.traced if (s := r.mean_step_s) is not None]
-        step_ms = sum(traced_steps) / len(traced_steps) if traced_steps else None
-        blocked = (sync_ms / step_ms) if sync_ms is not None and step_ms else None
-    else:
-        per_step, blocked = m.syncs_per_step, m.sync_frac
+    per_step, blocked = m.syncs_per_step, m.sync_frac  # from the steps: timed live, or read from a trace
     if per_step is None or per_step < 1 or blocked is None or blocked < 0.02:
         return None
     util = m.gpu_util

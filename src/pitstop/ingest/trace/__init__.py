@@ -8,7 +8,7 @@ import numpy as np
 
 from pitstop.ingest.trace.events import TraceColumns, read_columns
 from pitstop.ingest.trace.overview import Overview, overview
-from pitstop.ingest.trace.stats import trace_stats
+from pitstop.ingest.trace.stats import step_syncs, trace_stats
 from pitstop.ingest.trace.temporal import temporal
 from pitstop.profile import Environment, GpuTime, IdleSplit, RankProfile, StepRecord
 from pitstop.vocabulary import Device
@@ -41,15 +41,20 @@ def _environment(cols: TraceColumns) -> Environment:
 
 
 def _steps(view: Overview, cols: TraceColumns) -> list[StepRecord]:
+    """The ProfilerStep spans as the StepRecords a live run fills: wall time, data wait (the DataLoader's
+    share of the step), batches fetched, host syncs and the time blocked in them."""
     records = []
     dl = np.frombuffer(cols.dataloader.ts, dtype=np.float64)
-    for step, roles in zip(view.steps, view.role_us, strict=True):
+    syncs, sync_s = step_syncs(cols, view) if view.steps else ([], [])
+    for i, (step, roles) in enumerate(zip(view.steps, view.role_us, strict=True)):
         records.append(
             StepRecord(
                 index=step.number,
                 wall_s=step.duration / 1e6,
                 data_wait_s=roles["DataLoader"] / 1e6,
                 micro_batches=int(np.sum((dl >= step.start) & (dl < step.end))) or 0,
+                syncs=int(syncs[i]),
+                sync_s=float(sync_s[i]),
             )
         )
     return records

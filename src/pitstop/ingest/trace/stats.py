@@ -14,11 +14,13 @@ from pitstop.profile import StepCategories, TraceStats, from_jsonable
 TINY_KERNEL_US = 10.0
 
 
-def _per_step(values_ts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """How many of the timestamps fall into each step window."""
+def _per_step(
+    values_ts: np.ndarray, lo: np.ndarray, hi: np.ndarray, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """How many of the timestamps fall into each step window (with ``weights``: the sum of theirs)."""
     idx = np.searchsorted(lo, values_ts, side="right") - 1
     ok = (idx >= 0) & (values_ts < hi[np.clip(idx, 0, None)])
-    return np.bincount(idx[ok], minlength=lo.size)
+    return np.bincount(idx[ok], weights=None if weights is None else weights[ok], minlength=lo.size)
 
 
 def attention_path(cols: TraceColumns) -> str | None:
@@ -29,19 +31,22 @@ def attention_path(cols: TraceColumns) -> str | None:
     return None
 
 
-def _syncs(stats: TraceStats, cols: TraceColumns, lo: np.ndarray, hi: np.ndarray) -> None:
-    """Host syncs per step: blocking runtime calls and .item() (aten::_local_scalar_dense), and their time."""
-    n = lo.size
+def step_syncs(cols: TraceColumns, view: Overview) -> tuple[list[int], list[float]]:
+    """Each step's host syncs and the seconds the host spent blocked in them (what the live probe counts
+    into ``StepRecord.syncs`` and ``sync_s``): the blocking runtime calls (stream, device and event
+    synchronizations) or the ``.item()`` / ``.tolist()`` reads (aten::_local_scalar_dense), whichever the
+    step has more of (a read blocks in a runtime call of its own only on some devices), and the time inside
+    those runtime calls. A call counts for the step it starts in; one outside every step counts for none."""
+    lo = np.array([s.start for s in view.steps])
+    hi = np.array([s.end for s in view.steps])
     rt = cols.runtime
     sync_mask = np.frombuffer(rt.sync, dtype=np.int8) == 1
     rt_ts, rt_end = np.frombuffer(rt.ts, dtype=np.float64), np.frombuffer(rt.end, dtype=np.float64)
-    syncs = _per_step(rt_ts[sync_mask], lo, hi)
-    item_ts = np.frombuffer(cols.sync_ops.ts, dtype=np.float64)
-    items = _per_step(item_ts, lo, hi)
-    stats.syncs_per_step = float(np.mean(np.maximum(syncs, items)))
-    stats.sync_ms = (
-        float(np.sum(rt_end[sync_mask] - rt_ts[sync_mask])) / n / 1000.0 if sync_mask.any() else 0.0
-    )
+    ts = rt_ts[sync_mask]
+    syncs = _per_step(ts, lo, hi)
+    blocked_us = _per_step(ts, lo, hi, weights=rt_end[sync_mask] - ts)
+    items = _per_step(np.frombuffer(cols.sync_ops.ts, dtype=np.float64), lo, hi)
+    return np.maximum(syncs, items).tolist(), (blocked_us / 1e6).tolist()
 
 
 def _copies(stats: TraceStats, cols: TraceColumns, lo: np.ndarray, hi: np.ndarray) -> None:
@@ -107,7 +112,6 @@ def trace_stats(cols: TraceColumns, view: Overview) -> TraceStats:
     if cols.dataloader_names:
         stats.dataloader_multiprocess = any("MultiProcessing" in name for name in cols.dataloader_names)
 
-    _syncs(stats, cols, lo, hi)
     _copies(stats, cols, lo, hi)
     has_kernels = _kernels(stats, cols, lo, hi)
     if cols.gemm_us:
