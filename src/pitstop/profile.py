@@ -705,3 +705,53 @@ def _convert(hint: Any, value: Any) -> Any:
         (item,) = typing.get_args(hint)
         return [_convert(item, v) for v in value]
     return value
+
+
+# -- assembling a RankProfile: the one way every source fills a rank's common fields ------------------------
+
+
+def window_steps(records: list[StepRecord], warmup: int) -> tuple[list[StepRecord], int]:
+    """The measured steps and the warm-up they follow; a run that ended inside the warm-up keeps the steps
+    after its first (the first carries start-up costs)."""
+    steps = [r for r in records if r.index > warmup]
+    if not steps and len(records) > 1:
+        return records[1:], 1
+    return steps, warmup
+
+
+def assemble_rank(
+    rank: int,
+    environment: Environment | None = None,
+    *,
+    steps: list[StepRecord] | None = None,
+    warmup: int | None = None,
+    local_rank: int = 0,
+    pid: int | None = None,
+    gpu_samples: list[GpuSample] | None = None,
+    host_samples: list[HostSample] | None = None,
+    window: tuple[float | None, float | None] = (None, None),
+    errors: list[str] | None = None,
+) -> RankProfile:
+    """A rank's profile from what its source measured, the common fields filled one way for every source
+    (the probe, a rank file a dead process left, a trace, stack samples, GPU logs); what only one source
+    knows (a trace's statistics, a collector's counters, how steps were delimited) is set on the result.
+
+    ``steps`` with ``warmup``: every step seen, the warm-up cut off here (``window_steps``); without a
+    ``warmup``: the steps as measured, none of them warm-up. ``window``: its start and end, on the source's
+    clock. The hostname is the environment's."""
+    env = environment if environment is not None else Environment()
+    measured, warmup_steps = window_steps(steps or [], warmup) if warmup is not None else (steps or [], 0)
+    return RankProfile(
+        rank=rank,
+        local_rank=local_rank,
+        pid=pid,
+        hostname=env.hostname,
+        warmup_steps=warmup_steps,
+        steps=list(measured),
+        gpu_samples=list(gpu_samples or []),
+        host_samples=list(host_samples or []),
+        window_start_t=window[0],
+        window_end_t=window[1],
+        environment=env,
+        probe_errors=list(errors or []),
+    )

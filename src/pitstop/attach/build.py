@@ -22,6 +22,7 @@ from pitstop.profile import (
     SaveStats,
     StepBoundary,
     StepRecord,
+    assemble_rank,
 )
 from pitstop.vocabulary import Device, Source
 
@@ -79,21 +80,13 @@ def _saves(rank: RankView, steps: int) -> SaveStats:
 def _rank_profile(rank: RankView, view: JobView) -> RankProfile:
     steps = steps_of(rank)
     env = _environment(rank, view)
-    profile = RankProfile(rank=rank.rank, local_rank=rank.local_rank, pid=rank.pid, environment=env)
-    profile.steps = steps
-    profile.window_start_t, profile.window_end_t = 0.0, rank.main.seconds
-    profile.checkpoints = _saves(rank, len(steps))
-    profile.steps_delimited_by = StepBoundary.OPTIMIZER_STEP
-    # "sampled: " marks a sampled rank for the report's counting line (diagnose.counting_line)
-    bound = "" if rank.steps.resolved else ", a lower bound"
-    profile.step_boundary_reason = f"sampled: {rank.steps.method}{bound}"
     gpu = view.window.gpu
     index = gpu.of_pid.get(rank.pid)
     if index is not None:
-        profile.gpu_samples = gpu.samples.get(index, [])
         env.gpu_name = gpu.names.get(index)
+    host = []
     if rank.cpu_pct is not None:
-        profile.host_samples = [
+        host = [
             HostSample(
                 t=0.0,
                 main_cpu_pct=rank.cpu_pct,
@@ -101,13 +94,30 @@ def _rank_profile(rank: RankView, view: JobView) -> RankProfile:
                 workers=len(rank.workers),
             )
         ]
+    errors = []
     if not rank.steps.resolved:
-        profile.probe_errors.append(
+        errors.append(
             f"steps are shorter than the sampling resolves ({rank.steps.method} seen {rank.steps.steps} times): "
             "the step count is a lower bound and per-step times are upper bounds; the shares stand"
         )
     if len(steps) == 1 and rank.steps.steps < 1:
-        profile.probe_errors.append("no two step starts were sampled: the window is one record, not steps")
+        errors.append("no two step starts were sampled: the window is one record, not steps")
+    profile = assemble_rank(
+        rank.rank,
+        env,
+        steps=steps,
+        local_rank=rank.local_rank,
+        pid=rank.pid,
+        gpu_samples=gpu.samples.get(index, []) if index is not None else [],
+        host_samples=host,
+        window=(0.0, rank.main.seconds),
+        errors=errors,
+    )
+    profile.checkpoints = _saves(rank, len(steps))
+    profile.steps_delimited_by = StepBoundary.OPTIMIZER_STEP
+    # "sampled: " marks a sampled rank for the report's counting line (diagnose.counting_line)
+    bound = "" if rank.steps.resolved else ", a lower bound"
+    profile.step_boundary_reason = f"sampled: {rank.steps.method}{bound}"
     return profile
 
 

@@ -26,7 +26,7 @@ from typing import BinaryIO
 
 from pitstop.ingest.errors import IngestError
 from pitstop.ingest.readers import open_binary
-from pitstop.profile import ActivitySample, Environment, GpuActivity, GpuSample, RankProfile
+from pitstop.profile import ActivitySample, Environment, GpuActivity, GpuSample, RankProfile, assemble_rank
 from pitstop.vocabulary import Device
 
 DCGM_LIMIT = 256 * 2**20  # a day of 1 s scrapes of 8 GPUs is ~0.2 GB; refuse more rather than fill memory
@@ -388,9 +388,8 @@ def activity_ranks(log_gpus: list[DcgmGpu]) -> list[RankProfile]:
             for s in gpu.activity.samples
             if s.util is not None or s.power_w is not None
         ]
-        rank = RankProfile(rank=i, gpu_samples=samples)
-        rank.environment = Environment(device=Device.CUDA, gpu_name=gpu.name or None, gpu_count=len(log_gpus))
-        ranks.append(rank)
+        env = Environment(device=Device.CUDA, gpu_name=gpu.name or None, gpu_count=len(log_gpus))
+        ranks.append(assemble_rank(i, env, gpu_samples=samples))
     return ranks
 
 

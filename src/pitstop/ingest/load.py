@@ -14,7 +14,7 @@ from pitstop.ingest.errors import IngestError
 from pitstop.ingest.hf_outputs import read_trainer_outputs
 from pitstop.ingest.nvidia_smi import read_smi
 from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
-from pitstop.profile import Environment, RankProfile, RunProfile, RunTotals
+from pitstop.profile import Environment, RankProfile, RunProfile, RunTotals, assemble_rank
 from pitstop.vocabulary import Device, Source
 
 CONFIG_KINDS = ("deepspeed", "accelerate", "axolotl", "llama_factory", "hf_args")
@@ -105,9 +105,8 @@ def _smi_ranks(path: Path, notes: list[str]) -> list[RankProfile]:
     notes += log.notes
     ranks = []
     for i, gpu in enumerate(log.gpus):
-        rank = RankProfile(rank=i, gpu_samples=gpu.samples)
-        rank.environment = Environment(device=Device.CUDA, gpu_name=gpu.name, gpu_count=len(log.gpus))
-        ranks.append(rank)
+        env = Environment(device=Device.CUDA, gpu_name=gpu.name, gpu_count=len(log.gpus))
+        ranks.append(assemble_rank(i, env, gpu_samples=gpu.samples))
     return ranks
 
 

@@ -9,26 +9,18 @@ per-step lines do; the final diagnosis at the end has them all.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
 from pitstop.diagnose.savings import price_from_env
 from pitstop.probe.probe import Probe
+from pitstop.probe.rankfile import on_host
 from pitstop.profile import StepRecord
 from pitstop.report.trackers import Tracker, open_trackers
 from pitstop.report.untrusted import shown
 from pitstop.wholerun.run import Event, WholeRun, WholeRunReport
 from pitstop.wholerun.windows import WindowSpec
-
-COUNTS = ("samples", "tokens", "real_tokens", "loss_tokens", "examples")
-
-
-def host_copy(record: StepRecord) -> StepRecord:
-    """The record with every count that is not yet a plain int (a device tensor) as unknown."""
-    changes: dict[str, Any] = {n: None for n in COUNTS if not isinstance(getattr(record, n), int | None)}
-    return dataclasses.replace(record, **changes) if changes else record
 
 
 class InProcessWatch:
@@ -55,7 +47,7 @@ class InProcessWatch:
             record = records[self._next]
             self._next += 1
             if record.index > probe.config.warmup:
-                fresh.append(host_copy(record))
+                fresh.append(on_host(record))  # as the rank file's step lines hold it
         if not fresh:
             return []
         events = self.whole.add(probe.rank, fresh, probe.environment)

@@ -40,10 +40,11 @@ from pitstop.probe.config import ProbeConfig
 from pitstop.probe.ending import end_the_job
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.kernels import kernel_facts
+from pitstop.probe.rankfile import Kind, plain_step
 from pitstop.probe.saves import trainer_save_steps
 from pitstop.probe.steps import ForwardWatch, StepTimeline
 from pitstop.probe.stopping import WindowTracker
-from pitstop.probe.stream import RankStream, plain_step, window_steps
+from pitstop.probe.stream import RankStream
 from pitstop.probe.timeline import (
     StepBuilder,
 )
@@ -52,6 +53,7 @@ from pitstop.profile import (
     Environment,
     RankProfile,
     StepRecord,
+    assemble_rank,
     to_jsonable,
 )
 from pitstop.vocabulary import Device
@@ -188,7 +190,7 @@ class Probe:
             return
         self.disabled = True
         self.errors.append(f"{type(exc).__name__}: {exc}")
-        self._emit("error", text=self.errors[-1])
+        self._emit(Kind.ERROR, text=self.errors[-1])
         self.hooks.remove()
         self._each(lambda c: c.remove(), "remove")
         self._each(lambda c: c.stop_window(), "stop_window")
@@ -263,7 +265,11 @@ class Probe:
         if index == 1:
             self.rank, self.local_rank = _ranks(self.rank, self.local_rank)  # Ray Train sets RANK late
             self._emit(
-                "start", rank=self.rank, local_rank=self.local_rank, pid=self._pid, warmup=self.config.warmup
+                Kind.START,
+                rank=self.rank,
+                local_rank=self.local_rank,
+                pid=self._pid,
+                warmup=self.config.warmup,
             )
             self._capture(optimizer)
         if self.tracker is not None:
@@ -303,7 +309,7 @@ class Probe:
             return
         t = time.perf_counter() - self.origin
         for record in resolved:
-            self._emit("step", step=plain_step(record), t=t)
+            self._emit(Kind.STEP, step=plain_step(record), t=t)
         for stream in self._streamers:
             stream(self._emit)
 
@@ -312,7 +318,7 @@ class Probe:
 
     def _start_window(self) -> None:
         self.window_start_t = time.perf_counter() - self.origin
-        self._emit("window", t=self.window_start_t)
+        self._emit(Kind.WINDOW, t=self.window_start_t)
         for collector in self.collectors:
             collector.start_window()
 
@@ -359,7 +365,7 @@ class Probe:
             self.builder.switch_clock(CudaEventClock(device))
         for collector in self.collectors:  # samplers start, the sync watch and collective clocks switch on
             collector.begin()
-        self._emit("environment", environment=to_jsonable(env), rank=self.rank, local_rank=self.local_rank)
+        self._emit(Kind.ENVIRONMENT, environment=to_jsonable(env), rank=self.rank, local_rank=self.local_rank)
         self._announce(framework, env)
 
     def _announce(self, framework: str | None, env: Environment) -> None:
@@ -417,32 +423,28 @@ class Probe:
 
     def rank_profile(self) -> RankProfile:
         """The rank's profile: the window's steps and the environment, each collector's figures filled in."""
-        env = self.environment or envmod.base_environment()
-        steps, warmup = window_steps(self.records, self.config.warmup)
-        sources = [self.builder.count_sources.get(s.index) for s in steps]
-        draft = RankProfile(
-            tokens_counted_from=max(set(sources), key=sources.count) if sources else None,
-            steps_delimited_by=self.forward.boundary,
-            step_boundary_reason=self.forward.reason,
-            rank=self.rank,
+        draft = assemble_rank(
+            self.rank,
+            self.environment or envmod.base_environment(),
+            steps=self.records,
+            warmup=self.config.warmup,
             local_rank=self.local_rank,
             pid=os.getpid(),
-            hostname=env.hostname,
-            warmup_steps=warmup,
-            steps=steps,
-            window_start_t=self.window_start_t,
-            window_end_t=self.window_end_t,
-            window_rule=self.window_reason,
-            environment=env,
-            probe_errors=list(self.errors),
+            window=(self.window_start_t, self.window_end_t),
+            errors=self.errors,
         )
+        sources = [self.builder.count_sources.get(s.index) for s in draft.steps]
+        draft.tokens_counted_from = max(set(sources), key=sources.count) if sources else None
+        draft.steps_delimited_by = self.forward.boundary
+        draft.step_boundary_reason = self.forward.reason
+        draft.window_rule = self.window_reason
         for collector in self.collectors:
             collector.fill(draft)
         return draft
 
     def _write(self, profile: RankProfile) -> None:
         """The finished profile closes the rank file (it supersedes the step lines before it)."""
-        self._emit("profile", profile=to_jsonable(profile))
+        self._emit(Kind.PROFILE, profile=to_jsonable(profile))
         if self._stream is not None:
             self._stream.close()
 

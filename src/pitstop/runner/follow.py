@@ -1,18 +1,18 @@
 """Read the probed processes' rank files while the job runs, handing over only what is new.
 
-A rank file (``probe/stream.py``) is one JSON object a line, appended per step (``start``, ``environment``,
-``step``, ``gpu``, ``profile``); it is tailed by byte offset, so steps arrive while the job runs and
-``pitstop watch`` reports a change when it happens.
+A rank file (``probe/stream.py``) is one JSON object a line, appended per step; it is tailed by byte offset and
+each whole line decoded by the rank file's codec (``probe/rankfile.py``) into the file's ``RankDraft``, so steps
+arrive while the job runs and ``pitstop watch`` reports a change when it happens.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from pitstop.profile import Environment, GpuSample, StepRecord, from_jsonable
+from pitstop.probe.rankfile import EnvironmentSeen, GpuReadings, RankDraft, Step, decode
+from pitstop.probe.stream import PATTERN
+from pitstop.profile import Environment, GpuSample, StepRecord
 
 
 @dataclass
@@ -28,9 +28,9 @@ class News:
 @dataclass
 class _Tail:
     offset: int = 0
-    rank: int | None = None
-    warmup: int = 0
     partial: str = ""
+    # who the rank is (its start and environment lines); its steps and readings are handed on, not kept
+    draft: RankDraft = field(default_factory=lambda: RankDraft(keep=False))
 
 
 class RankFollower:
@@ -43,7 +43,7 @@ class RankFollower:
     def poll(self) -> list[News]:
         """New steps, GPU samples and environments per rank, in step order, each handed over once."""
         news: dict[int, News] = {}
-        for path in sorted(self.out_dir.glob("rank-*.jsonl")):
+        for path in sorted(self.out_dir.glob(PATTERN)):
             self._read_lines(path, news)
         return [news[r] for r in sorted(news) if news[r].steps or news[r].gpu or news[r].environment]
 
@@ -69,28 +69,15 @@ class RankFollower:
         lines = text.split("\n")
         tail.partial = lines.pop()  # an unfinished last line waits for its end
         for raw in lines:
-            try:
-                item = json.loads(raw)
-            except ValueError:
+            record = decode(raw)
+            if record is None:
                 continue
-            if isinstance(item, dict):
-                self._apply(tail, item, news)
-
-    def _apply(self, tail: _Tail, item: dict[str, Any], news: dict[int, News]) -> None:
-        kind = item.get("kind")
-        if kind == "start":
-            tail.rank = int(item.get("rank", 0))
-            tail.warmup = int(item.get("warmup", 0))
-            return
-        rank = tail.rank if tail.rank is not None else int(item.get("rank", 0))
-        if kind == "environment" and "environment" in item:
-            tail.rank = int(item.get("rank", rank))
-            news.setdefault(tail.rank, News(tail.rank)).environment = from_jsonable(
-                Environment, item["environment"]
-            )
-        elif kind == "step":
-            record = from_jsonable(StepRecord, item["step"])
-            if record.index > tail.warmup:
-                self._take(news, rank, [record])
-        elif kind == "gpu":
-            news.setdefault(rank, News(rank)).gpu += [from_jsonable(GpuSample, s) for s in item["samples"]]
+            draft = tail.draft
+            draft.add(record)
+            rank = draft.rank
+            if isinstance(record, EnvironmentSeen) and record.environment is not None:
+                news.setdefault(rank, News(rank)).environment = record.environment
+            elif isinstance(record, Step) and record.record.index > draft.warmup:
+                self._take(news, rank, [record.record])
+            elif isinstance(record, GpuReadings):
+                news.setdefault(rank, News(rank)).gpu += record.samples

@@ -10,7 +10,7 @@ from pitstop.ingest.trace.events import TraceColumns, read_columns
 from pitstop.ingest.trace.overview import Overview, overview
 from pitstop.ingest.trace.stats import step_syncs, trace_stats
 from pitstop.ingest.trace.temporal import temporal
-from pitstop.profile import Environment, GpuTime, IdleSplit, RankProfile, StepRecord
+from pitstop.profile import Environment, GpuTime, IdleSplit, RankProfile, StepRecord, assemble_rank
 from pitstop.vocabulary import Device
 
 
@@ -75,13 +75,8 @@ def profile_of(cols: TraceColumns, fallback_rank: int = 0) -> tuple[RankProfile,
         if view.steps:
             stats.host_wait_ms = hta.host_wait_us / len(view.steps) / 1000.0
     env = _environment(cols)
-    rank = RankProfile(
-        rank=cols.rank if cols.rank is not None else fallback_rank,
-        warmup_steps=0,
-        steps=_steps(view, cols),
-        environment=env,
-        trace=stats,
-    )
+    rank = assemble_rank(cols.rank if cols.rank is not None else fallback_rank, env, steps=_steps(view, cols))
+    rank.trace = stats
     if not view.aligned and view.steps and len(cols.kernels):
         stats.limitations.append("steps could not be aligned to the GPU (no runtime call matched a kernel)")
     return rank, view
