@@ -166,7 +166,13 @@ class DataLoaderInfo:
 
 @dataclass
 class ModelInfo:
-    """Shape facts needed for the FLOPs model (from the model's config when there is one)."""
+    """The model's shape and parameter counts: the one model-shape type of pitstop.
+
+    The probe fills it from the model it watches (``probe/environment.py``), ingest and ``pitstop plan`` from
+    a config.json (``plan/model_shape.py``); the FLOPs model, the memory model (``plan.memory.Setup.model``)
+    and the rules read it. A fact a source cannot know stays ``None``; a dense model's expert fields are
+    ``None``. The field names are the keys of a profile's ``environment.model``.
+    """
 
     model_type: str | None = None
     n_layers: int | None = None
