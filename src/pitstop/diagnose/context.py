@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pitstop.diagnose.gpu_windows import gpu_windows
@@ -70,9 +71,10 @@ class RuleContext:
         """Whether per-step measurements exist (a live run or a trace), not only configs and logs."""
         return any(r.steps for r in self.profile.ranks)
 
-    def trace_mean(self, name: str) -> float | None:
-        """Mean of a TraceStats field over the ranks whose trace has it."""
-        values = [getattr(t, name) for t in self.traces if getattr(t, name) is not None]
+    def trace_mean(self, fact: Callable[[TraceStats], float | None]) -> float | None:
+        """Mean over the ranks whose trace has it of a fact only a trace knows (``lambda t:
+        t.tiny_kernel_frac``); what a live run measures too is in the steps, and the metrics have it."""
+        values = [v for t in self.traces if (v := fact(t)) is not None]
         return sum(values) / len(values) if values else None
 
     @property

@@ -27,7 +27,7 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
     if gpu is not None and not gpu.has_fast_low_precision:
         return None
     dtype = ctx.metrics.compute_dtype
-    fp32_gemm = ctx.trace_mean("fp32_gemm_frac")
+    fp32_gemm = ctx.trace_mean(lambda t: t.fp32_gemm_frac)
     traced = fp32_gemm is not None and fp32_gemm >= 0.5 and ctx.on_gpu
     act = read_activity(ctx.profile)
     counted = act is not None and act.tensor_idle and ctx.on_gpu  # tensor pipes idle while the SMs work

@@ -22,7 +22,7 @@ from pitstop.vocabulary import CauseId, RemedyId
 def pageable_copies(ctx: RuleContext) -> Finding | None:
     if not ctx.on_gpu:
         return None
-    traced = ctx.trace_mean("h2d_pageable_mb")
+    traced = ctx.trace_mean(lambda t: t.h2d_pageable_mb)
     step = ctx.metrics.step_time_s
     if traced is not None:
         if traced <= 0 or not step:

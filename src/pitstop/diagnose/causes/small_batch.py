@@ -74,7 +74,7 @@ def small_batch(ctx: RuleContext) -> Finding | None:
     if mem is not None and mem > 0.85:
         return None  # no room for a bigger batch
     launch_bound = any(t.launch_bound for t in ctx.traces)
-    tiny = ctx.trace_mean("tiny_kernel_frac")
+    tiny = ctx.trace_mean(lambda t: t.tiny_kernel_frac)
     est = min(1.0 / max(util, 0.05), 4.0)
     evidence: dict[str, object] = {
         "gpu_util": None if m.gpu_util is None else round(m.gpu_util, 3),  # whole-window mean, as before
