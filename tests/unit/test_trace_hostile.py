@@ -32,7 +32,7 @@ _HWM = (
 CLI = _HWM + "sys.argv = ['pitstop', *sys.argv[2:]]\nfrom pitstop.cli.app import main\nmain()\n"
 WORKER = (
     _HWM
-    + "from pitstop.ingest.trace.summary import summarize\nprint(summarize(sys.argv[2], 0).profile.trace.steps)\n"
+    + "from pitstop.ingest.trace.summary import summarize\nprint(len(summarize(sys.argv[2], 0).profile.steps))\n"
 )
 
 
