@@ -12,7 +12,7 @@ import pytest
 def test_eager_and_fused_attention_timed_in_bf16(seq: int, figure: Any) -> None:
     import torch
 
-    from pitstop.probe.attention_timing import AttentionShape, time_attention
+    from pitstop.probe.collectors.attention_timing import AttentionShape, time_attention
 
     device = torch.device("cuda", 0)
     state = torch.cuda.get_rng_state(device)

@@ -11,8 +11,13 @@ from tests.factories import profile, steps
 
 from pitstop.diagnose import diagnose
 from pitstop.findings import Finding
-from pitstop.probe.attention_timing import MAX_SCORES_BYTES, AttentionShape, rows_timed, time_attention
-from pitstop.probe.collectors.attention_timing import shape_of
+from pitstop.probe.collectors.attention_timing import (
+    MAX_SCORES_BYTES,
+    AttentionShape,
+    rows_timed,
+    shape_of,
+    time_attention,
+)
 from pitstop.profile import AttentionInfo, AttentionTiming, RunProfile
 from pitstop.vocabulary import Severity
 
