@@ -79,7 +79,7 @@ class Hooks:
     # -- helpers ----------------------------------------------------------------------------------
     def patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
         """Replace ``owner.name`` by ``make(original)``; ``remove`` restores it. Collectors that listen at a
-        place of their own patch it through here (``probe.saves``)."""
+        place of their own patch it through here (``collectors.saves``)."""
         own = name in vars(owner)
         original = vars(owner)[name] if own else getattr(owner, name)
         wrapper = make(original)

@@ -35,13 +35,13 @@ from pitstop.probe.collectors.attention import AttentionCollector
 from pitstop.probe.collectors.autocast import AutocastCollector
 from pitstop.probe.collectors.collate import CollateCollector
 from pitstop.probe.collectors.recompute import RecomputeCollector
+from pitstop.probe.collectors.saves import trainer_save_steps
 from pitstop.probe.collectors.syncs import SyncCollector
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.ending import end_the_job
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.kernels import kernel_facts
 from pitstop.probe.rankfile import Kind, plain_step
-from pitstop.probe.saves import trainer_save_steps
 from pitstop.probe.steps import ForwardWatch, StepTimeline
 from pitstop.probe.stopping import WindowTracker
 from pitstop.probe.stream import RankStream
