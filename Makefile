@@ -16,7 +16,7 @@ setup: $(VENV)/.installed
 # with no ops compiled, so pip never fetches a second (CUDA) torch
 DEEPSPEED ?= deepspeed==0.19.8
 
-$(VENV)/.installed: pyproject.toml setup.py Makefile src/pitstop/ingest/trace/_eventloop.c
+$(VENV)/.installed: pyproject.toml setup.py Makefile src/pitstop/trace/_eventloop.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))

@@ -28,8 +28,8 @@ STAGE = r"""
 import sys, time
 from pathlib import Path
 from isal import igzip
-from pitstop.ingest.trace import events
-from pitstop.ingest.trace._eventloop import scan
+from pitstop.trace import events
+from pitstop.trace._eventloop import scan
 stage, path = sys.argv[1], Path(sys.argv[2])
 start = time.process_time()
 if stage == "read_columns":

@@ -20,7 +20,7 @@ pip_in() { "$1/bin/pip" install --quiet --disable-pip-version-check "${@:2}"; }
 WHEEL=$(ls "$WORK"/dist/*.whl)
 SDIST=$(ls "$WORK"/dist/*.tar.gz)
 tar -tzf "$SDIST" >"$WORK/sdist-files.txt"
-grep -q '/src/pitstop/ingest/trace/_eventloop.c$' "$WORK/sdist-files.txt" || { echo "sdist lacks _eventloop.c"; exit 1; }
+grep -q '/src/pitstop/trace/_eventloop.c$' "$WORK/sdist-files.txt" || { echo "sdist lacks _eventloop.c"; exit 1; }
 
 # the same transformers as the dev venv, so the check does not wait on a resolver
 TRANSFORMERS=$("$PY" -c 'import transformers; print(transformers.__version__)')
@@ -37,7 +37,7 @@ diff <(files "$WHEEL") <(files "$WORK"/from-sdist/*.whl) || { echo "the wheel bu
 
 cd "$WORK/run"   # away from src/: only the installed package can be imported
 for venv in wheel-venv sdist-venv; do
-    ../$venv/bin/python -c 'import pitstop, pitstop.ingest.trace._eventloop as c; assert "site-packages" in pitstop.__file__, pitstop.__file__; print("'$venv'", pitstop.__version__, "C loop", c.__name__)'
+    ../$venv/bin/python -c 'import pitstop, pitstop.trace._eventloop as c; assert "site-packages" in pitstop.__file__, pitstop.__file__; print("'$venv'", pitstop.__version__, "C loop", c.__name__)'
     ../$venv/bin/pitstop causes >/dev/null
 done
 ../wheel-venv/bin/pitstop doctor --demo --no-history

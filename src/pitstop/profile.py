@@ -377,7 +377,7 @@ def json_key(key: str) -> dict[str, str]:
 @dataclass
 class StepCategories:
     """The TensorBoard plugin's Overview of a step, ms per step: each moment of the step counted once, for the
-    first category that covers it in this order (``ingest/trace/overview.py``). The JSON keys are the plugin's
+    first category that covers it in this order (``trace/overview.py``). The JSON keys are the plugin's
     category names ("Kernel", "CPU Exec")."""
 
     kernel: float = field(default=0.0, metadata=json_key("Kernel"))

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pitstop.artifacts import IngestError
 from pitstop.cli.errors import UserError
 from pitstop.ingest.dcgm import DCGM_LIMIT, MAX_LINE, dcgm_kind, read_dcgm
 from pitstop.ingest.detect import sniff
-from pitstop.ingest.errors import IngestError
 from pitstop.ingest.load import Inputs, load_run
 from pitstop.profile import RunProfile
 

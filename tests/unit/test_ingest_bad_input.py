@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pitstop.artifacts import IngestError
 from pitstop.diagnose import diagnose
-from pitstop.ingest.errors import IngestError
 from pitstop.ingest.load import Inputs, load_run
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"

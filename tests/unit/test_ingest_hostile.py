@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from tests.conftest import run_pitstop
 
+from pitstop.artifacts import IngestError
 from pitstop.diagnose import diagnose
 from pitstop.findings import Finding, Fix
-from pitstop.ingest.errors import IngestError
 from pitstop.ingest.load import Inputs, load_run
 from pitstop.ingest.nvidia_smi import MAX_GPUS, read_smi
 

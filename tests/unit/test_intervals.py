@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pitstop.ingest.trace.intervals import intersection_length, length, sorted_unique, union
+from pitstop.trace.intervals import intersection_length, length, sorted_unique, union
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.float64])
@@ -32,7 +32,7 @@ def test_union_length_and_overlap_by_brute_force() -> None:
 
 @pytest.mark.parametrize("in_order", [False, True])
 def test_the_last_launch_of_each_id_is_numpys_unique_on_the_reversed_calls(in_order: bool) -> None:
-    from pitstop.ingest.trace.temporal import _last_launch
+    from pitstop.trace.temporal import _last_launch
 
     rng = np.random.default_rng(2)
     for size in (0, 1, 2, 5, 1000):

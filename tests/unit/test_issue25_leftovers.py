@@ -82,7 +82,7 @@ def test_dask_without_the_extra_is_one_line_from_the_python_api(
 
     from pitstop.errors import PitstopError
     from pitstop.ingest.load import Inputs, load_run
-    from pitstop.ingest.trace import fleet
+    from pitstop.trace import fleet
 
     folder = kr.write_folder(tmp_path / "t", kr.job(2))
     for name in [m for m in sys.modules if m.split(".")[0] in ("dask", "distributed")]:

@@ -30,8 +30,10 @@ LAYERS: dict[str, int] = {
     "remedies": 3,
     "data": 3,
     "trials": 3,
+    "trace": 2,  # the trace engine: a profiler trace read into a rank's steps and what only a trace knows
     "findings": 1,
     "profile": 1,
+    "artifacts": 1,  # opening artifacts safely, and IngestError (ingest and the trace engine)
     "hardware": 1,
     "ds_config": 1,
     "cpus": 1,
@@ -118,7 +120,7 @@ def test_the_import_reader_sees_type_only_lazy_and_root_imports() -> None:
     assert _module_file("pitstop.tune.session.TuneResult") == SRC / "tune" / "session.py"
     assert _module_file("pitstop.report.html.svg") == SRC / "report" / "html" / "svg.py"
     assert _module_file("pitstop.report.html.render_html") == SRC / "report" / "html" / "__init__.py"
-    assert _module_file("pitstop.ingest.trace._eventloop.scan") is None  # compiled: no source to read
+    assert _module_file("pitstop.trace._eventloop.scan") is None  # compiled: no source to read
 
 
 def _module_file(target: str) -> Path | None:

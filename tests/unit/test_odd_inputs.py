@@ -19,9 +19,9 @@ import pytest
 from tests.inprocess import cli
 from tests.unit.test_watch_cli_parts import _report
 
+from pitstop.artifacts import IngestError
 from pitstop.history import HistoryError, default_path
 from pitstop.history import paths as history_paths
-from pitstop.ingest.errors import IngestError
 from pitstop.ingest.nvidia_smi import read_smi
 
 MIB = 2**20

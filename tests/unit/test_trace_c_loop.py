@@ -15,8 +15,8 @@ import pytest
 from tests import kineto_ranks as kr
 from tests.trace_facts import facts, odd_trace
 
-from pitstop.ingest.trace import events
-from pitstop.ingest.trace.events import read_columns
+from pitstop.trace import events
+from pitstop.trace.events import read_columns
 
 
 def _both(path: Path) -> tuple[Any, Any]:
@@ -39,7 +39,7 @@ def test_the_c_loop_is_built_where_there_is_a_compiler() -> None:
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}): pitstop reads traces with the Python loop")
-    importlib.import_module("pitstop.ingest.trace._eventloop")  # make setup builds it (pip install -e)
+    importlib.import_module("pitstop.trace._eventloop")  # make setup builds it (pip install -e)
 
 
 def test_the_loops_agree_on_the_shared_traces(shared_data: Path) -> None:
@@ -91,7 +91,7 @@ def test_an_event_left_to_python_hands_over_the_rest(tmp_path: Path, monkeypatch
     fast = read_columns(path)
     monkeypatch.setattr(events._EventLoop, "_take", take)
     assert facts(fast) == facts(read_columns(path, c_loop=False))
-    if importlib.util.find_spec("pitstop.ingest.trace._eventloop") is not None:
+    if importlib.util.find_spec("pitstop.trace._eventloop") is not None:
         assert 0 < sum(seen_by_python) < len(trace_events) - odd + 1  # Python read from the odd event on
     assert fast.vendor == "nvidia" and len(fast.kernels) > 0
 
@@ -99,8 +99,8 @@ def test_an_event_left_to_python_hands_over_the_rest(tmp_path: Path, monkeypatch
 def test_structs_it_cannot_read_leave_every_event_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
     """The C loop reads msgspec's struct fields by their slot offsets; were a msgspec to keep them another
     way, the loop refuses to start and the Python loop reads the trace."""
-    pytest.importorskip("pitstop.ingest.trace._eventloop")
-    from pitstop.ingest.trace import fastevents
+    pytest.importorskip("pitstop.trace._eventloop")
+    from pitstop.trace import fastevents
 
     class Fields:  # fields that are properties, not object slots
         cat = name = ts = dur = args = property(lambda self: None)

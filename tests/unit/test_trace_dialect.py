@@ -11,9 +11,6 @@ import pytest
 from tests import kineto_ranks as kr
 
 from pitstop.diagnose.metrics import compute_metrics
-from pitstop.ingest.trace import profile_of
-from pitstop.ingest.trace.events import read_columns
-from pitstop.ingest.trace.overview import overview
 from pitstop.profile import (
     GpuTime,
     IdleSplit,
@@ -24,6 +21,9 @@ from pitstop.profile import (
     TraceStats,
     to_jsonable,
 )
+from pitstop.trace import profile_of
+from pitstop.trace.events import read_columns
+from pitstop.trace.overview import overview
 from pitstop.vocabulary import Source
 
 # a rank as pitstop analyze saved it before the trace's facts were typed records

@@ -14,8 +14,8 @@ import pytest
 from tests import kineto_ranks as kr
 from tests.trace_facts import facts, odd_trace
 
-from pitstop.ingest.trace import fastevents
-from pitstop.ingest.trace.events import read_columns
+from pitstop.trace import fastevents
+from pitstop.trace.events import read_columns
 
 
 def _read(path: Path) -> Any:
@@ -103,7 +103,7 @@ def test_a_trace_on_one_line_is_read_value_by_value_to_the_same_columns(tmp_path
 def test_batches_kept_past_the_next_read_keep_their_values(tmp_path: Path) -> None:
     """msgspec's Raw values are views into the buffer their chunk was decoded from, and the reader reuses a
     buffer only when nothing views it: a consumer that keeps every batch still reads each event's values."""
-    from pitstop.ingest.trace.jsonstream import event_batches
+    from pitstop.trace.jsonstream import event_batches
 
     doc = kr.job(2, steps=60, kernels=12, padding_ops=400)[0]  # ~3.5 MiB: several 1 MiB reads
     for i, ev in enumerate(doc["traceEvents"]):
@@ -127,7 +127,7 @@ def test_a_view_kept_past_its_read_does_not_stop_the_reader(
     """The buffer a read fills is cut to what was read, which fails while a view of it lives. A Dask worker's
     sampling profiler holds frames that outlive their call, with the call's arguments: a busy run failed
     "BufferError: Existing exports of data". Here every view lent to a read is kept, as such a frame keeps it."""
-    from pitstop.ingest.trace import jsonstream
+    from pitstop.trace import jsonstream
 
     path = tmp_path / f"held{suffix}"
     kr.write(kr.job(2, steps=60, kernels=12, padding_ops=400)[0], path)  # several 1 MiB reads

@@ -15,12 +15,12 @@ import pytest
 from tests import kineto_ranks as kr
 from tests.conftest import run_pitstop
 
+from pitstop.artifacts import IngestError
 from pitstop.diagnose import diagnose
-from pitstop.ingest.errors import IngestError
 from pitstop.ingest.load import Inputs, load_run
-from pitstop.ingest.trace.events import COLLECTIVE_KINDS, COMMUNICATION, _kernel_class, collective_kind
-from pitstop.ingest.trace.fleet import default_jobs, read_traces
-from pitstop.ingest.trace.summary import rank_from_name
+from pitstop.trace.events import COLLECTIVE_KINDS, COMMUNICATION, _kernel_class, collective_kind
+from pitstop.trace.fleet import default_jobs, read_traces
+from pitstop.trace.summary import rank_from_name
 
 OFFSETS = [0.0, 730.5, -410.25, 1200.0, 55.0, -999.5, 310.0, 42.0]
 

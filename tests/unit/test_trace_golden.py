@@ -9,9 +9,9 @@ import pytest
 
 from pitstop.diagnose import diagnose
 from pitstop.ingest.load import Inputs, load_run
-from pitstop.ingest.trace import load_trace
-from pitstop.ingest.trace.events import read_columns
-from pitstop.ingest.trace.overview import overview
+from pitstop.trace import load_trace
+from pitstop.trace.events import read_columns
+from pitstop.trace.overview import overview
 
 # trace: (avg step ms, Kernel, Memcpy, Runtime, DataLoader, CPU Exec, Other, GPU util, HTA idle, compute, non-compute)
 REFERENCE = {

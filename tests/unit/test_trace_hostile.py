@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from tests import kineto_ranks as kr
 
-from pitstop.ingest.errors import IngestError
-from pitstop.ingest.trace.events import read_columns
+from pitstop.artifacts import IngestError
+from pitstop.trace.events import read_columns
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc")
 
@@ -32,7 +32,7 @@ _HWM = (
 CLI = _HWM + "sys.argv = ['pitstop', *sys.argv[2:]]\nfrom pitstop.cli.app import main\nmain()\n"
 WORKER = (
     _HWM
-    + "from pitstop.ingest.trace.summary import summarize\nprint(len(summarize(sys.argv[2], 0).profile.steps))\n"
+    + "from pitstop.trace.summary import summarize\nprint(len(summarize(sys.argv[2], 0).profile.steps))\n"
 )
 
 
@@ -134,7 +134,7 @@ def test_worker_memory_stays_flat_as_the_trace_grows(tmp_path: Path) -> None:
 
 
 def test_an_event_whose_category_is_not_a_string_is_counted_as_malformed(tmp_path: Path) -> None:
-    from pitstop.ingest.trace.events import read_columns
+    from pitstop.trace.events import read_columns
 
     events = [
         {"ph": "X", "cat": ["x"], "name": "k", "ts": 1, "dur": 2, "pid": 1, "tid": 1},

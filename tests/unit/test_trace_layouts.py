@@ -16,11 +16,11 @@ import msgspec
 import pytest
 from tests.trace_facts import facts
 
+from pitstop.artifacts import IngestError
 from pitstop.ingest.detect import sniff
-from pitstop.ingest.errors import IngestError
-from pitstop.ingest.trace import jsonstream, load_trace
-from pitstop.ingest.trace.boundaries import scan_python
-from pitstop.ingest.trace.events import read_columns
+from pitstop.trace import jsonstream, load_trace
+from pitstop.trace.boundaries import scan_python
+from pitstop.trace.events import read_columns
 
 KEYS = ("control", "ns_resolution", "nccl_data", "negative_queue", "mi250")
 METADATA = (
@@ -117,7 +117,7 @@ def test_one_line_is_one_pass(
 
 
 def test_python_scan_matches_the_c_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    scan = pytest.importorskip("pitstop.ingest.trace._eventloop").scan
+    scan = pytest.importorskip("pitstop.trace._eventloop").scan
     rng = random.Random(26)
     for alphabet in (b'{}[],"\\ a1:', b'{}[],"  aaaaaaa1:'):  # the C scan takes 64 bytes at a time
         for _ in range(3000):

@@ -13,10 +13,10 @@ import pytest
 from tests import kineto_ranks as kr
 from tests.trace_facts import facts, odd_trace
 
-from pitstop.ingest.trace import events
-from pitstop.ingest.trace.events import read_columns
+from pitstop.trace import events
+from pitstop.trace.events import read_columns
 
-pytest.importorskip("pitstop.ingest.trace._eventloop")
+pytest.importorskip("pitstop.trace._eventloop")
 
 
 def _three(path: Path) -> list[Any]:
@@ -35,7 +35,7 @@ def _three(path: Path) -> list[Any]:
 def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How many chunks the text reader took whole, in part, or declined."""
     counts = {"taken": 0, "partial": 0, "declined": 0}
-    from pitstop.ingest.trace._eventloop import Loop
+    from pitstop.trace._eventloop import Loop
 
     class Counted:
         def __init__(self, loop: Any) -> None:

@@ -179,8 +179,8 @@ def find_trainer_state(folder: Path) -> Path | None:
 def _trainer_state(view: JobView) -> tuple[RunTotals, list[str]] | None:
     import json
 
+    from pitstop.artifacts import read_text
     from pitstop.ingest.hf_outputs import is_trainer_state, read_trainer_outputs
-    from pitstop.ingest.readers import read_text
 
     pids = [r.pid for r in view.ranks] + [view.window.pid]
     folder = next((c for c in map(procs.cwd, pids) if c is not None), None)

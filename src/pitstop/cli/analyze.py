@@ -6,11 +6,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from pitstop.artifacts import IngestError
 from pitstop.cli.errors import UserError
 from pitstop.cli.money import resolve_price, resolve_total_steps, with_savings
 from pitstop.cli.outputs import Outputs
 from pitstop.diagnose import diagnose
-from pitstop.ingest.errors import IngestError
 from pitstop.ingest.load import Inputs, load_run
 from pitstop.report.terminal import render
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pitstop.artifacts import IngestError, read_text
 from pitstop.ds_config import hpz_from_deepspeed, offload_from_deepspeed
 from pitstop.ingest.documents import load_document
-from pitstop.ingest.errors import IngestError
-from pitstop.ingest.readers import read_text
 from pitstop.profile import Environment
 from pitstop.vocabulary import Sharding
 

@@ -24,8 +24,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import BinaryIO
 
-from pitstop.ingest.errors import IngestError
-from pitstop.ingest.readers import open_binary
+from pitstop.artifacts import IngestError, open_binary
 from pitstop.profile import ActivitySample, Environment, GpuActivity, GpuSample, RankProfile, assemble_rank
 from pitstop.vocabulary import Device
 

@@ -8,13 +8,12 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from pitstop.artifacts import IngestError, head, read_text
 from pitstop.ingest.configs import config_kind
 from pitstop.ingest.dcgm import dcgm_kind
 from pitstop.ingest.documents import load_document
-from pitstop.ingest.errors import IngestError
 from pitstop.ingest.hf_outputs import is_results, is_trainer_state
 from pitstop.ingest.nvidia_smi import looks_like_smi
-from pitstop.ingest.readers import head, read_text
 
 TRACE_KEYS = re.compile(rb'"(traceEvents|deviceProperties|schemaVersion|distributedInfo)"\s*:')
 # Trace Event Format's array form: a top-level array of objects, events by their phase key ("ph": "X")

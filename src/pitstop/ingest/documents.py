@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pitstop.ingest.errors import IngestError
+from pitstop.artifacts import IngestError
 from pitstop.ingest.yamlsafe import load_yaml
 
 MAX_DEPTH = 64

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pitstop.artifacts import IngestError
 from pitstop.hardware import lookup_gpu
 from pitstop.ingest.configs import merge_into, read_config
 from pitstop.ingest.dcgm import DcgmGpu, activity_ranks, attach_activity, read_dcgm
 from pitstop.ingest.detect import expand, sniff
-from pitstop.ingest.errors import IngestError
 from pitstop.ingest.hf_outputs import read_trainer_outputs
 from pitstop.ingest.nvidia_smi import read_smi
 from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
@@ -171,7 +171,7 @@ def load_run(
         else:  # pragma: no cover - sniff returns only the kinds above
             raise IngestError(f"{path}: unsupported kind {kind}")
     if trace_paths:  # all traces at once: in parallel, then the cross-rank step
-        from pitstop.ingest.trace.fleet import read_traces
+        from pitstop.trace.fleet import read_traces
 
         fleet = read_traces(trace_paths, jobs=inputs.jobs, dask=inputs.dask, progress=on_trace)
         trace_ranks, trace_notes = fleet.ranks, fleet.notes

@@ -21,8 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pitstop.ingest.errors import IngestError
-from pitstop.ingest.readers import open_binary
+from pitstop.artifacts import IngestError, open_binary
 from pitstop.profile import GpuSample
 
 HEADER_HINTS = (

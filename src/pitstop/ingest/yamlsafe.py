@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pitstop.ingest.errors import IngestError
+from pitstop.artifacts import IngestError
 
 MAX_EXPANDED_NODES = 200_000
 YAML_LIMIT = 4 * 2**20

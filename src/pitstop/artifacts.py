@@ -1,4 +1,5 @@
-"""Opening artifacts safely: regular files only, gzip by magic bytes (not by name), size limits, text decoding.
+"""Opening artifacts safely: regular files only, gzip by magic bytes (not by name), size limits, text decoding;
+and ``IngestError``, the one error for an artifact that cannot be read (ingest and the trace engine raise it).
 
 Only regular files are opened: a FIFO would block the open forever and a device (``/dev/zero``) never ends.
 A regular file that reports size 0 is refused as empty before it is read, which also keeps pseudo-files
@@ -13,8 +14,13 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-from pitstop.ingest.errors import IngestError
+from pitstop.errors import PitstopError
 from pitstop.regular import regular_stat
+
+
+class IngestError(PitstopError):
+    """An artifact cannot be read at all (as opposed to read with a stated limitation): one line, one file."""
+
 
 GZIP_MAGIC = b"\x1f\x8b"
 CONFIG_LIMIT = (

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pitstop.ingest.readers import head
-from pitstop.ingest.trace.jsonstream import event_batches
+from pitstop.artifacts import head
+from pitstop.trace.jsonstream import event_batches
 
 if TYPE_CHECKING:
-    from pitstop.ingest.trace.fastevents import Args
+    from pitstop.trace.fastevents import Args
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -412,7 +412,7 @@ def read_columns(path: Path, c_loop: bool = True, from_text: bool = True) -> Tra
     C loop take msgspec's structs only, which its reader of text is tested against)."""
     from msgspec import Struct
 
-    from pitstop.ingest.trace.fastevents import as_event
+    from pitstop.trace.fastevents import as_event
 
     cols = TraceColumns(path=path)
     _head_metadata(path, cols)
@@ -459,7 +459,7 @@ class _EventLoop:
         """A chunk of whole events (``[...]`` text), as jsonstream's ``fast`` decoder: the C loop takes its
         events straight from the text where it can (an empty batch comes back, the events are counted here);
         else msgspec's structs (None: the stdlib's values), which ``take`` then takes."""
-        from pitstop.ingest.trace.fastevents import decode
+        from pitstop.trace.fastevents import decode
 
         if self.fast is None or not self.from_text:
             return decode(chunk)
@@ -499,7 +499,7 @@ class _EventLoop:
         self.fast = None
 
     def _take(self, batch: list[Any]) -> None:
-        from pitstop.ingest.trace.fastevents import BAD, NO_ARGS, Event
+        from pitstop.trace.fastevents import BAD, NO_ARGS, Event
 
         cols, categories, cat_cache, plain_names = (
             self.cols,
@@ -591,10 +591,10 @@ def _c_loop(loop: _EventLoop) -> Any:
     """The C event loop over ``loop``'s columns, memos and state; None where it is not built (or where
     ``PITSTOP_TRACE_LOOP=python`` asks for the Python loop: the benchmark's baseline)."""
     try:
-        from pitstop.ingest.trace._eventloop import Loop
+        from pitstop.trace._eventloop import Loop
     except ImportError:  # installed without a C compiler: the Python loop reads every event
         return None
-    from pitstop.ingest.trace.fastevents import BAD, MISSING, NO_ARGS, Args, Event, decode_one
+    from pitstop.trace.fastevents import BAD, MISSING, NO_ARGS, Args, Event, decode_one
 
     cols, runtime, kernels = loop.cols, loop.cols.runtime, loop.cols.kernels
     try:
@@ -627,7 +627,7 @@ def _c_loop(loop: _EventLoop) -> Any:
 
 def _other_gpu_event(cols: TraceColumns, role: int, name: str, ts: float, dur: float, args: Args) -> None:
     """Memcpy, memset, and other events on a GPU stream (rarer than kernels: out of the loop)."""
-    from pitstop.ingest.trace.fastevents import MISSING
+    from pitstop.trace.fastevents import MISSING
 
     if role == _MEMCPY:
         _add_gpu(cols.memcpy, ts, dur, args, _copy_kind(name))

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pitstop.ingest.trace.events import COMPUTE, MEMORY_KERNEL, GpuColumns, TraceColumns
-from pitstop.ingest.trace.intervals import length, sorted_unique, union
+from pitstop.trace.events import COMPUTE, MEMORY_KERNEL, GpuColumns, TraceColumns
+from pitstop.trace.intervals import length, sorted_unique, union
 
 KERNEL_WAIT_US = 30.0
 

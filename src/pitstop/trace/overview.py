@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pitstop.ingest.trace.events import TraceColumns
-from pitstop.ingest.trace.intervals import covers, sorted_unique, union
+from pitstop.trace.events import TraceColumns
+from pitstop.trace.intervals import covers, sorted_unique, union
 
 ROLES = ("Kernel", "Memcpy", "Memset", "Communication", "Runtime", "DataLoader", "CPU Exec")
 

@@ -20,8 +20,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from pitstop.ingest.trace.events import COLLECTIVE_KINDS
-from pitstop.ingest.trace.summary import RankSummary
+from pitstop.trace.events import COLLECTIVE_KINDS
+from pitstop.trace.summary import RankSummary
 
 _BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n}
 for _kind in ("allgather", "reducescatter", "alltoall"):

@@ -37,9 +37,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, cast
 
-from pitstop.ingest.errors import IngestError
-from pitstop.ingest.readers import GZIP_MAGIC
-from pitstop.ingest.trace.boundaries import OUT_OF_STRING, scanner
+from pitstop.artifacts import GZIP_MAGIC, IngestError
+from pitstop.trace.boundaries import OUT_OF_STRING, scanner
 
 READ_BYTES = 1 << 20  # decompressed bytes per read (~3,000 Kineto events): larger saves no time
 MAX_VALUE = 32 << 20  # bytes in one event or top-level value

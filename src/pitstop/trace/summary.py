@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from pitstop.ingest.errors import IngestError
-from pitstop.ingest.trace import profile_of
-from pitstop.ingest.trace.events import read_columns
+from pitstop.artifacts import IngestError
 from pitstop.profile import RankProfile
+from pitstop.trace import profile_of
+from pitstop.trace.events import read_columns
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|node)[-_.]?(\d+)", re.I)
 

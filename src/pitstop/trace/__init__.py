@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pitstop.ingest.trace.events import TraceColumns, read_columns
-from pitstop.ingest.trace.overview import Overview, overview
-from pitstop.ingest.trace.stats import step_syncs, trace_stats
-from pitstop.ingest.trace.temporal import temporal
 from pitstop.profile import Environment, GpuTime, IdleSplit, RankProfile, StepRecord, assemble_rank
+from pitstop.trace.events import TraceColumns, read_columns
+from pitstop.trace.overview import Overview, overview
+from pitstop.trace.stats import step_syncs, trace_stats
+from pitstop.trace.temporal import temporal
 from pitstop.vocabulary import Device
 
 

@@ -64,7 +64,7 @@ def scanner() -> Scan:
     """The C scan where it is built (and ``PITSTOP_TRACE_LOOP`` does not ask for Python), else the Python one."""
     if os.environ.get("PITSTOP_TRACE_LOOP") != "python":
         try:
-            from pitstop.ingest.trace._eventloop import scan
+            from pitstop.trace._eventloop import scan
         except ImportError:
             pass
         else:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pitstop.ingest.trace.events import COMMUNICATION, COMPUTE, H2D_PAGEABLE, H2D_PINNED, TraceColumns
-from pitstop.ingest.trace.intervals import intersection_length, length, union
-from pitstop.ingest.trace.overview import Overview
 from pitstop.profile import StepCategories, TraceStats, from_jsonable
+from pitstop.trace.events import COMMUNICATION, COMPUTE, H2D_PAGEABLE, H2D_PINNED, TraceColumns
+from pitstop.trace.intervals import intersection_length, length, union
+from pitstop.trace.overview import Overview
 
 TINY_KERNEL_US = 10.0
 

@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop.ingest.errors import IngestError
-from pitstop.ingest.readers import GZIP_MAGIC
-from pitstop.ingest.trace.crossrank import cross_rank
-from pitstop.ingest.trace.summary import Failure, RankSummary, rank_from_name, summarize
+from pitstop.artifacts import GZIP_MAGIC, IngestError
 from pitstop.profile import RankProfile
+from pitstop.trace.crossrank import cross_rank
+from pitstop.trace.summary import Failure, RankSummary, rank_from_name, summarize
 
 WORKER_BYTES = 160 << 20  # interpreter, numpy and pitstop, plus the reader's buffers
 TEXT_SHARE = 0.3  # peak memory per byte of trace text (columns and their numpy views), measured
@@ -115,7 +114,7 @@ def _pool(tasks: list[tuple[str, int]], jobs: int) -> Iterator[RankSummary | Fai
 def _main_script_hidden() -> Iterator[None]:
     """While a LocalCluster starts its worker processes (spawned), hide the main script: a spawned process
     re-imports it, and a wrapper without a ``__main__`` guard would run pitstop again in every worker.
-    The workers need only ``pitstop.ingest.trace.summary``, which they import by name."""
+    The workers need only ``pitstop.trace.summary``, which they import by name."""
     main = sys.modules.get("__main__")
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:

@@ -1137,7 +1137,7 @@ static PyMethodDef Loop_methods[] = {
 };
 
 static PyTypeObject LoopType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pitstop.ingest.trace._eventloop.Loop",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pitstop.trace._eventloop.Loop",
     .tp_basicsize = sizeof(Loop),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The trace reader's event loop (events.py's _EventLoop.take), in C.",
