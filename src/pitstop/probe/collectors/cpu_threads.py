@@ -1,5 +1,6 @@
 """Threads against cores: what the job asked for (torch's thread pools, $OMP_NUM_THREADS, ranks on this
-machine) and how many of its threads were runnable during the window.
+machine, read at the first step) and how many of its threads were runnable during the window (sampled on a
+thread of its own from the window's start; the means go into the environment's ``cpu``).
 
 The load sampler reads ``/proc/<pid>/task/*/stat`` of the training process and its children (DataLoader
 workers) a few times a second and counts threads in state R (running or waiting for a core; an OpenMP
@@ -15,8 +16,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pitstop.cpus import affinity_cores, cgroup_cores, cores_allowed, local_ranks
-from pitstop.profile import CpuThreads
+from pitstop.cpus import cgroup_cores, cores_allowed, local_ranks
+from pitstop.probe.collectors.base import Collector, ProbeContext, collector
+from pitstop.profile import CpuThreads, RankProfile
 
 PROC = Path("/proc")
 
@@ -124,4 +126,26 @@ class ThreadLoad:
             facts.steal_frac = round((end.steal - self._steal0.steal) / total, 4) if total > 0 else None
 
 
-__all__ = ["ThreadLoad", "affinity_cores", "machine_run_queue", "runnable_threads", "thread_facts"]
+@collector
+class ThreadLoadCollector(Collector):
+    """The counters are ``ThreadLoad``'s samples; None until the window starts."""
+
+    def __init__(self, ctx: ProbeContext) -> None:
+        super().__init__(ctx)
+        self.load: ThreadLoad | None = None
+
+    def begin(self) -> None:
+        if self.ctx.environment is not None:
+            self.ctx.environment.cpu = thread_facts()  # what the job asked for: pools, OMP, ranks, cores
+
+    def start_window(self) -> None:
+        self.load = ThreadLoad()
+
+    def stop_window(self) -> None:
+        if self.load is not None:
+            self.load.stop()
+
+    def fill(self, draft: RankProfile) -> None:
+        cpu = draft.environment.cpu
+        if self.load is not None and cpu is not None:
+            self.load.stop_into(cpu)
