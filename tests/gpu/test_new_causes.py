@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pitstop.diagnose import diagnose  # noqa: E402
-from pitstop.probe.allocator import AllocatorWatch  # noqa: E402
+from pitstop.probe.collectors.memory import AllocatorWatch  # noqa: E402
 from pitstop.remedies import RemedyId, remedy  # noqa: E402
 from pitstop.trials.request import FixReport, FixRequest  # noqa: E402
 from tests.factories import profile, steps  # noqa: E402

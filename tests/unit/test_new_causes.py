@@ -13,8 +13,8 @@ from pitstop import cpus
 from pitstop.clock_reasons import reason_names
 from pitstop.diagnose import diagnose
 from pitstop.findings import Finding
-from pitstop.probe.allocator import summarise
 from pitstop.probe.collectors.cpu_threads import machine_run_queue, runnable_threads
+from pitstop.probe.collectors.memory import summarise
 from pitstop.profile import (
     CpuThreads,
     GpuSample,

@@ -1,14 +1,79 @@
-"""GPU memory: the peaks and the allocator's retries and OOMs (read once, at the end), and the caching
-allocator across the window (``probe.allocator``: ``torch.cuda.memory_stats`` kept at each step end)."""
+"""GPU memory: the peaks and the allocator's retries and OOMs (read once, at the end), and the CUDA caching
+allocator across the window: ``torch.cuda.memory_stats()`` read at each step's end.
+
+In a steady training loop the allocator serves every tensor from its cache: no cudaMalloc, no cudaFree, no
+retry. Counters that keep growing step after step mean it thrashes (each cudaFree synchronises the device; a
+retry frees the whole cache first). ``summarise`` is pure, so recorded ``memory_stats`` dicts test it.
+"""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pitstop.probe.allocator import AllocatorWatch
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
 from pitstop.profile import Environment, MemoryStats, RankProfile, StepRecord
 from pitstop.vocabulary import Device
+
+KEYS = (
+    "num_alloc_retries",
+    "num_device_alloc",
+    "num_device_free",
+    "reserved_bytes.all.current",
+    "allocated_bytes.all.current",
+    "inactive_split_bytes.all.current",
+)
+
+
+def _get(stats: Mapping[str, Any], key: str) -> int | None:
+    value = stats.get(key)
+    return int(value) if isinstance(value, int | float) else None
+
+
+def summarise(snapshots: Sequence[Mapping[str, Any]], into: MemoryStats) -> None:
+    """Fill the window fields of ``into`` from one snapshot per step end (the first is the window's start)."""
+    if len(snapshots) < 2:
+        return
+    first, last = snapshots[0], snapshots[-1]
+
+    def delta(key: str) -> int | None:
+        a, b = _get(first, key), _get(last, key)
+        return None if a is None or b is None else max(0, b - a)
+
+    def mean(key: str) -> float | None:
+        values = [v for v in (_get(s, key) for s in snapshots[1:]) if v is not None]
+        return sum(values) / len(values) if values else None
+
+    allocs = [_get(s, "num_device_alloc") for s in snapshots]
+    into.window_steps = len(snapshots) - 1
+    into.window_alloc_retries = delta("num_alloc_retries")
+    into.window_device_allocs = delta("num_device_alloc")
+    into.window_device_frees = delta("num_device_free")
+    into.steps_with_device_allocs = sum(
+        1 for a, b in itertools.pairwise(allocs) if a is not None and b is not None and b > a
+    )
+    into.reserved_mean = mean("reserved_bytes.all.current")
+    into.allocated_mean = mean("allocated_bytes.all.current")
+    into.inactive_split_mean = mean("inactive_split_bytes.all.current")
+
+
+class AllocatorWatch:
+    """Keeps the counters of ``KEYS`` at every step end of the window (a dict lookup per key: microseconds)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._stats = torch.cuda.memory_stats
+        self.snapshots: list[dict[str, Any]] = []
+        self.step()  # the window's start
+
+    def step(self) -> None:
+        stats = self._stats()
+        self.snapshots.append({k: stats.get(k) for k in KEYS})
+
+    def fill(self, memory: MemoryStats) -> None:
+        summarise(self.snapshots, memory)
 
 
 @collector
