@@ -178,7 +178,7 @@ def ddp_worker(rank: int, world: int, init: str, args: argparse.Namespace, out: 
 
     @contextlib.contextmanager
     def probe_without_collectives() -> Iterator[None]:
-        from pitstop.probe.collectives import CollectiveRecorder
+        from pitstop.probe.collectors.collectives import CollectiveRecorder
 
         install = CollectiveRecorder.install
         CollectiveRecorder.install = lambda self: None  # type: ignore[method-assign]
@@ -215,7 +215,7 @@ def per_collective_cost(init: str, calls: int = 200, blocks: int = 20) -> float:
     without the wrappers, in alternating blocks (the median of per-block differences)."""
     import torch.distributed as dist
 
-    from pitstop.probe.collectives import CollectiveRecorder
+    from pitstop.probe.collectors.collectives import CollectiveRecorder
 
     dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
     x = torch.ones(16)

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from pitstop.probe import gather  # noqa: E402
-from pitstop.probe.collectives import CollectiveRecorder  # noqa: E402
+from pitstop.probe.collectors.collectives import CollectiveRecorder  # noqa: E402
 from pitstop.profile import RankProfile, StepRecord  # noqa: E402
 
 

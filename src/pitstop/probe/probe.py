@@ -28,8 +28,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pitstop.atomic import write_atomic
-from pitstop.probe import collectives as collmod
 from pitstop.probe import environment as envmod
+from pitstop.probe import gather
 from pitstop.probe.collectors import COLLECTORS, Collector, ProbeContext, overrides
 from pitstop.probe.collectors.attention import AttentionCollector
 from pitstop.probe.collectors.autocast import AutocastCollector
@@ -412,7 +412,7 @@ class Probe:
         profile.stopped_by_probe = reason == "window" and self.config.stop_when_done
         if self.config.out_dir is not None:
             self._write(profile)
-            self.guard(collmod.gather_to_rank0, profile, self.config.out_dir)
+            self.guard(gather.exchange, profile, self.config.out_dir)  # many nodes: to rank 0's node
         self.hooks.remove()
         self._each(lambda c: c.remove(), "remove")
         if self.on_done is not None:
