@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from pitstop.probe.gpm import GpmReader
+from pitstop.probe.collectors.samplers import GpmReader
 from pitstop.profile import ActivitySample, RankProfile
 
 SLACK = 0.05  # the window's ends: GPM's samples and the host clock are not taken at the same instant

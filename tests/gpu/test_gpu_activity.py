@@ -55,7 +55,7 @@ def _step(model: Any, opt: Any, x: Any) -> None:
 
 
 def _handle() -> Any:
-    from pitstop.probe.samplers import open_nvml
+    from pitstop.probe.collectors.samplers import open_nvml
 
     index = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)

@@ -36,7 +36,7 @@ def _busy(seconds_of_matmuls: int = 200) -> None:
 def test_clock_event_reasons_and_application_clock_via_real_nvml() -> None:
     pynvml = pytest.importorskip("pynvml")
     from pitstop.clock_reasons import HW_SLOWDOWN, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
-    from pitstop.probe.samplers import NvmlSampler, open_nvml
+    from pitstop.probe.collectors.samplers import NvmlSampler, open_nvml
 
     assert (
         pynvml.nvmlClocksEventReasonSwPowerCap,

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from pitstop.probe.gpm import GpmReader
-from pitstop.probe.samplers import NvmlSampler, RecordedNvml
+from pitstop.probe.collectors.samplers import GpmReader, NvmlSampler, RecordedNvml
 
 NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
 

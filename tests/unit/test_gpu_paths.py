@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from pitstop.hardware import lookup_gpu  # noqa: E402
 from pitstop.plan.flops import attention_context, flops_per_token  # noqa: E402
 from pitstop.probe import environment as envmod  # noqa: E402
-from pitstop.probe import samplers  # noqa: E402
+from pitstop.probe.collectors import samplers  # noqa: E402
 from pitstop.probe.collectors.memory import memory_stats  # noqa: E402
 from pitstop.probe.config import ProbeConfig  # noqa: E402
 from pitstop.probe.hooks import SYNC_WARNING, Hooks  # noqa: E402

@@ -474,7 +474,7 @@ class FakePynvml:
 
 
 def test_the_nvml_sampler_reads_clock_event_reasons_and_the_application_clock() -> None:
-    from pitstop.probe.samplers import NvmlSampler
+    from pitstop.probe.collectors.samplers import NvmlSampler
 
     current = FakePynvml(0x4 | 0x20, sm=1410, app=1755)
     current.nvmlDeviceGetCurrentClocksEventReasons = lambda handle: current.reasons  # type: ignore[attr-defined]
@@ -523,7 +523,7 @@ def test_clocks_at_speed_or_idle_gpus_are_not_throttled() -> None:
 
 
 def test_recorded_nvml_replays_the_new_fields() -> None:
-    from pitstop.probe.samplers import NvmlSampler, RecordedNvml
+    from pitstop.probe.collectors.samplers import NvmlSampler, RecordedNvml
 
     reading = {
         "util": 99,

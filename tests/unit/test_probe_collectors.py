@@ -20,7 +20,7 @@ from pitstop.probe.collectors import COLLECTORS, Collector  # noqa: E402
 from pitstop.probe.collectors.collectives import CollectivesCollector  # noqa: E402
 from pitstop.probe.collectors.gc_pauses import GcPausesCollector  # noqa: E402
 from pitstop.probe.collectors.memory import MemoryCollector  # noqa: E402
-from pitstop.probe.collectors.sampled import SamplersCollector  # noqa: E402
+from pitstop.probe.collectors.samplers import SamplersCollector  # noqa: E402
 from pitstop.probe.collectors.saves import SaveCollector  # noqa: E402
 from pitstop.probe.config import ProbeConfig  # noqa: E402
 from pitstop.probe.probe import Probe  # noqa: E402

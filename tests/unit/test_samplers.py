@@ -10,7 +10,7 @@ import pytest
 from tests.factories import profile
 
 from pitstop.diagnose import diagnose
-from pitstop.probe.samplers import HostSampler, NvmlSampler, RecordedNvml
+from pitstop.probe.collectors.samplers import HostSampler, NvmlSampler, RecordedNvml
 
 
 def _readings_from_nvidia_smi(path: Path, limit: int = 200) -> list[dict[str, float]]:

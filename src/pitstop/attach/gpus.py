@@ -24,7 +24,7 @@ class GpuWatch:
     _samplers: dict[int, Any] = field(default_factory=dict)
 
     def start(self, origin: float) -> None:
-        from pitstop.probe.samplers import NvmlSampler
+        from pitstop.probe.collectors.samplers import NvmlSampler
 
         for index in sorted(set(self.of_pid.values())):
             handle = self.nvml.nvmlDeviceGetHandleByIndex(index)

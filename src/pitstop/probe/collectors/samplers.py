@@ -1,11 +1,28 @@
-"""Background samplers: the GPU through NVML (10 Hz) and the trainer's CPU use through psutil (2 Hz).
+"""The samplers: the GPU through NVML (10 Hz: utilization, memory, PCIe, clocks and their throttle reasons,
+power, and the activity counters where the GPU has them) and the trainer's CPU use through psutil (2 Hz), on
+threads of their own from the first optimizer step; their readings stream to the rank file as they come.
 
-Each sampler is a daemon thread that reads a *source* and appends samples; the source for NVML is any
-object with pynvml's functions, so recorded readings (``RecordedNvml``) go through exactly the code a
-live GPU does. Samples are taken on a fixed schedule (start + k · interval), not "interval after the
-last one": NVML's two PCIe throughput queries each block ~20 ms, which would otherwise stretch a 10 Hz
-sampler to ~7 Hz. A deadline missed because a sample took longer is skipped, not made up in a burst. A
-sampler that fails stops itself quietly; it never raises into the training process.
+``NvmlSampler`` is attach's too: ``attach/gpus.py`` samples the GPUs of a job it attached to from pitstop's
+own process with this same class. That is why everything here but the collector at the end stands without a
+probe, and why the module imports neither torch nor pynvml at its top.
+
+Each sampler is a daemon thread that reads a *source* and appends samples; the source for NVML is any object
+with pynvml's functions, so recorded readings (``RecordedNvml``) go through exactly the code a live GPU does.
+Samples are taken on a fixed schedule (start + k · interval), not "interval after the last one": NVML's two
+PCIe throughput queries each block ~20 ms, which would otherwise stretch a 10 Hz sampler to ~7 Hz. A deadline
+missed because a sample took longer is skipped, not made up in a burst. A sampler that fails stops itself
+quietly; it never raises into the training process.
+
+Clock-event (throttle) reasons: pynvml renamed ``nvmlDeviceGetCurrentClocksThrottleReasons`` to
+``...ClocksEventReasons`` (driver 535); either is used. The application clock is the SM clock the GPU is set
+to run at; a busy GPU below it with a power or thermal reason set is throttled.
+
+GPU Performance Monitoring (GPM: SM activity, occupancy, tensor and DRAM activity; Hopper and newer,
+nvidia-ml-py's ``nvmlGpm*``) takes opaque samples of the GPU's counters and turns two of them into metrics
+over the time between: ``nvmlGpmMetricsGet`` with ``sample1`` and ``sample2``. Support is queried
+(``nvmlGpmQueryDeviceSupport``), never assumed from the GPU's name; each metric carries its own return code,
+so one the GPU cannot count is said as unsupported while the others are kept. On a MIG slice the samples are
+the slice's GPU instance's (``nvmlGpmMigSampleGet`` on the parent device).
 """
 
 from __future__ import annotations
@@ -20,9 +37,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pitstop.probe.clocks import clock_events
-from pitstop.probe.gpm import GpmReader
-from pitstop.profile import ActivitySample, GpuActivity, GpuSample, HostSample
+from pitstop.probe.collectors.base import Collector, Emit, ProbeContext, collector
+from pitstop.probe.rankfile import Kind
+from pitstop.profile import (
+    ActivitySample,
+    GpuActivity,
+    GpuSample,
+    HostSample,
+    RankProfile,
+    to_jsonable,
+)
+from pitstop.vocabulary import Device
 
 NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1
@@ -30,6 +55,116 @@ NVML_CLOCK_SM = 1
 ACTIVITY_EVERY = (
     10  # activity read every 10th sample: 1 Hz at the sampler's 10 Hz (GPM averages between reads)
 )
+
+
+# -- clock-event (throttle) reasons, read beside each NVML sample --------------------------------------------
+
+
+def clock_events(read: Callable[..., Any], sm_clock_id: int) -> tuple[int | None, float | None]:
+    """(reasons bitmask, application SM clock in MHz) through ``read(function_name, *args)``, which answers
+    None for a function the library or the GPU lacks."""
+    reasons = read("nvmlDeviceGetCurrentClocksEventReasons")
+    if reasons is None:
+        reasons = read("nvmlDeviceGetCurrentClocksThrottleReasons")
+    app = read("nvmlDeviceGetApplicationsClock", sm_clock_id)
+    return (None if reasons is None else int(reasons)), (None if app is None else float(app))
+
+
+# -- GPM: the activity counters ------------------------------------------------------------------------------
+
+NVML_SUCCESS = 0
+MIB = 2**20
+# metric id -> (ActivitySample field, scale to pitstop's unit). Ids from nvml.h's nvmlGpmMetricId_t; the
+# *_UTIL metrics are percentages, PCIe traffic MiB/s.
+METRICS: dict[int, tuple[str, float]] = {
+    1: ("gr_active", 0.01),  # NVML_GPM_METRIC_GRAPHICS_UTIL
+    2: ("sm_active", 0.01),  # NVML_GPM_METRIC_SM_UTIL
+    3: ("sm_occupancy", 0.01),  # NVML_GPM_METRIC_SM_OCCUPANCY
+    5: ("tensor_active", 0.01),  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    10: ("dram_active", 0.01),  # NVML_GPM_METRIC_DRAM_BW_UTIL
+    20: ("pcie_tx", float(MIB)),  # NVML_GPM_METRIC_PCIE_TX_PER_SEC
+    21: ("pcie_rx", float(MIB)),  # NVML_GPM_METRIC_PCIE_RX_PER_SEC
+}
+RATIO_FIELDS = ("gr_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active")
+
+
+class GpmReader:
+    """Two GPM samples of one GPU (or GPU instance), alternated: each ``read`` takes a new one and returns
+    the metrics since the previous (None for the first)."""
+
+    def __init__(self, nvml: Any, handle: Any, instance: int | None, samples: tuple[Any, Any]) -> None:
+        self.nvml, self.handle, self.instance = nvml, handle, instance
+        self.previous, self.current = samples
+        self.primed = False
+        self.closed = False
+        self.unsupported: set[str] = set()
+
+    @classmethod
+    def open(cls, nvml: Any, handle: Any) -> tuple[GpmReader | None, str | None]:
+        """(reader, None) where the GPU supports GPM, else (None, why not) in a few words."""
+        if not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
+            return None, "no GPM in this pynvml (nvidia-ml-py 12 or newer has it)"
+        device, instance = handle, None
+        with contextlib.suppress(Exception):
+            if nvml.nvmlDeviceIsMigDeviceHandle(handle):
+                device = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+                instance = int(nvml.nvmlDeviceGetGpuInstanceId(handle))
+        try:
+            support = nvml.nvmlGpmQueryDeviceSupport(device)
+        except Exception as exc:
+            return None, f"GPM not available ({exc})"
+        if not getattr(support, "isSupportedDevice", 0):
+            return None, "GPM not supported on this GPU (Hopper and newer have it)"
+        try:
+            samples = (nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc())
+        except Exception as exc:
+            return None, f"GPM samples could not be allocated ({exc})"
+        return cls(nvml, device, instance, samples), None
+
+    def _take(self, sample: Any) -> None:
+        if self.instance is None:
+            self.nvml.nvmlGpmSampleGet(self.handle, sample)
+        else:
+            self.nvml.nvmlGpmMigSampleGet(self.handle, self.instance, sample)
+
+    def read(self) -> dict[str, float | None] | None:
+        """The metrics between the previous sample and a new one, in pitstop's units; None the first time.
+        A metric whose own return code is an error is None and named in ``unsupported``."""
+        self._take(self.current)
+        if not self.primed:
+            self.primed = True
+            self.previous, self.current = self.current, self.previous
+            return None
+        request = self.nvml.c_nvmlGpmMetricsGet_t()
+        request.version = self.nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(METRICS)
+        request.sample1, request.sample2 = self.previous, self.current
+        for i, metric in enumerate(METRICS):
+            request.metrics[i].metricId = metric
+        self.nvml.nvmlGpmMetricsGet(request)
+        out: dict[str, float | None] = {}
+        for i, (name, scale) in enumerate(METRICS.values()):
+            got = request.metrics[i]
+            value = float(got.value) * scale
+            if got.nvmlReturn != NVML_SUCCESS or value != value or value < 0:
+                self.unsupported.add(name)
+                out[name] = None
+                continue
+            out[name] = min(value, 1.0) if name in RATIO_FIELDS else value
+        self.previous, self.current = self.current, self.previous
+        return out
+
+    def close(self) -> None:
+        """Free the two samples, once (a second free would hand NVML a dangling handle)."""
+        if self.closed:
+            return
+        self.closed = True
+        for sample in (self.previous, self.current):
+            with contextlib.suppress(Exception):
+                self.nvml.nvmlGpmSampleFree(sample)
+
+
+# -- the samplers --------------------------------------------------------------------------------------------
 
 
 class _Sampler:
@@ -271,6 +406,8 @@ class RecordedNvml:
         return self._field("app_clock")
 
 
+# -- the GPU this process trains on, a MIG slice's own -------------------------------------------------------
+
 NVML_DEVICE_MIG_ENABLE = 1
 MIG_UNMEASURED = (
     "GPU utilization cannot be measured on a MIG slice (NVML does not report it per instance); "
@@ -350,3 +487,91 @@ def _open_handle(
             pynvml.nvmlShutdown()
         return pynvml, None, ["GPU not sampled: cannot tell which MIG slice this process uses"]
     return pynvml, slice_handle, [MIG_UNMEASURED]
+
+
+# -- the probe's collector -----------------------------------------------------------------------------------
+
+
+@collector
+class SamplersCollector(Collector):
+    """The counters are the samplers' sample lists; how many of each went to the rank file so far."""
+
+    def __init__(self, ctx: ProbeContext) -> None:
+        super().__init__(ctx)
+        self.nvml: NvmlSampler | None = None
+        self.host: HostSampler | None = None
+        self._streamed = {Kind.GPU: 0, Kind.HOST: 0}
+        self._stopped = False
+
+    def begin(self) -> None:
+        errors = self.ctx.errors
+        try:
+            self.host = HostSampler(self.ctx.origin)
+            self.host.start()
+        except Exception as exc:  # psutil missing or refused: host samples are optional
+            errors.append(f"host sampler: {exc}")
+        nvml, handle, owns = self._open_nvml()
+        if nvml is not None:
+            self.nvml = NvmlSampler(nvml, handle, self.ctx.origin, owns_nvml=owns, activity=True)
+            self.nvml.start()
+
+    def _open_nvml(self) -> tuple[Any, Any, bool]:
+        """(the NVML module or a recording, the device's handle, whether the sampler must shut NVML down)."""
+        errors = self.ctx.errors
+        if self.ctx.config.nvml_replay is not None:
+            return RecordedNvml.load(self.ctx.config.nvml_replay), None, False
+        env = self.ctx.environment
+        if env is None or env.device != Device.CUDA:
+            return None, None, False
+        try:
+            import torch
+
+            device = self.ctx.device
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(index)
+            nvml, handle, notes = open_nvml(index, _pci_bus_id(props), _uuid(props), env.gpu_name)
+            errors.extend(notes)
+            return (nvml if handle is not None else None), handle, True
+        except ImportError:
+            errors.append("GPU utilization not sampled: install pitstop[nvml] (nvidia-ml-py)")
+        except Exception as exc:
+            errors.append(f"NVML unavailable: {exc}")
+        return None, None, False
+
+    def stream(self, emit: Emit) -> None:
+        for kind, sampler in ((Kind.GPU, self.nvml), (Kind.HOST, self.host)):
+            if sampler is None:
+                continue
+            new = sampler.samples[self._streamed[kind] :]
+            if new:
+                emit(kind, samples=to_jsonable(new))
+                self._streamed[kind] += len(new)
+
+    def stop_window(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for sampler in (self.nvml, self.host):
+            if sampler is not None:
+                sampler.stop()
+                if sampler.error:
+                    self.ctx.errors.append(sampler.error)
+
+    def fill(self, draft: RankProfile) -> None:
+        draft.gpu_samples = list(self.nvml.samples) if self.nvml else []
+        draft.gpu_activity = self.nvml.activity() if self.nvml else None
+        draft.host_samples = list(self.host.samples) if self.host else []
+
+
+def _pci_bus_id(props: Any) -> str | None:
+    """NVML's bus id ("00000000:18:00.0") of a CUDA device, when torch exposes the PCI location."""
+    bus, device = getattr(props, "pci_bus_id", None), getattr(props, "pci_device_id", None)
+    if bus is None or device is None:
+        return None
+    return f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{device:02x}.0"
+
+
+def _uuid(props: Any) -> str | None:
+    """The CUDA device's UUID as text (a MIG slice has its own), to find its NVML handle."""
+    uuid = getattr(props, "uuid", None)
+    return None if uuid is None else str(uuid)
