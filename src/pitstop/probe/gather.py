@@ -26,6 +26,7 @@ from typing import Any
 
 from pitstop.atomic import write_atomic
 from pitstop.probe.config import ENV_RUNNER_PID
+from pitstop.probe.rankfile import Kind, line
 from pitstop.profile import RankProfile, to_jsonable
 
 ENV_TIMEOUT = "PITSTOP_GATHER_TIMEOUT_S"
@@ -168,9 +169,9 @@ def _collect(store: Any, out_dir: Path, world: int, node: str, timeout: float) -
             nodes[rank] = data["node"]
             here = data["runner"] == runner if "runner" in data else data["node"] == node
             if not here:  # the ranks of rank 0's own pitstop write their files themselves
-                # a rank file of the runner's form (stream.py): one finished ``profile`` line
-                line = json.dumps({"kind": "profile", "profile": data["profile"]})
-                write_atomic(out_dir / f"rank-remote-{rank:05d}.jsonl", line + "\n")
+                # a rank file of the runner's form (the codec's, rankfile.py): one finished ``profile`` line
+                finished = line(Kind.PROFILE, profile=data["profile"])
+                write_atomic(out_dir / f"rank-remote-{rank:05d}.jsonl", finished)
         if waiting:
             time.sleep(POLL_S)
     missing = sorted(waiting)
