@@ -207,7 +207,7 @@ class AttentionInfo:
 class AttentionTiming:
     """One layer's attention timed on the job's device after the window, at the job's shapes (forward and
     backward, seconds per micro-batch of ``rows``): the eager path against the fused SDPA kernel, so the
-    speed-up of switching is measured where the job runs (``probe/attention_timing.py``)."""
+    speed-up of switching is measured where the job runs (``probe/collectors/attention_timing.py``)."""
 
     eager_s: float
     fused_s: float

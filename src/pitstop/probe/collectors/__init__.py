@@ -1,9 +1,9 @@
 """The probe's collectors: one measured signal each (see ``base``), in the order they fill a profile.
 
-Adding a signal: a module here with a ``Collector`` subclass marked ``@collector`` and its counters' dataclass;
-modules are discovered, not listed. The probe calls every collector at the window's start and end and asks each
-to fill the profile; it needs no change unless the signal listens at a hook the probe already routes (see
-``docs/architecture.md``, "The probe").
+Adding a signal: one module here, named for it, holding its measuring code, its counters' dataclass and a
+``Collector`` subclass marked ``@collector``; modules are discovered, not listed. The probe calls every
+collector at the window's start and end and asks each to fill the profile; it needs no change unless the
+signal listens at a hook the probe already routes (see ``docs/architecture.md``, "The probe").
 """
 
 from __future__ import annotations
