@@ -61,8 +61,8 @@ def cap_memory() -> None:
 
 def predicted_batch() -> int:
     """pitstop's memory model: activations and logits per row of this model, against the budget."""
+    from pitstop.core.profile import ModelInfo
     from pitstop.plan.memory import Setup, activations, logits
-    from pitstop.profile import ModelInfo
 
     shape = ModelInfo(
         n_layers=LAYERS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pitstop.profile import (
+from pitstop.core.profile import (
     AttentionInfo,
     DataLoaderInfo,
     Environment,

@@ -94,7 +94,7 @@ def _remedies(nodes: Iterable[ast.AST]) -> list[str]:
 
 
 def _remedy_enum() -> Any:
-    import pitstop.vocabulary as vocabulary
+    import pitstop.core.vocabulary as vocabulary
 
     if hasattr(vocabulary, "RemedyId"):
         return vocabulary.RemedyId

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pitstop.vocabulary import Device
+from pitstop.core.vocabulary import Device
 
 ACHIEVABLE = 0.8  # share of a link's rate NCCL's bus bandwidth reaches on large messages
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from pitstop.diagnose import diagnose
-from pitstop.profile import (
+from pitstop.core.profile import (
     GpuSample,
     GpuTime,
     IdleSplit,
@@ -28,6 +27,7 @@ from pitstop.profile import (
     StepRecord,
     TraceStats,
 )
+from pitstop.diagnose import diagnose
 from pitstop.report.html import render_html
 from tests.conftest import ROOT, SCRIPTS, require_shared, run_pitstop
 from tests.factories import environment

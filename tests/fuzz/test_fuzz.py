@@ -32,8 +32,8 @@ def test_the_harness_catches_what_it_guards_against(monkeypatch: pytest.MonkeyPa
     """Not vacuous: an exception that is not a PitstopError, a multi-line message and a NaN in the result
     are each reported as failures."""
     import pitstop.ingest.load as load
+    from pitstop.core.findings import Finding
     from pitstop.errors import PitstopError
-    from pitstop.findings import Finding
 
     case = harness.Case(index=0, seed=str(harness.SEEDS / "trainer_state.json"))
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from pitstop.core.profile import ActivitySample, RankProfile
 from pitstop.probe.collectors.samplers import GpmReader
-from pitstop.profile import ActivitySample, RankProfile
 
 SLACK = 0.05  # the window's ends: GPM's samples and the host clock are not taken at the same instant
 MIN_RATIO = 0.6  # a workload of large matrix products fills the SMs: SM activity near the kernel-busy share

@@ -111,9 +111,9 @@ def _in_process(command: list[str], pid: int, script: Path) -> None:
 @pytest.mark.slow
 def test_the_arm_script_probes_a_real_loop_for_one_window_and_leaves_nothing_behind() -> None:
     pytest.importorskip("torch")
+    from pitstop.core.profile import RunProfile
+    from pitstop.core.vocabulary import Source
     from pitstop.diagnose import counting_line, diagnose
-    from pitstop.profile import RunProfile
-    from pitstop.vocabulary import Source
 
     loop = Loop()
     before = _patched_state()

@@ -368,8 +368,8 @@ def test_the_report_of_an_attached_job_is_titled_attach() -> None:
 def test_the_counted_line_says_where_a_sampled_view_found_its_steps_and_that_tokens_are_unknown() -> None:
     """Not 'counted from unknown · steps: optimizer step' (what a probed run's line would say): the steps came
     from frames in the stacks, the tokens from nowhere unless a log of the job's was read."""
+    from pitstop.core.profile import RunTotals
     from pitstop.diagnose import counting_line
-    from pitstop.profile import RunTotals
 
     well = build_profile(job_view(_window(_steps(40, data=14, fwd=2, bwd=3, opt=1))))
     assert well.ranks[0].step_boundary_reason == "sampled: forward/backward cycles"

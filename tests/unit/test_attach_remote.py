@@ -335,7 +335,7 @@ def test_a_process_that_never_imported_torch_is_left_out_and_the_others_give_the
 ) -> None:
     """A shell script's two pythons: a logger (refuses: no torch) and the trainer (armed, writes its
     profile). The window is the trainer's; both were sent the disarm."""
-    from pitstop.profile import RankProfile, to_jsonable
+    from pitstop.core.profile import RankProfile, to_jsonable
 
     trainer, logger = PID, PID + 1
     calls: list[tuple[int, str]] = []
@@ -398,7 +398,7 @@ def test_an_arm_that_lands_inside_a_forward_says_later_and_installs_nothing(tmp_
 
 
 def test_a_later_answer_is_sent_again_until_it_arms(tmp_path: Path) -> None:
-    from pitstop.profile import RankProfile, to_jsonable
+    from pitstop.core.profile import RankProfile, to_jsonable
 
     sent: list[str] = []
 

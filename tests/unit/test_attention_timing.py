@@ -9,8 +9,10 @@ import pytest
 import torch
 from tests.factories import profile, steps
 
+from pitstop.core.findings import Finding
+from pitstop.core.profile import AttentionInfo, AttentionTiming, RunProfile
+from pitstop.core.vocabulary import Severity
 from pitstop.diagnose import diagnose
-from pitstop.findings import Finding
 from pitstop.probe.collectors.attention_timing import (
     MAX_SCORES_BYTES,
     AttentionShape,
@@ -18,8 +20,6 @@ from pitstop.probe.collectors.attention_timing import (
     shape_of,
     time_attention,
 )
-from pitstop.profile import AttentionInfo, AttentionTiming, RunProfile
-from pitstop.vocabulary import Severity
 
 CPU = torch.device("cpu")
 

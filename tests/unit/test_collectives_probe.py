@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from pitstop.core.profile import RankProfile, StepRecord  # noqa: E402
 from pitstop.probe import gather  # noqa: E402
 from pitstop.probe.collectors.collectives import CollectiveRecorder  # noqa: E402
-from pitstop.profile import RankProfile, StepRecord  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from pitstop.core.profile import CollectiveRecord, Environment, ModelInfo, RankProfile, RunProfile, StepRecord
 from pitstop.diagnose import diagnose
-from pitstop.profile import CollectiveRecord, Environment, ModelInfo, RankProfile, RunProfile, StepRecord
 
 STEP, MICRO, TRANSFER = 0.300, 4, 0.030  # each micro-batch all-reduces for 30 ms
 PARAMS = 10_000_000

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from tests.factories import profile
 
+from pitstop.core.profile import RunProfile
 from pitstop.data import plan_packing
 from pitstop.diagnose import diagnose
 from pitstop.ds_config import offload_from_deepspeed
-from pitstop.profile import RunProfile
 
 
 @pytest.mark.parametrize(

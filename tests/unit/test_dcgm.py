@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from pitstop.artifacts import IngestError
 from pitstop.cli.errors import UserError
+from pitstop.core.profile import RunProfile
 from pitstop.ingest.dcgm import DCGM_LIMIT, MAX_LINE, dcgm_kind, read_dcgm
 from pitstop.ingest.detect import sniff
 from pitstop.ingest.load import Inputs, load_run
-from pitstop.profile import RunProfile
 
 DMON = """\
 #Entity   GRACT  SMACT  SMOCC  TENSO  DRAMA  POWER

@@ -9,10 +9,10 @@ import json
 import pytest
 from tests.factories import profile, steps
 
+from pitstop.core.profile import DebugModes, RankProfile, RunProfile
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.document import read_run
-from pitstop.profile import DebugModes, RankProfile, RunProfile
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 
 def _with(modes: DebugModes, device: str = "cpu", ranks: int = 1) -> RunProfile:

@@ -15,11 +15,11 @@ from tests.trackers_read import tensorboard_events, wandb_history
 from tests.unit.test_gpu_activity_energy import with_counter
 from tests.unit.test_wholerun import series
 
+from pitstop.core.profile import Environment
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.diagnose.cost import NO_GPU, NO_RATE, RunCost
 from pitstop.diagnose.document import read_run
 from pitstop.history import record
-from pitstop.profile import Environment
 from pitstop.report.html import render_html
 from pitstop.report.terminal import render
 from pitstop.report.trackers import MlflowTracker, TensorBoardTracker, WandbTracker

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from tests.factories import profile, steps
 
+from pitstop.core.findings import Finding
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.causes.needless_recompute import ASSUMED_RATIO, UNMEASURED, recompute_share
-from pitstop.findings import Finding
 
 
 def _finding(p: object, cause: str) -> Finding:

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from tests.factories import LLAMA_1B
 
+from pitstop.core.profile import ModelInfo
 from pitstop.hardware import GPUS, compute_dtype, lookup_gpu
 from pitstop.plan.flops import expected_tokens_per_s, flops_per_token, matmul_params, mfu
-from pitstop.profile import ModelInfo
 
 
 @pytest.mark.parametrize(

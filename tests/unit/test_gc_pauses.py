@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from tests.factories import profile, steps
 
+from pitstop.core.findings import Finding
+from pitstop.core.profile import GcGeneration, GcPauses, RunProfile
+from pitstop.core.vocabulary import Framework, Severity
 from pitstop.diagnose import diagnose
-from pitstop.findings import Finding
-from pitstop.profile import GcGeneration, GcPauses, RunProfile
 from pitstop.remedies import RemedyId, advise, remedy, use
-from pitstop.vocabulary import Framework, Severity
 
 
 def finding(p: RunProfile) -> Finding | None:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from tests.factories import profile, steps
 
+from pitstop.core.findings import Finding
+from pitstop.core.profile import ActivitySample, GpuActivity, KernelFacts, RunProfile
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.activity import read_activity
-from pitstop.findings import Finding
 from pitstop.ingest.load import Inputs, load_run
-from pitstop.profile import ActivitySample, GpuActivity, KernelFacts, RunProfile
 from pitstop.remedies import RemedyId
 
 

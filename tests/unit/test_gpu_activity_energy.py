@@ -12,9 +12,9 @@ from tests.factories import profile, steps
 from pitstop.cli.analyze import run_analyze
 from pitstop.cli.errors import UserError
 from pitstop.cli.outputs import Outputs
+from pitstop.core.profile import ActivitySample, GpuActivity, RunProfile
 from pitstop.diagnose.energy import COUNTER, ESTIMATE, cost_per_million_tokens, energy_of
 from pitstop.diagnose.metrics import compute_metrics
-from pitstop.profile import ActivitySample, GpuActivity, RunProfile
 
 
 def with_counter(

@@ -28,7 +28,7 @@ from tests.gpu.activity import (
 )
 from tests.unit.test_gpu_activity_gpm import StandInGpm
 
-from pitstop.profile import ActivitySample, GpuActivity, GpuSample, RankProfile
+from pitstop.core.profile import ActivitySample, GpuActivity, GpuSample, RankProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,6 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from pitstop.core.profile import Environment  # noqa: E402
+from pitstop.core.vocabulary import Device  # noqa: E402
 from pitstop.hardware import lookup_gpu  # noqa: E402
 from pitstop.plan.flops import attention_context, flops_per_token  # noqa: E402
 from pitstop.probe import environment as envmod  # noqa: E402
@@ -25,8 +27,6 @@ from pitstop.probe.collectors.memory import memory_stats  # noqa: E402
 from pitstop.probe.config import ProbeConfig  # noqa: E402
 from pitstop.probe.hooks import SYNC_WARNING, Hooks  # noqa: E402
 from pitstop.probe.probe import CudaEventClock, Probe  # noqa: E402
-from pitstop.profile import Environment  # noqa: E402
-from pitstop.vocabulary import Device  # noqa: E402
 
 CUDA1 = torch.device("cuda", 1)
 
@@ -492,9 +492,9 @@ def test_weak_proxies_to_modules_never_stop_the_model_search() -> None:
 
 
 def test_the_probe_counts_the_square_lengths_the_attention_term_needs() -> None:
+    from pitstop.core.profile import RankProfile, RunProfile, StepRecord
     from pitstop.diagnose.metrics import context_length
     from pitstop.probe.batch import count_batch
-    from pitstop.profile import RankProfile, RunProfile, StepRecord
 
     packed = count_batch(
         {"input_ids": torch.ones(1, 5, dtype=torch.long), "position_ids": torch.tensor([[0, 1, 0, 1, 2]])}

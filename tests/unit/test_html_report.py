@@ -105,7 +105,7 @@ def test_hand_made_history_cannot_inject_and_damaged_documents_are_refused() -> 
 
 
 def test_the_page_says_where_tokens_and_steps_were_counted() -> None:
-    from pitstop.profile import CountSource, StepBoundary
+    from pitstop.core.profile import CountSource, StepBoundary
 
     p = profile("cpu", steps())
     p.ranks[0].tokens_counted_from = CountSource.MODEL_INPUTS

@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import run_pitstop
 
 from pitstop.artifacts import IngestError
+from pitstop.core.findings import Finding, Fix
 from pitstop.diagnose import diagnose
-from pitstop.findings import Finding, Fix
 from pitstop.ingest.load import Inputs, load_run
 from pitstop.ingest.nvidia_smi import MAX_GPUS, read_smi
 

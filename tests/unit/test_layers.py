@@ -31,15 +31,13 @@ LAYERS: dict[str, int] = {
     "data": 3,
     "trials": 3,
     "trace": 2,  # the trace engine: a profiler trace read into a rank's steps and what only a trace knows
-    "findings": 1,
-    "profile": 1,
+    "core": 1,  # the core model: vocabulary (the words), profile (what was measured), findings
     "artifacts": 1,  # opening artifacts safely, and IngestError (ingest and the trace engine)
     "hardware": 1,
     "ds_config": 1,
     "cpus": 1,
     "interconnect": 1,
     "clock_reasons": 1,
-    "vocabulary": 0,
     "errors": 0,
     "schemas": 0,
     "atomic": 0,

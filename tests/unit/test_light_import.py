@@ -19,7 +19,7 @@ def _loaded_after(code: str) -> set[str]:
 
 @pytest.mark.slow
 def test_import_pitstop_is_light() -> None:
-    assert _loaded_after("import pitstop, pitstop.diagnose, pitstop.profile, pitstop.hardware") == set()
+    assert _loaded_after("import pitstop, pitstop.diagnose, pitstop.core.profile, pitstop.hardware") == set()
 
 
 @pytest.mark.slow

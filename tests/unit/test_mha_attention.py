@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.unit.test_rules import finding, profile, steps
 
-from pitstop.profile import AttentionInfo
+from pitstop.core.profile import AttentionInfo
 
 
 def test_multihead_attention_with_weights_is_eager_and_the_fix_is_need_weights_false() -> None:

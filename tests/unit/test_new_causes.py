@@ -11,11 +11,8 @@ from tests.factories import profile, steps
 
 from pitstop import cpus
 from pitstop.clock_reasons import reason_names
-from pitstop.diagnose import diagnose
-from pitstop.findings import Finding
-from pitstop.probe.collectors.cpu_threads import machine_run_queue, runnable_threads
-from pitstop.probe.collectors.memory import summarise
-from pitstop.profile import (
+from pitstop.core.findings import Finding
+from pitstop.core.profile import (
     CpuThreads,
     GpuSample,
     HostSample,
@@ -25,6 +22,9 @@ from pitstop.profile import (
     RunTotals,
     SaveStats,
 )
+from pitstop.diagnose import diagnose
+from pitstop.probe.collectors.cpu_threads import machine_run_queue, runnable_threads
+from pitstop.probe.collectors.memory import summarise
 from pitstop.remedies import RemedyId, advise, remedy, use
 from pitstop.trials.request import FixReport, FixRequest
 

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from tests.factories import profile, steps
 
+from pitstop.core.findings import Finding
+from pitstop.core.profile import ModelInfo, RunProfile
+from pitstop.core.vocabulary import CauseId, Framework, Sharding
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.causes import CAUSES
-from pitstop.findings import Finding
 from pitstop.ingest.configs import read_config
 from pitstop.interconnect import LINKS
 from pitstop.plan.comm import comm_per_step
-from pitstop.profile import ModelInfo, RunProfile
 from pitstop.remedies import RemedyId, advise, remedy, use
-from pitstop.vocabulary import CauseId, Framework, Sharding
 
 BIG = ModelInfo(params_total=13_000_000_000, params_trainable=13_000_000_000)  # no shape: model states only
 

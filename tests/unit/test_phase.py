@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pitstop.profile import StepRecord
-from pitstop.vocabulary import Phase
+from pitstop.core.profile import StepRecord
+from pitstop.core.vocabulary import Phase
 
 
 def test_each_phase_is_the_step_field_it_names_and_the_breakdown_adds_up_to_the_step() -> None:

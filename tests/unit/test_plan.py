@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from pitstop.core.profile import ModelInfo
 from pitstop.hardware import lookup_gpu
 from pitstop.plan.memory import GIB, Setup, activations, held_after_forward, memory, model_states
 from pitstop.plan.model_shape import model_info_from_config
 from pitstop.plan.params import count_params, presets, resolve_model
 from pitstop.plan.planner import PlanError, make_plan, model_info
-from pitstop.profile import ModelInfo
 
 MLC_PRESETS = [
     "llama2_7b",

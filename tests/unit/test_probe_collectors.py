@@ -15,6 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from pitstop.core.profile import Environment, RankProfile, StepRecord  # noqa: E402
+from pitstop.core.vocabulary import Device  # noqa: E402
 from pitstop.probe import probe as probemod  # noqa: E402
 from pitstop.probe.collectors import COLLECTORS, Collector  # noqa: E402
 from pitstop.probe.collectors.collectives import CollectivesCollector  # noqa: E402
@@ -24,8 +26,6 @@ from pitstop.probe.collectors.samplers import SamplersCollector  # noqa: E402
 from pitstop.probe.collectors.saves import SaveCollector  # noqa: E402
 from pitstop.probe.config import ProbeConfig  # noqa: E402
 from pitstop.probe.probe import Probe  # noqa: E402
-from pitstop.profile import Environment, RankProfile, StepRecord  # noqa: E402
-from pitstop.vocabulary import Device  # noqa: E402
 
 
 class Loader:

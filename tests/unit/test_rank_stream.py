@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from pitstop.core.profile import Environment, GpuSample, RankProfile, StepRecord, to_jsonable
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.rankfile import plain_step
 from pitstop.probe.stream import RankStream, read_stream, stream_path
-from pitstop.profile import Environment, GpuSample, RankProfile, StepRecord, to_jsonable
 
 torch = pytest.importorskip("torch")
 

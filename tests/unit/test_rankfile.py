@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pitstop.core.profile import Environment, GpuSample, RankProfile, StepRecord, assemble_rank, to_jsonable
 from pitstop.probe.rankfile import Kind, RankDraft, Step, decode, line, on_host, plain_step, read_text
 from pitstop.probe.stream import read_stream
-from pitstop.profile import Environment, GpuSample, RankProfile, StepRecord, assemble_rank, to_jsonable
 from pitstop.runner.follow import RankFollower
 
 

@@ -3,8 +3,8 @@ severity rates the effect, capped by the strength of the evidence."""
 
 from __future__ import annotations
 
-from pitstop.findings import Finding, Fix, rank_findings
-from pitstop.vocabulary import Severity
+from pitstop.core.findings import Finding, Fix, rank_findings
+from pitstop.core.vocabulary import Severity
 
 
 def _finding(cause: str, severity: str, confidence: float, speedup: float | None) -> Finding:

@@ -7,10 +7,7 @@ from pathlib import Path
 import pytest
 
 from pitstop.clock_reasons import SW_POWER_CAP
-from pitstop.diagnose import diagnose
-from pitstop.diagnose.ranks import analyse, bus_factor, clock_offsets
-from pitstop.interconnect import transport
-from pitstop.profile import (
+from pitstop.core.profile import (
     CollectiveRecord,
     CpuThreads,
     Environment,
@@ -19,6 +16,9 @@ from pitstop.profile import (
     RunProfile,
     StepRecord,
 )
+from pitstop.diagnose import diagnose
+from pitstop.diagnose.ranks import analyse, bus_factor, clock_offsets
+from pitstop.interconnect import transport
 
 STEP = 0.100
 MB100 = 100_000_000
@@ -157,8 +157,8 @@ def test_communication_bound_live_with_bandwidth_against_the_link() -> None:
 
 
 def test_communication_bound_carries_the_plans_prediction_when_the_model_is_known() -> None:
+    from pitstop.core.profile import ModelInfo
     from pitstop.plan.build import PlanRequest, build_plan
-    from pitstop.profile import ModelInfo
 
     assert (
         "planned_comm_s_per_step"

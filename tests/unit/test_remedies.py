@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 from tests.factories import environment, profile, steps
 
+from pitstop.core.profile import DataLoaderInfo
+from pitstop.core.vocabulary import Framework
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.causes import CAUSES
-from pitstop.profile import DataLoaderInfo
 from pitstop.remedies import REGISTRY, RemedyId, advise, remedy, use
 from pitstop.tune.proposals import kept_change, tunable
-from pitstop.vocabulary import Framework
 
 
 @pytest.mark.parametrize("rid", list(REGISTRY))

@@ -11,10 +11,10 @@ import pytest
 from rich.console import Console
 from tests.factories import profile, steps
 
+from pitstop.core.profile import GpuSample, RankProfile, RunProfile
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.diagnose.document import RunDocumentError, read_run
 from pitstop.diagnose.metrics import Metrics
-from pitstop.profile import GpuSample, RankProfile, RunProfile
 from pitstop.report.html import render_html
 from pitstop.report.html.svg import nice_ticks, stacked_bars
 from pitstop.report.terminal import render

@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 from tests.factories import LLAMA_1B, gpu_samples, profile, steps, well_tuned
 
+from pitstop.core.profile import AttentionInfo, DataLoaderInfo, RunProfile
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.causes import CAUSES
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import GIB
 from pitstop.plan.planner import largest_micro_batch
-from pitstop.profile import AttentionInfo, DataLoaderInfo, RunProfile
 
 
 def finding(p, cause):  # type: ignore[no-untyped-def]
@@ -298,8 +298,8 @@ def test_gpu_samples_outside_the_window_are_ignored() -> None:
 
 
 def test_where_counts_and_steps_came_from_is_one_line() -> None:
+    from pitstop.core.profile import CountSource, StepBoundary
     from pitstop.diagnose import counting_line
-    from pitstop.profile import CountSource, StepBoundary
 
     p = profile("cpu", steps())
     assert counting_line(p) is None  # a source that does not say (offline inputs, older profiles)

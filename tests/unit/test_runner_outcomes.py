@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from pitstop.core.profile import RankProfile, StepRecord, to_jsonable
 from pitstop.probe.ending import MARKER, WAIT_FOR_RANKS_S, window_written
 from pitstop.probe.rankfile import plain_step
 from pitstop.probe.stream import RankStream
-from pitstop.profile import RankProfile, StepRecord, to_jsonable
 from pitstop.runner.collect import collect, death
 from pitstop.runner.launch import Launch
 

@@ -22,6 +22,9 @@ from pitstop.cli.doctor import run_doctor
 from pitstop.cli.errors import UserError
 from pitstop.cli.money import resolve_price, resolve_total_steps
 from pitstop.cli.outputs import Outputs
+from pitstop.core.findings import Saving
+from pitstop.core.profile import DataLoaderInfo, Environment, RunProfile, RunTotals
+from pitstop.core.vocabulary import CauseId, Source
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.diagnose.document import read_run
 from pitstop.diagnose.savings import (
@@ -35,16 +38,13 @@ from pitstop.diagnose.savings import (
     step_seconds,
     steps_done,
 )
-from pitstop.findings import Saving
 from pitstop.history import open_store
 from pitstop.ingest.configs import read_config
 from pitstop.ingest.hf_outputs import read_trainer_outputs
 from pitstop.probe.environment import run_length as probe_run_length
-from pitstop.profile import DataLoaderInfo, Environment, RunProfile, RunTotals
 from pitstop.report.html import render_html
 from pitstop.report.terminal import render
 from pitstop.report.trackers import FINDING_COLUMNS, findings_markdown, findings_rows
-from pitstop.vocabulary import CauseId, Source
 from pitstop.wholerun.run import WholeRunReport
 from pitstop.wholerun.windows import WindowSpec
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from tests.factories import profile, steps
 
+from pitstop.core.profile import GpuSample, RunProfile
 from pitstop.diagnose import diagnose
-from pitstop.profile import GpuSample, RunProfile
 from pitstop.report.errors import ReportError
 from pitstop.report.tensorboard import MISSING_WRITER, export_tensorboard, write_tensorboard
 

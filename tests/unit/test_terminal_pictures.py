@@ -7,8 +7,8 @@ import math
 from rich.console import Console
 from tests.factories import profile, steps
 
+from pitstop.core.profile import GpuSample, RunProfile
 from pitstop.diagnose import diagnose
-from pitstop.profile import GpuSample, RunProfile
 from pitstop.report.terminal import SPARK_BLOCKS, render, sparkline
 
 

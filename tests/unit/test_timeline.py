@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from pitstop.core.profile import CountSource
 from pitstop.probe.timeline import (
     BWD_END,
     BWD_START,
@@ -19,7 +20,6 @@ from pitstop.probe.timeline import (
     chosen_counts,
     phase_spans,
 )
-from pitstop.profile import CountSource
 
 
 def test_phase_spans_with_gradient_accumulation() -> None:

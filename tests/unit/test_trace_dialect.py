@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from tests import kineto_ranks as kr
 
-from pitstop.diagnose.metrics import compute_metrics
-from pitstop.profile import (
+from pitstop.core.profile import (
     GpuTime,
     IdleSplit,
     RankProfile,
@@ -21,10 +20,11 @@ from pitstop.profile import (
     TraceStats,
     to_jsonable,
 )
+from pitstop.core.vocabulary import Source
+from pitstop.diagnose.metrics import compute_metrics
 from pitstop.trace import profile_of
 from pitstop.trace.events import read_columns
 from pitstop.trace.overview import overview
-from pitstop.vocabulary import Source
 
 # a rank as pitstop analyze saved it before the trace's facts were typed records
 OLD_RANK: dict[str, Any] = {
@@ -45,7 +45,7 @@ OLD_RANK: dict[str, Any] = {
 
 def _read(rank: dict[str, Any]) -> TraceStats:
     trace = (
-        RunProfile.from_dict({"schema": "pitstop.profile/1", "source": "analyze", "ranks": [rank]})
+        RunProfile.from_dict({"schema": "pitstop.core.profile/1", "source": "analyze", "ranks": [rank]})
         .ranks[0]
         .trace
     )
@@ -105,7 +105,7 @@ def test_an_old_trace_s_syncs_read_back_into_its_steps() -> None:
     the means are spread over its steps."""
     old = json.loads(json.dumps(OLD_RANK))
     old["trace"].update(syncs_per_step=2.5, sync_ms=20.0)
-    profile = RunProfile.from_dict({"schema": "pitstop.profile/1", "source": "analyze", "ranks": [old]})
+    profile = RunProfile.from_dict({"schema": "pitstop.core.profile/1", "source": "analyze", "ranks": [old]})
     steps = profile.ranks[0].steps
     assert [s.syncs for s in steps] == [2, 3, 2, 3] and all(s.sync_s == 0.02 for s in steps)
     m = compute_metrics(profile)
@@ -114,7 +114,7 @@ def test_an_old_trace_s_syncs_read_back_into_its_steps() -> None:
     saved = json.loads(json.dumps(OLD_RANK))
     saved["steps"][0]["syncs"] = 7
     saved["trace"]["syncs_per_step"] = 1.0
-    read = RunProfile.from_dict({"schema": "pitstop.profile/1", "source": "analyze", "ranks": [saved]})
+    read = RunProfile.from_dict({"schema": "pitstop.core.profile/1", "source": "analyze", "ranks": [saved]})
     assert [s.syncs for s in read.ranks[0].steps] == [7, None, None, None]
 
 

@@ -9,9 +9,9 @@ import pytest
 from tests.trackers_read import tensorboard_events, wandb_history
 from tests.unit.test_wholerun import series
 
+from pitstop.core.findings import Finding
+from pitstop.core.profile import Environment, RankProfile, RunProfile
 from pitstop.diagnose import diagnose
-from pitstop.findings import Finding
-from pitstop.profile import Environment, RankProfile, RunProfile
 from pitstop.report.trackers import (
     MlflowTracker,
     TensorBoardTracker,

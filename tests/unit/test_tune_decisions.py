@@ -8,8 +8,8 @@ from tests.factories import profile, steps
 
 from pitstop.cli.errors import UserError
 from pitstop.cli.tune import parse_budget, parse_fixes
+from pitstop.core.profile import AttentionInfo, DataLoaderInfo
 from pitstop.diagnose import diagnose
-from pitstop.profile import AttentionInfo, DataLoaderInfo
 from pitstop.remedies import remedy
 from pitstop.tune.proposals import exclusive, kept_change, propose, tunable
 from pitstop.tune.verdict import judge, losses_match, make_baseline

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from pitstop.profile import StepRecord
+from pitstop.core.profile import StepRecord
 from pitstop.remedies import remedy
 from pitstop.tune.budget import budget_for
 from pitstop.tune.conclusion import no_gain_verdict, undecided

@@ -10,13 +10,13 @@ import json
 import pytest
 from tests.factories import profile, steps
 
+from pitstop.core.findings import Finding, Fix
+from pitstop.core.profile import RunProfile
+from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity, Source
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.causes import CAUSES, cause
 from pitstop.diagnose.document import RunDocumentError, read_run
-from pitstop.findings import Finding, Fix
-from pitstop.profile import RunProfile
 from pitstop.remedies import REGISTRY
-from pitstop.vocabulary import CauseId, Device, RemedyId, Severity, Source
 
 
 def test_every_cause_id_has_its_module_and_no_module_another_id() -> None:

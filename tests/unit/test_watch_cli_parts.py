@@ -13,9 +13,9 @@ from rich.console import Console
 from tests.conftest import run_pitstop
 from tests.unit.test_wholerun import series
 
+from pitstop.core.profile import Environment, RankProfile, RunProfile, to_jsonable
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.document import read_run
-from pitstop.profile import Environment, RankProfile, RunProfile, to_jsonable
 from pitstop.report.html import render_html
 from pitstop.runner.follow import RankFollower
 from pitstop.wholerun.run import WholeRun

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.profile import Environment, StepRecord
+from pitstop.core.profile import Environment, StepRecord
 from pitstop.wholerun.changes import change_point
 from pitstop.wholerun.periodic import StallLog, find_stalls, periodic_stalls
 from pitstop.wholerun.run import WholeRun

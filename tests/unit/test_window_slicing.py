@@ -11,8 +11,7 @@ import pytest
 from tests.factories import gpu_samples
 from tests.unit.test_wholerun import series
 
-from pitstop.diagnose import diagnose
-from pitstop.profile import (
+from pitstop.core.profile import (
     CollectiveRecord,
     Environment,
     GcGeneration,
@@ -24,7 +23,8 @@ from pitstop.profile import (
     SaveStats,
     StepRecord,
 )
-from pitstop.vocabulary import CauseId, Device, Source
+from pitstop.core.vocabulary import CauseId, Device, Source
+from pitstop.diagnose import diagnose
 from pitstop.wholerun.run import WholeRun
 from pitstop.wholerun.slicing import merge_gc, slice_rank, slice_run, step_span
 from pitstop.wholerun.windows import FindingBrief, WindowSpec

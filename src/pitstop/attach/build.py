@@ -12,7 +12,7 @@ from pathlib import Path
 from pitstop.attach import procs
 from pitstop.attach.classify import Phase
 from pitstop.attach.view import JobView, RankView
-from pitstop.profile import (
+from pitstop.core.profile import (
     CpuThreads,
     Environment,
     HostSample,
@@ -24,7 +24,7 @@ from pitstop.profile import (
     StepRecord,
     assemble_rank,
 )
-from pitstop.vocabulary import Device, Source
+from pitstop.core.vocabulary import Device, Source
 
 
 def build_profile(view: JobView, started_at: str | None = None) -> RunProfile:

@@ -9,7 +9,7 @@ frame is the backward as the loop sees it."""
 from __future__ import annotations
 
 from pitstop.attach.stacks import Frame, Stack
-from pitstop.vocabulary import StrEnum
+from pitstop.core.vocabulary import StrEnum
 
 
 class Phase(StrEnum):

@@ -8,7 +8,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from pitstop.profile import GpuSample
+from pitstop.core.profile import GpuSample
 
 
 @dataclass

@@ -212,7 +212,7 @@ def _finished(token: str, profile: Any) -> None:
     then the watchdog is cancelled and what the script added is dropped."""
     global _armed
     from pitstop.atomic import write_atomic
-    from pitstop.profile import to_jsonable
+    from pitstop.core.profile import to_jsonable
 
     armed = _armed
     if armed is None or armed.token != token:

@@ -19,8 +19,8 @@ from typing import Any
 
 from pitstop.attach import inject
 from pitstop.attach.remote import Decision, RemoteFailed, call, make_plan, read_status, script_text
+from pitstop.core.profile import RankProfile, from_jsonable
 from pitstop.interrupts import terminate_as_interrupt
-from pitstop.profile import RankProfile, from_jsonable
 
 Caller = Callable[[list[str], int, Path], None]
 POLL_S = 0.2

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pitstop.attach.classify import Phase
 from pitstop.attach.view import JobView, RankView
+from pitstop.core.findings import capped_by_confidence
+from pitstop.core.vocabulary import CauseId
 from pitstop.diagnose import Diagnosis
-from pitstop.findings import capped_by_confidence
-from pitstop.vocabulary import CauseId
 
 SAMPLED = {  # cause -> the phase whose share is its evidence, and the rule's threshold
     CauseId.DATALOADER_BOUND: (Phase.DATA, 0.05),

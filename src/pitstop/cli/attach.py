@@ -58,9 +58,9 @@ def _probed(pid: int, seconds: float, started: str) -> tuple[Any, str]:
     from pitstop.attach import procs
     from pitstop.attach.probed import probe_window
     from pitstop.attach.remote import RemoteFailed, decide
+    from pitstop.core.profile import RunProfile
+    from pitstop.core.vocabulary import Source
     from pitstop.diagnose import diagnose
-    from pitstop.profile import RunProfile
-    from pitstop.vocabulary import Source
 
     decision = decide(pid)
     if not decision.ok:

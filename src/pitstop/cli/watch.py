@@ -14,6 +14,7 @@ from pitstop.cli.errors import UserError
 from pitstop.cli.live import Feed, LiveView, make_view
 from pitstop.cli.money import resolve_price, with_savings
 from pitstop.cli.outputs import Outputs
+from pitstop.core.vocabulary import Source
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.config import ProbeConfig
 from pitstop.report.terminal import render
@@ -21,7 +22,6 @@ from pitstop.report.trackers import TrackerError, open_trackers, parse_report_to
 from pitstop.report.untrusted import as_text, markup
 from pitstop.runner.collect import collect
 from pitstop.runner.launch import run_observed
-from pitstop.vocabulary import Source
 from pitstop.wholerun.run import WholeRun, WholeRunReport
 from pitstop.wholerun.windows import WindowSpec
 

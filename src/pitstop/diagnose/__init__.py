@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop import schemas
+from pitstop.core.findings import Finding, rank_findings
+from pitstop.core.profile import CountSource, RunProfile, StepBoundary, to_jsonable
+from pitstop.core.vocabulary import CauseId, Device, Source
 from pitstop.diagnose.context import RuleContext
 from pitstop.diagnose.cost import RunCost, run_cost
 from pitstop.diagnose.gpu_windows import describe_stretches
@@ -14,10 +17,7 @@ from pitstop.diagnose.ranks import RanksAnalysis, Scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.diagnose.savings import add_savings
 from pitstop.display import html_of
-from pitstop.findings import Finding, rank_findings
-from pitstop.profile import CountSource, RunProfile, StepBoundary, to_jsonable
 from pitstop.version import __version__
-from pitstop.vocabulary import CauseId, Device, Source
 
 
 @dataclass

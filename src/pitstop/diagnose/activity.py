@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from pitstop.profile import ActivitySample, RunProfile
+from pitstop.core.profile import ActivitySample, RunProfile
 
 BUSY = 0.05  # engine (or SM) activity above which the job computed in a sample
 SM_LOW = 0.5  # SM active under this while utilization reads ≥ 75 %: the SMs are mostly empty

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pitstop.core.findings import Finding
+from pitstop.core.profile import Environment, RankProfile, RunProfile, TraceStats
+from pitstop.core.vocabulary import Device, Severity
 from pitstop.diagnose.gpu_windows import gpu_windows
 from pitstop.diagnose.metrics import Metrics, compute_metrics
 from pitstop.diagnose.ranks import RanksAnalysis, Scaling, analyse, scaling
 from pitstop.diagnose.results import RunResults, results_of
-from pitstop.findings import Finding
 from pitstop.hardware import GpuSpec, lookup_gpu
-from pitstop.profile import Environment, RankProfile, RunProfile, TraceStats
-from pitstop.vocabulary import Device, Severity
 
 
 @dataclass

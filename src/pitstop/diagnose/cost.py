@@ -10,10 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop.core.profile import RunProfile
 from pitstop.diagnose.energy import cost_per_million_tokens
 from pitstop.diagnose.metrics import Metrics
 from pitstop.diagnose.savings import gpus_paid
-from pitstop.profile import RunProfile
 
 NO_GPU = "a CPU run pays for no GPU, so a price per GPU-hour gives it no cost per token"
 NO_RATE = "no real-token rate measured, so no cost per token"

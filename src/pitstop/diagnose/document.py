@@ -12,6 +12,9 @@ import dataclasses
 from typing import Any
 
 from pitstop import schemas
+from pitstop.core.findings import Finding, Fix, Saving, Use, use
+from pitstop.core.profile import Environment, RunProfile, from_jsonable, word
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity, Source
 from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.causes import CAUSES
 from pitstop.diagnose.cost import RunCost
@@ -20,10 +23,7 @@ from pitstop.diagnose.metrics import Metrics, compute_metrics
 from pitstop.diagnose.ranks import analyse, scaling
 from pitstop.diagnose.results import RunResults, results_of
 from pitstop.errors import PitstopError
-from pitstop.findings import Finding, Fix, Saving, Use, use
-from pitstop.profile import Environment, RunProfile, from_jsonable, word
 from pitstop.remedies import REGISTRY
-from pitstop.vocabulary import CauseId, RemedyId, Severity, Source
 
 RESULT_KEYS = ("step_series", "gpu_windows", "shown_rank")
 
@@ -33,7 +33,7 @@ class RunDocumentError(PitstopError, ValueError):
 
 
 def read_run(doc: Any) -> Diagnosis:
-    """The Diagnosis a ``pitstop.run/1`` document holds (or a bare ``pitstop.profile/1``, diagnosed now)."""
+    """The Diagnosis a ``pitstop.run/1`` document holds (or a bare ``pitstop.core.profile/1``, diagnosed now)."""
     if not isinstance(doc, dict):
         raise RunDocumentError(f"not a pitstop document: a JSON {type(doc).__name__}, not an object")
     if doc.get("schema") == schemas.PROFILE:

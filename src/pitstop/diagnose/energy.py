@@ -13,8 +13,8 @@ import statistics
 from dataclasses import dataclass
 from itertools import pairwise
 
+from pitstop.core.profile import RankProfile, RunProfile
 from pitstop.diagnose.gpu_windows import window_samples
-from pitstop.profile import RankProfile, RunProfile
 
 COUNTER = "energy counter"
 ESTIMATE = "power × time (estimate)"

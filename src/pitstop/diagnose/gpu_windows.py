@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from pitstop.profile import GpuSample, RankProfile, RunProfile
+from pitstop.core.profile import GpuSample, RankProfile, RunProfile
 
 IDLE_UTIL = 5.0  # % at or under which a sample counts as the GPU doing nothing
 NEVER_BUSY_UTIL = 2.0  # % that a GPU's peak never exceeds when the job never used it

@@ -9,12 +9,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from pitstop.core.profile import RankProfile, RunProfile, RunTotals
+from pitstop.core.vocabulary import Source
 from pitstop.diagnose.energy import energy_of
 from pitstop.diagnose.gpu_windows import GpuWindow, active_frac, active_util, gpu_windows, window_samples
 from pitstop.hardware import GpuSpec, compute_dtype, lookup_gpu
 from pitstop.plan.flops import FlopsPerToken, expected_tokens_per_s, flops_per_token, mfu
-from pitstop.profile import RankProfile, RunProfile, RunTotals
-from pitstop.vocabulary import Source
 
 CHUNKS = 5  # a window's steps are cut into this many runs of steps to estimate its throughput's spread
 

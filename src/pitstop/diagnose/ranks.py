@@ -20,7 +20,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
-from pitstop.profile import CollectiveRecord, RankProfile, RunProfile, StepRecord
+from pitstop.core.profile import CollectiveRecord, RankProfile, RunProfile, StepRecord
 
 MIN_SKEW_S = 2e-4  # arrival spreads below this are noise on any clock
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pitstop.core.profile import RunProfile, from_jsonable, to_jsonable
 from pitstop.diagnose.gpu_windows import GpuWindow, gpu_windows
 from pitstop.diagnose.metrics import RankMetrics, rank_metrics
 from pitstop.diagnose.series import ShownRank, StepSeries, shown_rank, step_series
-from pitstop.profile import RunProfile, from_jsonable, to_jsonable
 
 
 @dataclass

@@ -13,10 +13,10 @@ import math
 import os
 from dataclasses import dataclass
 
+from pitstop.core.findings import Finding, Saving
+from pitstop.core.profile import RunProfile, RunTotals
+from pitstop.core.vocabulary import Device, Source
 from pitstop.diagnose.metrics import Metrics
-from pitstop.findings import Finding, Saving
-from pitstop.profile import RunProfile, RunTotals
-from pitstop.vocabulary import Device, Source
 
 PRICE_ENV = "PITSTOP_PRICE_PER_GPU_HOUR"
 TOTAL_STEPS_OPTION = "--total-steps"

@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+from pitstop.core.profile import GpuSample, RankProfile, RunProfile, StepRecord
+from pitstop.core.vocabulary import Phase
 from pitstop.diagnose.gpu_windows import GpuWindow, window_samples
-from pitstop.profile import GpuSample, RankProfile, RunProfile, StepRecord
-from pitstop.vocabulary import Phase
 
 GPU_FIELDS = ("util", "mem_used", "mem_total", "pcie_rx", "pcie_tx", "sm_clock", "power_w")
 

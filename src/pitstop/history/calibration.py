@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pitstop.findings import Finding, rank_findings
+from pitstop.core.findings import Finding, rank_findings
 from pitstop.history.store import HistoryStore
 
 DECIDED = ("kept", "within noise", "slower")  # what a measurement can calibrate; undecided calibrates nothing

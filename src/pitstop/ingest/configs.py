@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.artifacts import IngestError, read_text
+from pitstop.core.profile import Environment
+from pitstop.core.vocabulary import Sharding
 from pitstop.ds_config import hpz_from_deepspeed, offload_from_deepspeed
 from pitstop.ingest.documents import load_document
-from pitstop.profile import Environment
-from pitstop.vocabulary import Sharding
 
 AXOLOTL_KEYS = {"base_model", "sample_packing", "micro_batch_size", "sequence_len", "adapter", "datasets"}
 LLAMA_FACTORY_KEYS = {"stage", "finetuning_type", "template", "cutoff_len", "dataset_dir", "flash_attn"}

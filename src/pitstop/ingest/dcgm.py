@@ -25,8 +25,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pitstop.artifacts import IngestError, open_binary
-from pitstop.profile import ActivitySample, Environment, GpuActivity, GpuSample, RankProfile, assemble_rank
-from pitstop.vocabulary import Device
+from pitstop.core.profile import (
+    ActivitySample,
+    Environment,
+    GpuActivity,
+    GpuSample,
+    RankProfile,
+    assemble_rank,
+)
+from pitstop.core.vocabulary import Device
 
 DCGM_LIMIT = 256 * 2**20  # a day of 1 s scrapes of 8 GPUs is ~0.2 GB; refuse more rather than fill memory
 MAX_LINE = 64 * 1024  # no DCGM line is longer; a longer one is skipped, never held whole

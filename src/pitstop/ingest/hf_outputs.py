@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pitstop.profile import Environment, RunTotals
+from pitstop.core.profile import Environment, RunTotals
 
 
 @dataclass

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pitstop.artifacts import IngestError
+from pitstop.core.profile import Environment, RankProfile, RunProfile, RunTotals, assemble_rank
+from pitstop.core.vocabulary import Device, Source
 from pitstop.hardware import lookup_gpu
 from pitstop.ingest.configs import merge_into, read_config
 from pitstop.ingest.dcgm import DcgmGpu, activity_ranks, attach_activity, read_dcgm
@@ -14,8 +16,6 @@ from pitstop.ingest.detect import expand, sniff
 from pitstop.ingest.hf_outputs import read_trainer_outputs
 from pitstop.ingest.nvidia_smi import read_smi
 from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
-from pitstop.profile import Environment, RankProfile, RunProfile, RunTotals, assemble_rank
-from pitstop.vocabulary import Device, Source
 
 CONFIG_KINDS = ("deepspeed", "accelerate", "axolotl", "llama_factory", "hf_args")
 MAX_WORLD = 1_000_000

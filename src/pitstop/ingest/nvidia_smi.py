@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pitstop.artifacts import IngestError, open_binary
-from pitstop.profile import GpuSample
+from pitstop.core.profile import GpuSample
 
 HEADER_HINTS = (
     "utilization.",

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.vocabulary import Source
 from pitstop.integrations.session import Session
-from pitstop.vocabulary import Source
 
 
 @contextmanager

@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.profile import RankProfile
+from pitstop.core.vocabulary import Source
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.probe import Probe
-from pitstop.profile import RankProfile
 from pitstop.runner.collect import merge
-from pitstop.vocabulary import Source
 
 
 class Session:

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.profile import StepRecord
 from pitstop.diagnose.savings import price_from_env
 from pitstop.probe.probe import Probe
 from pitstop.probe.rankfile import on_host
-from pitstop.profile import StepRecord
 from pitstop.report.trackers import Tracker, open_trackers
 from pitstop.report.untrusted import shown
 from pitstop.wholerun.run import Event, WholeRun, WholeRunReport

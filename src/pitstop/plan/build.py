@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pitstop.core.vocabulary import Sharding
 from pitstop.errors import PitstopError
 from pitstop.hardware import GPUS, lookup_gpu
 from pitstop.interconnect import LINKS
@@ -16,7 +17,6 @@ from pitstop.plan.memory import Setup
 from pitstop.plan.model_shape import ModelConfigError, model_info_from_config
 from pitstop.plan.params import count_params, resolve_model
 from pitstop.plan.planner import Plan, PlanError, make_plan, model_info
-from pitstop.vocabulary import Sharding
 
 
 @dataclass(frozen=True)

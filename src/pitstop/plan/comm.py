@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop.core.vocabulary import Sharding
 from pitstop.hardware import GpuSpec
 from pitstop.interconnect import LINKS, NVLINK_OF_GPU, Link
 from pitstop.plan.memory import Setup
-from pitstop.vocabulary import Sharding
 
 DEFAULT_NETWORK = "ib_ndr"  # interconnect.transport's assumption between nodes: one 400 Gb/s NIC per GPU
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "all_reduce", "all_gather", "reduce_scatter"

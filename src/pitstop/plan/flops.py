@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pitstop.core.profile import ModelInfo
 from pitstop.hardware import EXPECTED_MFU, GpuSpec
-from pitstop.profile import ModelInfo
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pitstop.core.profile import Environment
+from pitstop.core.vocabulary import Sharding
 from pitstop.plan.memory import Setup
-from pitstop.profile import Environment
-from pitstop.vocabulary import Sharding
 
 _ATTENTION = {"flash_attention_2": "flash", "flash_attention_3": "flash", "sdpa": "sdpa", "eager": "eager"}
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pitstop.profile import ModelInfo
+from pitstop.core.profile import ModelInfo
 
 GIB = 2**30
 MIB = 2**20

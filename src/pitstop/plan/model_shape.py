@@ -16,8 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.profile import ModelInfo
 from pitstop.errors import PitstopError
-from pitstop.profile import ModelInfo
 
 TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text"}  # families that tie the output embedding unless told
 GPT2_STYLE = {"gpt2", "gpt_neo", "gpt_bigcode"}

@@ -14,8 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.profile import ModelInfo
 from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
-from pitstop.profile import ModelInfo
 
 
 @dataclass

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pitstop import schemas
+from pitstop.core.profile import ModelInfo
+from pitstop.core.vocabulary import Sharding
 from pitstop.errors import PitstopError
 from pitstop.hardware import EXPECTED_MFU, GpuSpec
 from pitstop.interconnect import Link
@@ -19,8 +21,6 @@ from pitstop.plan.comm import communication
 from pitstop.plan.flops import FlopsPerToken, flops_per_token
 from pitstop.plan.memory import GIB, Memory, Setup, held_after_forward, memory
 from pitstop.plan.params import ParamCounts
-from pitstop.profile import ModelInfo
-from pitstop.vocabulary import Sharding
 
 MID_MFU = sum(EXPECTED_MFU) / 2
 PCIE_EFFICIENCY = 0.8

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from pitstop.core.profile import DataLoaderInfo, Environment, ModelInfo, word
+from pitstop.core.vocabulary import Device, Sharding
 from pitstop.ds_config import hpz_from_deepspeed, offload_from_deepspeed
-from pitstop.profile import DataLoaderInfo, Environment, ModelInfo, word
-from pitstop.vocabulary import Device, Sharding
 
 _DTYPE_NAMES = {
     "torch.bfloat16": "bf16",

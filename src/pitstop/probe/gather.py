@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.atomic import write_atomic
+from pitstop.core.profile import RankProfile, to_jsonable
 from pitstop.probe.config import ENV_RUNNER_PID
 from pitstop.probe.rankfile import Kind, line
-from pitstop.profile import RankProfile, to_jsonable
 
 ENV_TIMEOUT = "PITSTOP_GATHER_TIMEOUT_S"
 SUMMARY = "gather.json"  # rank 0's: what it gathered

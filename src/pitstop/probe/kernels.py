@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from pitstop.profile import KernelFacts
+from pitstop.core.profile import KernelFacts
 
 
 def _resolved_foreach(optimizer: Any, fused: bool | None, foreach: bool | None) -> bool | None:

@@ -28,6 +28,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pitstop.atomic import write_atomic
+from pitstop.core.profile import (
+    AttentionInfo,
+    Environment,
+    RankProfile,
+    StepRecord,
+    assemble_rank,
+    to_jsonable,
+)
+from pitstop.core.vocabulary import Device
 from pitstop.probe import environment as envmod
 from pitstop.probe import gather
 from pitstop.probe.collectors import COLLECTORS, Collector, ProbeContext, overrides
@@ -48,15 +57,6 @@ from pitstop.probe.stream import RankStream
 from pitstop.probe.timeline import (
     StepBuilder,
 )
-from pitstop.profile import (
-    AttentionInfo,
-    Environment,
-    RankProfile,
-    StepRecord,
-    assemble_rank,
-    to_jsonable,
-)
-from pitstop.vocabulary import Device
 
 PROGRESS_EVERY_S = 0.5
 C = TypeVar("C", bound=Collector)

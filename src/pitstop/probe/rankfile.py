@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pitstop.profile import (
+from pitstop.core.profile import (
     Environment,
     GpuSample,
     HostSample,
@@ -42,7 +42,7 @@ from pitstop.profile import (
     from_jsonable,
     to_jsonable,
 )
-from pitstop.vocabulary import StrEnum
+from pitstop.core.vocabulary import StrEnum
 
 
 class Kind(StrEnum):

@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from pitstop.core.profile import CountSource, StepBoundary
 from pitstop.probe.batch import count_batch, count_model_inputs
 from pitstop.probe.timeline import (
     BWD_END,
@@ -31,7 +32,6 @@ from pitstop.probe.timeline import (
     HostClock,
     StepBuilder,
 )
-from pitstop.profile import CountSource, StepBoundary
 
 
 class StepTimeline:

@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from pitstop.core.profile import RankProfile
 from pitstop.probe.rankfile import line, read_text
-from pitstop.profile import RankProfile
 
 PATTERN = "rank-*.jsonl"
 

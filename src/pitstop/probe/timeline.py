@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pitstop.profile import CountSource, StepRecord
+from pitstop.core.profile import CountSource, StepRecord
 
 _COUNT_FIELDS = ("samples", "tokens", "real_tokens", "loss_tokens", "examples", "attended")
 START, DATA, BWD_START, BWD_END, OPT_START, OPT_END, FWD_BOUNDARY = (

@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from pitstop.findings import Fix, Use, use
+from pitstop.core.findings import Fix, Use, use
+from pitstop.core.vocabulary import Framework, RemedyId
 from pitstop.remedies.base import REGISTRY, Advice, Remedy, TrialFacts
-from pitstop.vocabulary import Framework, RemedyId
 
 NOT_REMEDIES = ("arming", "autocast", "base")  # the package's machinery, not remedies
 

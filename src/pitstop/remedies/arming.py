@@ -16,9 +16,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from pitstop.core.vocabulary import RemedyId
 from pitstop.remedies import REGISTRY, Remedy
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import RemedyId
 
 AfterImport = Callable[[str, Callable[[ModuleType], None]], None]
 

@@ -16,7 +16,7 @@ from textwrap import dedent
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pitstop.vocabulary import Framework, RemedyId
+from pitstop.core.vocabulary import Framework, RemedyId
 
 if TYPE_CHECKING:
     from pitstop.trials.request import FixReport, FixRequest

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pitstop.core.vocabulary import Framework, RemedyId
 from pitstop.remedies.autocast import autocast_every_forward
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework, RemedyId
 
 
 def mixed_precision_advice(framework: Framework, low: str, text: str) -> Advice:

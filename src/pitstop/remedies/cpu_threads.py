@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+from pitstop.core.vocabulary import Framework, RemedyId
 from pitstop.cpus import cores_allowed, local_ranks
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework, RemedyId
 
 
 def share() -> int:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pitstop.core.vocabulary import Framework, RemedyId
 from pitstop.remedies.base import Advice, Remedy, code, register
-from pitstop.vocabulary import Framework, RemedyId
 
 
 @register

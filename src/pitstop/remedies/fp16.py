@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pitstop.core.vocabulary import Framework, RemedyId
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
 from pitstop.remedies.bf16 import mixed_precision_advice
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework, RemedyId
 
 
 @register

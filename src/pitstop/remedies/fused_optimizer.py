@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+from pitstop.core.vocabulary import Framework, RemedyId
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework, RemedyId
 
 FUSABLE = (
     "Adam",

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+from pitstop.core.vocabulary import Framework, RemedyId
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, at_first_optimizer_step, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework, RemedyId
 
 _ENABLERS = ("gradient_checkpointing_enable", "activation_checkpointing_enable")  # renamed in transformers 5
 

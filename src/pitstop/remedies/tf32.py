@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pitstop.core.vocabulary import Framework
 from pitstop.remedies.base import (
     Advice,
     Remedy,
@@ -21,7 +22,6 @@ from pitstop.remedies.base import (
     register,
 )
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework
 
 
 def _uses_new_api(torch: Any) -> bool:

@@ -6,9 +6,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pitstop.core.vocabulary import Framework, RemedyId
 from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
-from pitstop.vocabulary import Framework, RemedyId
 
 PREFETCH = 4  # batches each worker keeps ready
 

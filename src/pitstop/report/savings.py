@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pitstop.findings import Finding, Saving
+from pitstop.core.findings import Finding, Saving
 
 
 def describe(saving: Saving) -> str:

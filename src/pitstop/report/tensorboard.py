@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from pitstop import schemas
+from pitstop.core.profile import RunProfile, StepRecord
 from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.document import read_run
 from pitstop.diagnose.gpu_windows import GpuWindow
 from pitstop.diagnose.series import StepSeries
-from pitstop.profile import RunProfile, StepRecord
 from pitstop.report.errors import ReportError
 
 MISSING_WRITER = "--tensorboard needs the tensorboard package: pip install 'pitstop[tensorboard]'"
@@ -108,7 +108,7 @@ def _writer_api() -> tuple[Any, Any]:
 
 
 def write_tensorboard(doc: Any, out_dir: Path) -> int:
-    """Write a ``pitstop.run/1``, ``pitstop.tune/1`` or ``pitstop.profile/1`` document as scalars into a
+    """Write a ``pitstop.run/1``, ``pitstop.tune/1`` or ``pitstop.core.profile/1`` document as scalars into a
     new run folder under ``out_dir``; returns the number of scalars written."""
     return export_tensorboard(doc, out_dir).scalars
 

@@ -12,13 +12,13 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from pitstop.core.findings import Finding
+from pitstop.core.vocabulary import Device, Phase, Source
 from pitstop.diagnose import Diagnosis, counting_line
-from pitstop.findings import Finding
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.savings import context_line, describe, first_saving
 from pitstop.report.untrusted import as_text
 from pitstop.report.untrusted import shown as plain
-from pitstop.vocabulary import Device, Phase, Source
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 # each phase's share of step time (a Metrics field) and its Okabe–Ito colour: distinguishable with the common

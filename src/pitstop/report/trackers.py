@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from pitstop.core.findings import Finding
 from pitstop.errors import PitstopError
-from pitstop.findings import Finding
 from pitstop.report.savings import describe
 from pitstop.wholerun.changes import Change
 from pitstop.wholerun.run import WholeRunReport

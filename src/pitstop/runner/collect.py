@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pitstop.core.profile import RankProfile, RunProfile
+from pitstop.core.vocabulary import Source
 from pitstop.probe.gather import read_summary
 from pitstop.probe.stream import PATTERN, read_stream
-from pitstop.profile import RankProfile, RunProfile
 from pitstop.runner.launch import GRACE_S, Launch
-from pitstop.vocabulary import Source
 
 # what a death by each signal usually means, for the one line the user reads
 _WHY: dict[int, str] = {

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pitstop.core.profile import Environment, GpuSample, StepRecord
 from pitstop.probe.rankfile import EnvironmentSeen, GpuReadings, RankDraft, Step, decode
 from pitstop.probe.stream import PATTERN
-from pitstop.profile import Environment, GpuSample, StepRecord
 
 
 @dataclass

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pitstop.core.profile import RunProfile
+from pitstop.core.vocabulary import Source
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.stopping import WindowRule
-from pitstop.profile import RunProfile
 from pitstop.runner.collect import collect, death
 from pitstop.runner.launch import Launch, run_observed
-from pitstop.vocabulary import Source
 
 LOG_TAIL_LINES = 200
 

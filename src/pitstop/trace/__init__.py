@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pitstop.profile import Environment, GpuTime, IdleSplit, RankProfile, StepRecord, assemble_rank
+from pitstop.core.profile import Environment, GpuTime, IdleSplit, RankProfile, StepRecord, assemble_rank
+from pitstop.core.vocabulary import Device
 from pitstop.trace.events import TraceColumns, read_columns
 from pitstop.trace.overview import Overview, overview
 from pitstop.trace.stats import step_syncs, trace_stats
 from pitstop.trace.temporal import temporal
-from pitstop.vocabulary import Device
 
 
 def _environment(cols: TraceColumns) -> Environment:

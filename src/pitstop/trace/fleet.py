@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.artifacts import GZIP_MAGIC, IngestError
-from pitstop.profile import RankProfile
+from pitstop.core.profile import RankProfile
 from pitstop.trace.crossrank import cross_rank
 from pitstop.trace.summary import Failure, RankSummary, rank_from_name, summarize
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pitstop.profile import StepCategories, TraceStats, from_jsonable
+from pitstop.core.profile import StepCategories, TraceStats, from_jsonable
 from pitstop.trace.events import COMMUNICATION, COMPUTE, H2D_PAGEABLE, H2D_PINNED, TraceColumns
 from pitstop.trace.intervals import intersection_length, length, union
 from pitstop.trace.overview import Overview

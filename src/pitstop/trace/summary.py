@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pitstop.artifacts import IngestError
-from pitstop.profile import RankProfile
+from pitstop.core.profile import RankProfile
 from pitstop.trace import profile_of
 from pitstop.trace.events import read_columns
 

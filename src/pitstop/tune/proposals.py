@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop.core.vocabulary import CauseId, Framework, RemedyId
 from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.causes import CAUSES
 from pitstop.hardware import lookup_gpu
 from pitstop.remedies import REGISTRY, Remedy, TrialFacts, remedy
-from pitstop.vocabulary import CauseId, Framework, RemedyId
 
 
 @dataclass(frozen=True)

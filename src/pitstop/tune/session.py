@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pitstop import schemas
+from pitstop.core.profile import CountSource
+from pitstop.core.vocabulary import RemedyId
 from pitstop.display import html_of
 from pitstop.errors import PitstopError
 from pitstop.probe.stopping import WindowRule
-from pitstop.profile import CountSource
 from pitstop.remedies import remedy
 from pitstop.trials.request import FixRequest
 from pitstop.tune.budget import (
@@ -43,7 +44,6 @@ from pitstop.tune.verdict import (
 )
 from pitstop.tune.window import Window, run_window
 from pitstop.version import __version__
-from pitstop.vocabulary import RemedyId
 
 LOSS_STEPS = 3
 FIXED_STEPS = 30  # the window of a job of several ranks, which cannot end windows by precision

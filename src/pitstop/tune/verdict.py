@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pitstop.core.vocabulary import CauseId
 from pitstop.remedies import Remedy
 from pitstop.tune.window import Window
-from pitstop.vocabulary import CauseId
 
 MIN_GAIN = 0.03  # below this a fix is not worth a change to the job, however sure the measurement
 UNDECIDED = "undecided"  # within noise on a machine too noisy to tell: neither kept nor ruled out

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.profile import RunProfile
+from pitstop.core.vocabulary import Source
 from pitstop.diagnose import Diagnosis, diagnose
 from pitstop.probe.stopping import WindowRule
-from pitstop.profile import RunProfile
 from pitstop.runner.measure import StepWindow, measure
 from pitstop.trials.request import FixRequest, read_reports
-from pitstop.vocabulary import Source
 
 OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory", re.IGNORECASE)
 

@@ -19,8 +19,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from pitstop.profile import StepRecord
-from pitstop.vocabulary import CauseId, Phase, Severity
+from pitstop.core.profile import StepRecord
+from pitstop.core.vocabulary import CauseId, Phase, Severity
 from pitstop.wholerun.windows import WindowSummary
 
 SIGMAS = 4.0

@@ -11,8 +11,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from pitstop.profile import StepRecord
-from pitstop.vocabulary import Phase
+from pitstop.core.profile import StepRecord
+from pitstop.core.vocabulary import Phase
 
 STALL_RATIO = 1.5  # a stall takes at least this many times the window's median step
 STALL_SIGMAS = 6.0  # ... and exceeds it by this many robust standard deviations

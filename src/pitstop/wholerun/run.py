@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop.profile import Environment, GpuSample, StepRecord
+from pitstop.core.profile import Environment, GpuSample, StepRecord
 from pitstop.wholerun.changes import Change, ChangeDetector
 from pitstop.wholerun.periodic import PeriodicStall, StallLog, periodic_stalls
 from pitstop.wholerun.store import SeriesStore

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from pitstop.profile import (
+from pitstop.core.profile import (
     GcGeneration,
     GcPauses,
     GpuActivity,

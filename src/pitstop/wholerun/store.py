@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from pitstop.profile import StepRecord, from_jsonable, to_jsonable
+from pitstop.core.profile import StepRecord, from_jsonable, to_jsonable
 
 
 class SeriesStore:

@@ -13,11 +13,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from pitstop.core.profile import Environment, GpuSample, RankProfile, RunProfile, StepRecord
+from pitstop.core.vocabulary import CauseId, Phase, Source
 from pitstop.diagnose import diagnose
 from pitstop.diagnose.cost import run_cost
 from pitstop.diagnose.metrics import Metrics
-from pitstop.profile import Environment, GpuSample, RankProfile, RunProfile, StepRecord
-from pitstop.vocabulary import CauseId, Phase, Source
 from pitstop.wholerun.slicing import slice_rank, step_span
 
 

@@ -12,8 +12,8 @@ import pkgutil
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from pitstop.core.vocabulary import CauseId
 from pitstop.diagnose.causes.base import REGISTRY, Cause, Rule
-from pitstop.vocabulary import CauseId
 
 
 def _discover() -> Mapping[CauseId, Cause]:

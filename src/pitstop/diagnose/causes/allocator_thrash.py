@@ -8,12 +8,12 @@ what each call costs is an assumption, stated in the basis."""
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.profile import RankProfile
+from pitstop.core.vocabulary import CauseId, RemedyId
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding, use
-from pitstop.profile import RankProfile
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId
 
 GIB = 1024**3
 ASSUMED_DRIVER_CALL_S = 1e-3  # one cudaMalloc / cudaFree, which synchronises the device

@@ -7,9 +7,9 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pitstop.core.findings import Finding
+from pitstop.core.vocabulary import CauseId, RemedyId
 from pitstop.diagnose.context import RuleContext
-from pitstop.findings import Finding
-from pitstop.vocabulary import CauseId, RemedyId
 
 Rule = Callable[[RuleContext], Finding | None]
 

@@ -8,12 +8,12 @@ labelled as one."""
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding, use
 from pitstop.remedies import advise
 from pitstop.remedies.eval_less_often import less_often
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 SAVE_MIN = 0.05  # share of the run's time
 ASSUMED_WRITE_BPS = 1e9  # bytes/s a checkpoint is written at, for the offline estimate (local NVMe: 1–3 GB/s)

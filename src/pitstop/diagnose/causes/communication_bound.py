@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import statistics
 
+from pitstop.core.findings import Finding, Use, use
+from pitstop.core.vocabulary import CauseId, RemedyId
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.ranks import RanksAnalysis
-from pitstop.findings import Finding, Use, use
 from pitstop.interconnect import Link
 from pitstop.plan.from_run import setup_for_run
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId
 
 
 @cause(

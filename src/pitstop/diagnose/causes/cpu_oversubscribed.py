@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import statistics
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.profile import CpuThreads
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext
-from pitstop.findings import Finding, use
-from pitstop.profile import CpuThreads
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 MARGIN = 1.25  # demand must exceed the cores by this factor: light workers beside a full pool are normal
 

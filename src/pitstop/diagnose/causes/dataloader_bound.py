@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import statistics
 
+from pitstop.core.findings import Finding, Use, use
+from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import active_samples, working
 from pitstop.diagnose.metrics import rank_metrics
-from pitstop.findings import Finding, Use, use
 from pitstop.remedies import advise
 from pitstop.remedies.workers import workers_for
-from pitstop.vocabulary import CauseId, Device, RemedyId, Severity
 
 DATA_WAIT_MIN = 0.05
 DIP_UTIL = 20.0  # % utilization under which a busy GPU counts as waiting (nvidia-smi logs)

@@ -10,12 +10,12 @@ own: their cost depends on the kernels and the collectives, and only switching t
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.profile import DebugModes
+from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding, use
-from pitstop.profile import DebugModes
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, Device, RemedyId, Severity
 
 ANOMALY_SHARE = 0.5  # share of the measured steps run with anomaly detection on, for a finding
 ANOMALY_SLOWDOWN = 2.0

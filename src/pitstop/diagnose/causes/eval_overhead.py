@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import statistics
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import working
-from pitstop.findings import Finding, use
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 EVAL_MIN = 0.10
 FREQUENT_STEPS = 50

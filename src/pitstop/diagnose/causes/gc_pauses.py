@@ -18,12 +18,12 @@ Traces and attach's stack samples do not see the collector: there the rule is si
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.profile import GcPauses, RankProfile
+from pitstop.core.vocabulary import CauseId, RemedyId
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding, use
-from pitstop.profile import GcPauses, RankProfile
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId
 
 GC_MIN = 0.05  # share of the window's step time inside collections (every generation) for a finding
 FULL_HIGH = 0.20  # share of the step time the fix would take out of full collections, rated high

@@ -11,11 +11,11 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from pitstop.clock_reasons import HARDWARE_MASK, THROTTLING_MASK, reason_names
+from pitstop.core.findings import Finding, use
+from pitstop.core.vocabulary import CauseId, RemedyId
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding, use
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId
 
 BUSY_UTIL = 50.0  # % utilization: samples of a GPU that is working
 THROTTLED_SHARE = 0.2  # of the busy samples, with a throttling reason set

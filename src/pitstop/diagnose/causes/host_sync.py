@@ -3,12 +3,12 @@ worth the time the host spends blocked, only while the GPU idles."""
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.activity import read_activity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl
-from pitstop.findings import Finding, use
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 
 @cause(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext
-from pitstop.findings import Finding, use
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 
 @cause(

@@ -3,13 +3,13 @@ already explains the gap (a HIGH finding) or an idle GPU does."""
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.activity import read_activity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext
-from pitstop.findings import Finding, use
 from pitstop.hardware import EXPECTED_MFU
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 
 @cause(

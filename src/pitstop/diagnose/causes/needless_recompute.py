@@ -14,13 +14,13 @@ step" gave ×1.89 where tune measured ×0.97; B − 2F gives ×1.00.)"""
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl
-from pitstop.findings import Finding, use
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import memory
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, Device, RemedyId, Severity
 
 GIB = 1024**3
 FIT_SHARE = 0.9  # the plan without checkpointing must stay under this share of the GPU's memory

@@ -3,12 +3,12 @@ parameters, a trace's kernels) and the tensor pipes' activity; worth the compute
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, Use, use
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.activity import Activity, read_activity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl
-from pitstop.findings import Finding, Use, use
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 
 @cause(

@@ -3,14 +3,14 @@ bytes it moves per step, high when the model states would fit on the GPU without
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.profile import Environment
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl
-from pitstop.findings import Finding, use
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import model_states
-from pitstop.profile import Environment
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 GPU_MEMORY_USABLE = 0.6  # leave the rest for activations, workspace and fragmentation
 

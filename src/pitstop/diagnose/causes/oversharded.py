@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.vocabulary import CauseId, Device, RemedyId, Sharding
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding, use
 from pitstop.hardware import GpuSpec, lookup_gpu
 from pitstop.interconnect import transport
 from pitstop.plan.comm import CommPlan, backward_share, setup_comm, strategy_of
@@ -21,7 +22,6 @@ from pitstop.plan.flops import flops_per_token
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import GIB, Setup, memory, model_states
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, Device, RemedyId, Sharding
 
 FIT_SHARE = 0.9  # the lighter strategy's whole step must stay under this share of the GPU's memory
 STATES_SHARE = 0.6  # without the model's shape: its model states under this share (as offload_bound)

@@ -3,11 +3,11 @@ the batches' examples would save."""
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, Use, use
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding, Use, use
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 PADDING_MIN = 0.10
 

@@ -3,11 +3,11 @@ staged and synchronous."""
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.vocabulary import CauseId, RemedyId
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding, use
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId
 
 
 @cause(

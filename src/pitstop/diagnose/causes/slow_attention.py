@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import statistics
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding, use
 from pitstop.plan.flops import flops_per_token
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, Device, RemedyId, Severity
 
 EAGER_SLOWDOWN = {"gpu": 3.0, "cpu": 2.0}
 """Where the job's attention was not timed after its window (``attention_timing``: traces, a probe inside the

@@ -3,17 +3,17 @@ headroom the planner can size a larger micro-batch into."""
 
 from __future__ import annotations
 
+from pitstop.core.findings import Finding, Use, use
+from pitstop.core.vocabulary import CauseId, RemedyId
 from pitstop.diagnose.activity import Activity, read_activity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, severity_for
 from pitstop.diagnose.gpu_windows import working
-from pitstop.findings import Finding, Use, use
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import GIB
 from pitstop.plan.planner import largest_micro_batch
 from pitstop.remedies import advise
 from pitstop.remedies.micro_batch import next_micro_batch
-from pitstop.vocabulary import CauseId, RemedyId
 
 SM_FULL = 0.8  # SM activity a well-filled GPU reaches (est. target for small_batch from the counters)
 OCC_FULL = 0.5  # occupancy both counters agree below, with SM activity under SM_FULL

@@ -7,15 +7,15 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pitstop.core.findings import Finding, use
+from pitstop.core.profile import RankProfile, TraceStats
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.causes.gpu_throttled import per_gpu_clocks
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.metrics import rank_metrics
 from pitstop.diagnose.ranks import RankComm
-from pitstop.findings import Finding, use
-from pitstop.profile import RankProfile, TraceStats
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 CPU_OVERLOADED = 1.25  # runnable threads per allowed core: threads wait for a core
 CPU_PEER_MARGIN = 1.5  # the slow rank's CPU load over its peers' median

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pitstop.core.findings import Finding, Use, use
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.activity import Activity, read_activity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.findings import Finding, Use, use
 from pitstop.plan.from_run import setup_for_run
 from pitstop.plan.memory import logits
 from pitstop.remedies import advise
-from pitstop.vocabulary import CauseId, RemedyId, Severity
 
 GIB = 1024**3
 LARGE_VOCAB = 32_000

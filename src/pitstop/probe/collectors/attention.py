@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pitstop.core.profile import RankProfile
 from pitstop.probe import environment as envmod
 from pitstop.probe.collectors.base import ProbeContext, WindowCounts, collector
-from pitstop.profile import RankProfile
 
 
 @dataclass

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop.core.profile import AttentionTiming, RankProfile
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
-from pitstop.profile import AttentionTiming, RankProfile
 
 MAX_SCORES_BYTES = 256 * 2**20  # one layer's S×S scores over the rows timed at once
 WARMUP = 2  # passes of each path before timing (kernel selection, allocator)

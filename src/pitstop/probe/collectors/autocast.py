@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop.core.profile import RankProfile
 from pitstop.probe import environment as envmod
 from pitstop.probe.collectors.base import Collector, collector
-from pitstop.profile import RankProfile
 
 
 @dataclass

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
+from pitstop.core.profile import Environment, RankProfile, StepRecord
+from pitstop.core.vocabulary import Device
 from pitstop.probe.config import ProbeConfig
 from pitstop.probe.hooks import Hooks
-from pitstop.profile import Environment, RankProfile, StepRecord
-from pitstop.vocabulary import Device
 
 Emit = Callable[..., None]  # emit(kind, **payload): one line of the rank file
 

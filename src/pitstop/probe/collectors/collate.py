@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop.core.profile import RankProfile
 from pitstop.data.rawtext import looks_like_text
 from pitstop.probe.collectors.base import ProbeContext, WindowCounts, collector
-from pitstop.profile import RankProfile
 
 
 @dataclass

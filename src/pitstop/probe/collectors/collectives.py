@@ -41,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop.core.profile import CollectiveRecord, Environment, RankProfile, StepRecord
 from pitstop.probe import gather
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
-from pitstop.profile import CollectiveRecord, Environment, RankProfile, StepRecord
 
 MAX_RECORDS = (
     400_000  # a long --full run keeps the first ones; enough for 1,000 steps of a 400-collective FSDP

@@ -16,9 +16,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.profile import CpuThreads, RankProfile
 from pitstop.cpus import cgroup_cores, cores_allowed, local_ranks
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
-from pitstop.profile import CpuThreads, RankProfile
 
 PROC = Path("/proc")
 

@@ -15,8 +15,8 @@ import sys
 from types import FrameType
 from typing import Any
 
+from pitstop.core.profile import DebugModes, RankProfile
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
-from pitstop.profile import DebugModes, RankProfile
 
 ENV_SETTINGS = {  # variable -> the values that slow every step
     "CUDA_LAUNCH_BLOCKING": ("1", "true", "yes"),

@@ -14,8 +14,8 @@ import contextlib
 import gc
 from time import perf_counter
 
+from pitstop.core.profile import GcPauses, RankProfile, StepRecord
 from pitstop.probe.collectors.base import ProbeContext, WindowCounts, collector
-from pitstop.profile import GcPauses, RankProfile, StepRecord
 
 OLDEST = 2  # the full collection; a newer interpreter's extra generations count as the oldest
 

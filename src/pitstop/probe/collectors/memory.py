@@ -12,9 +12,9 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pitstop.core.profile import Environment, MemoryStats, RankProfile, StepRecord
+from pitstop.core.vocabulary import Device
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
-from pitstop.profile import Environment, MemoryStats, RankProfile, StepRecord
-from pitstop.vocabulary import Device
 
 KEYS = (
     "num_alloc_retries",

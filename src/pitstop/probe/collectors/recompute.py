@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pitstop.core.profile import RankProfile
 from pitstop.probe.collectors.base import WindowCounts, collector
-from pitstop.profile import RankProfile
 
 
 @dataclass

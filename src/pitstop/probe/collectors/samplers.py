@@ -37,9 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pitstop.probe.collectors.base import Collector, Emit, ProbeContext, collector
-from pitstop.probe.rankfile import Kind
-from pitstop.profile import (
+from pitstop.core.profile import (
     ActivitySample,
     GpuActivity,
     GpuSample,
@@ -47,7 +45,9 @@ from pitstop.profile import (
     RankProfile,
     to_jsonable,
 )
-from pitstop.vocabulary import Device
+from pitstop.core.vocabulary import Device
+from pitstop.probe.collectors.base import Collector, Emit, ProbeContext, collector
+from pitstop.probe.rankfile import Kind
 
 NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1

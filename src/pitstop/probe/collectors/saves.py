@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pitstop.core.profile import RankProfile, SaveStats, StepRecord
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
 from pitstop.probe.hooks import Hooks
-from pitstop.profile import RankProfile, SaveStats, StepRecord
 
 # (module, owner attribute path or "" for a module function, function name, the label reported)
 _TARGETS: tuple[tuple[str, str, str, str], ...] = (

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from pitstop.core.profile import RankProfile, SyncSite
 from pitstop.probe.collectors.base import WindowCounts, collector
-from pitstop.profile import RankProfile, SyncSite
 
 MAX_SYNC_SITES = 20
 

@@ -9,13 +9,13 @@ import json
 from dataclasses import asdict
 from html import escape
 
+from pitstop.core.profile import RankProfile, TraceStats
+from pitstop.core.vocabulary import Phase
 from pitstop.diagnose import Diagnosis
-from pitstop.profile import RankProfile, TraceStats
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.html import svg
 from pitstop.report.html.page import num, section, snippet, stat, table
 from pitstop.report.savings import context_line, describe, first_saving
-from pitstop.vocabulary import Phase
 
 
 def _where(d: Diagnosis) -> str:

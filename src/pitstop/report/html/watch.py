@@ -7,9 +7,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from pitstop.core.vocabulary import Phase
 from pitstop.report.html import svg
 from pitstop.report.html.page import num, section, table
-from pitstop.vocabulary import Phase
 
 
 def watch_section(w: dict[str, Any]) -> str:

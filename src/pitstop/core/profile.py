@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pitstop import schemas
-from pitstop.vocabulary import Device, Source, StrEnum
+from pitstop.core.vocabulary import Device, Source, StrEnum
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from pitstop.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ def use(remedy: RemedyId, **params: Any) -> Use:
 class Fix:
     """A sentence saying what to change, plus code for each framework it applies to.
 
-    ``snippets`` maps a framework (``pitstop.vocabulary.Framework``) to a snippet; ``framework`` names the one
+    ``snippets`` maps a framework (``pitstop.core.vocabulary.Framework``) to a snippet; ``framework`` names the one
     detected for this run, shown first. Built by ``pitstop.remedies.advise`` from the remedies in ``uses``.
     """
 
