@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 RUN: Final = "pitstop.run/1"  # a diagnosis: findings, metrics, environment, per-rank results, the profile
-PROFILE: Final = "pitstop.core.profile/1"  # a RunProfile alone (what was measured)
+PROFILE: Final = "pitstop.profile/1"  # a RunProfile alone (what was measured)
 TUNE: Final = "pitstop.tune/1"  # a tune session: trials, verdict, the changes to keep
 PLAN: Final = "pitstop.plan/1"  # a memory / throughput plan
 HISTORY: Final = "pitstop.history/1"  # runs from the history side by side (`history compare --json`)

@@ -45,7 +45,7 @@ OLD_RANK: dict[str, Any] = {
 
 def _read(rank: dict[str, Any]) -> TraceStats:
     trace = (
-        RunProfile.from_dict({"schema": "pitstop.core.profile/1", "source": "analyze", "ranks": [rank]})
+        RunProfile.from_dict({"schema": "pitstop.profile/1", "source": "analyze", "ranks": [rank]})
         .ranks[0]
         .trace
     )
@@ -105,7 +105,7 @@ def test_an_old_trace_s_syncs_read_back_into_its_steps() -> None:
     the means are spread over its steps."""
     old = json.loads(json.dumps(OLD_RANK))
     old["trace"].update(syncs_per_step=2.5, sync_ms=20.0)
-    profile = RunProfile.from_dict({"schema": "pitstop.core.profile/1", "source": "analyze", "ranks": [old]})
+    profile = RunProfile.from_dict({"schema": "pitstop.profile/1", "source": "analyze", "ranks": [old]})
     steps = profile.ranks[0].steps
     assert [s.syncs for s in steps] == [2, 3, 2, 3] and all(s.sync_s == 0.02 for s in steps)
     m = compute_metrics(profile)
@@ -114,7 +114,7 @@ def test_an_old_trace_s_syncs_read_back_into_its_steps() -> None:
     saved = json.loads(json.dumps(OLD_RANK))
     saved["steps"][0]["syncs"] = 7
     saved["trace"]["syncs_per_step"] = 1.0
-    read = RunProfile.from_dict({"schema": "pitstop.core.profile/1", "source": "analyze", "ranks": [saved]})
+    read = RunProfile.from_dict({"schema": "pitstop.profile/1", "source": "analyze", "ranks": [saved]})
     assert [s.syncs for s in read.ranks[0].steps] == [7, None, None, None]
 
 
@@ -128,3 +128,18 @@ def test_syncs_per_step_weigh_each_rank_alike() -> None:
     m = compute_metrics(RunProfile(source=Source.ANALYZE, ranks=[short, long]))
     assert m.syncs_per_step == pytest.approx(6.0)  # (10 + 2) / 2, not 16 / 4
     assert m.sync_frac == pytest.approx(0.2)  # (0.01 + 0.03) / 2 over 0.1
+
+
+def test_the_document_keeps_the_trace_keys_it_had_written_from_the_steps(tmp_path: Path) -> None:
+    """A document only ever gains keys: a rank's ``trace`` still carries its step count, mean step time, data
+    wait and syncs, now written from its steps, and reading the document back takes the steps as they are."""
+    path = kr.write(kr.job(1, steps=6, loader_us=1500.0)[0], tmp_path / "rank-0.json")
+    rank = profile_of(read_columns(path))[0]
+    doc = json.loads(json.dumps(RunProfile(source=Source.ANALYZE, ranks=[rank]).to_dict()))
+    assert doc["schema"] == "pitstop.profile/1"
+    trace = doc["ranks"][0]["trace"]
+    assert trace["steps"] == 6 and trace["step_ms"] == pytest.approx(rank.mean_step_s * 1000)
+    assert trace["syncs_per_step"] == 1.0 and trace["sync_ms"] > 0 and trace["dataloader_ms"] > 1.0
+    assert {"device_name", "attention_ms"} <= set(trace)
+    back = RunProfile.from_dict(doc).ranks[0]
+    assert back.steps == rank.steps and back.trace == rank.trace

@@ -98,3 +98,20 @@ def test_a_run_document_reads_back_its_source() -> None:
     assert read_run(doc).profile.source is Source.CHECK
     del doc["profile"]
     assert read_run(doc).profile.source is Source.CHECK
+
+
+def test_document_ids_are_the_released_ones() -> None:
+    """An id names a form readers accept forever: a refactor that moves a module must not move its id."""
+    from pitstop import schemas
+
+    assert (schemas.RUN, schemas.PROFILE, schemas.TUNE, schemas.PLAN) == (
+        "pitstop.run/1",
+        "pitstop.profile/1",
+        "pitstop.tune/1",
+        "pitstop.plan/1",
+    )
+    assert (schemas.HISTORY, schemas.DATA_STATS, schemas.DATA_PACK) == (
+        "pitstop.history/1",
+        "pitstop.data.stats/1",
+        "pitstop.data.pack/1",
+    )

@@ -601,7 +601,11 @@ class RunProfile:
         return sum(held) + missing * (held[0] if held else 1)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.PROFILE, **to_jsonable(self)}
+        written = to_jsonable(self)
+        for rank, saved in zip(self.ranks, written["ranks"], strict=True):
+            if rank.trace is not None and isinstance(saved.get("trace"), dict):
+                saved["trace"].update(_trace_keys_kept(rank))
+        return {"schema": schemas.PROFILE, **written}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunProfile:
@@ -616,6 +620,27 @@ class RunProfile:
     @classmethod
     def load(cls, path: Path) -> RunProfile:
         return cls.from_dict(json.loads(path.read_text()))
+
+
+def _trace_keys_kept(rank: RankProfile) -> dict[str, Any]:
+    """The keys a rank's ``trace`` carried before its step time, data wait and syncs became its steps', written
+    from the steps (and the environment's GPU name): a document only ever gains keys. Reading ignores them:
+    the steps are the source."""
+    steps = rank.steps
+    syncs = [s.syncs for s in steps if s.syncs is not None]
+    blocked = [s.sync_s for s in steps if s.sync_s is not None]
+    trace = rank.trace
+    return {
+        "steps": len(steps),
+        "step_ms": sum(s.wall_s for s in steps) / len(steps) * 1000 if steps else None,
+        "dataloader_ms": None
+        if trace is None or trace.breakdown_ms is None
+        else trace.breakdown_ms.dataloader,
+        "syncs_per_step": sum(syncs) / len(syncs) if syncs else None,
+        "sync_ms": sum(blocked) / len(blocked) * 1000 if blocked else None,
+        "device_name": rank.environment.gpu_name,
+        "attention_ms": None,
+    }
 
 
 def _trace_syncs_to_steps(rank: Any) -> Any:

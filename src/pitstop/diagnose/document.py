@@ -33,7 +33,7 @@ class RunDocumentError(PitstopError, ValueError):
 
 
 def read_run(doc: Any) -> Diagnosis:
-    """The Diagnosis a ``pitstop.run/1`` document holds (or a bare ``pitstop.core.profile/1``, diagnosed now)."""
+    """The Diagnosis a ``pitstop.run/1`` document holds (or a bare ``pitstop.profile/1``, diagnosed now)."""
     if not isinstance(doc, dict):
         raise RunDocumentError(f"not a pitstop document: a JSON {type(doc).__name__}, not an object")
     if doc.get("schema") == schemas.PROFILE:

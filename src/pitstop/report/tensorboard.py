@@ -108,7 +108,7 @@ def _writer_api() -> tuple[Any, Any]:
 
 
 def write_tensorboard(doc: Any, out_dir: Path) -> int:
-    """Write a ``pitstop.run/1``, ``pitstop.tune/1`` or ``pitstop.core.profile/1`` document as scalars into a
+    """Write a ``pitstop.run/1``, ``pitstop.tune/1`` or ``pitstop.profile/1`` document as scalars into a
     new run folder under ``out_dir``; returns the number of scalars written."""
     return export_tensorboard(doc, out_dir).scalars
 
