@@ -80,27 +80,19 @@ def _names(nodes: Iterable[ast.AST]) -> set[str]:
 
 
 def _remedies(nodes: Iterable[ast.AST]) -> list[str]:
-    remedy_id = _remedy_enum()
+    """The remedies the code names (``RemedyId.X``)."""
+    from pitstop.core.vocabulary import RemedyId
+
     found = {
-        str(getattr(remedy_id, n.attr))
+        str(getattr(RemedyId, n.attr))
         for node in nodes
         for n in ast.walk(node)
         if isinstance(n, ast.Attribute)
         and isinstance(n.value, ast.Name)
         and n.value.id == "RemedyId"
-        and hasattr(remedy_id, n.attr)
+        and hasattr(RemedyId, n.attr)
     }
     return sorted(found)
-
-
-def _remedy_enum() -> Any:
-    import pitstop.core.vocabulary as vocabulary
-
-    if hasattr(vocabulary, "RemedyId"):
-        return vocabulary.RemedyId
-    import pitstop.remedies as remedies
-
-    return remedies.RemedyId
 
 
 def _fill(template: str, constants: dict[str, Constant]) -> str:

@@ -632,7 +632,7 @@ def _trace_keys_kept(rank: RankProfile) -> dict[str, Any]:
     trace = rank.trace
     return {
         "steps": len(steps),
-        "step_ms": sum(s.wall_s for s in steps) / len(steps) * 1000 if steps else None,
+        "step_ms": None if rank.mean_step_s is None else rank.mean_step_s * 1000,
         "dataloader_ms": None
         if trace is None or trace.breakdown_ms is None
         else trace.breakdown_ms.dataloader,

@@ -71,8 +71,7 @@ def on_host(record: StepRecord) -> StepRecord:
 
 def plain_step(record: StepRecord) -> dict[str, Any]:
     """A step as a ``step`` line's JSON; counts still on the device go as unknown."""
-    data: dict[str, Any] = to_jsonable(on_host(record))
-    return data
+    return dict(to_jsonable(on_host(record)))
 
 
 def line(kind: str, **payload: Any) -> str:
@@ -189,21 +188,21 @@ class RankDraft:
     errors: list[str] = field(default_factory=list)
     finished: RankProfile | None = None  # the profile the process wrote at its end
 
+    def _said(self, name: str) -> int:
+        """``rank`` / ``local_rank`` as the environment line says it (read again at the first step: some
+        launchers set it late), else as the start line does, else 0."""
+        seen = getattr(self.environment_seen, name, None)
+        if seen is not None:
+            return int(seen)
+        return int(getattr(self.start, name, 0))
+
     @property
     def rank(self) -> int:
-        """The environment line's rank (read again at the first step: some launchers set it late), else the
-        start line's."""
-        seen = self.environment_seen
-        if seen is not None and seen.rank is not None:
-            return seen.rank
-        return self.start.rank if self.start is not None else 0
+        return self._said("rank")
 
     @property
     def local_rank(self) -> int:
-        seen = self.environment_seen
-        if seen is not None and seen.local_rank is not None:
-            return seen.local_rank
-        return self.start.local_rank if self.start is not None else 0
+        return self._said("local_rank")
 
     @property
     def warmup(self) -> int:

@@ -33,9 +33,4 @@ RULES: tuple[Rule, ...] = tuple(
     for c in sorted(CAUSES.values(), key=lambda c: c.reads_findings)  # sorted() is stable
 )
 
-__all__ = ["CAUSES", "RULES", "Cause", "cause"]
-
-
-def cause(cause_id: CauseId | str) -> Cause:
-    """The registered cause; an unknown id is a programming error (KeyError)."""
-    return CAUSES[CauseId(cause_id)]
+__all__ = ["CAUSES", "RULES", "Cause"]

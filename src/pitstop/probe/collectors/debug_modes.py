@@ -22,16 +22,16 @@ ENV_SETTINGS = {  # variable -> the values that slow every step
     "CUDA_LAUNCH_BLOCKING": ("1", "true", "yes"),
     "TORCH_DISTRIBUTED_DEBUG": ("DETAIL", "INFO"),
 }
+PITSTOP_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # .../pitstop: not the job's line
 LIBRARY_PATHS = (f"{os.sep}torch{os.sep}", f"{os.sep}lightning{os.sep}", f"{os.sep}pytorch_lightning{os.sep}")
 
 
 def _caller_site() -> str | None:
     """The first frame outside torch, Lightning and pitstop: the job's own line."""
     frame: FrameType | None = sys._getframe(2)
-    here = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # .../pitstop
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(here) and not any(p in name for p in LIBRARY_PATHS):
+        if not name.startswith(PITSTOP_DIR) and not any(p in name for p in LIBRARY_PATHS):
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return None
