@@ -188,6 +188,13 @@ def _has_config(module: Any) -> bool:
     return getattr(module, "config", None) is not None and hasattr(module.config, "to_dict")
 
 
+def wrapped_inside(module: Any) -> Any:
+    """The module a DDP / FSDP / DeepSpeed (``.module``) or torch.compile (``._orig_mod``) wrapper holds; None
+    for any other. Tested with ``is not None``: a compiled module refuses ``bool()`` (its ``__len__`` raises)."""
+    inner = getattr(module, "module", None)
+    return inner if inner is not None else getattr(module, "_orig_mod", None)
+
+
 def unwrap(model: Any) -> Any:
     """The model with a config inside DDP / DeepSpeed / FSDP / compile / PEFT wrappers, or inside the
     user's own ``nn.Module`` that holds a Hugging Face model (the outermost one found); else ``model``."""
@@ -195,7 +202,7 @@ def unwrap(model: Any) -> Any:
     while model is not None and seen < 6:
         if _has_config(model):
             return model
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        inner = wrapped_inside(model)
         if inner is None:
             break
         model, seen = inner, seen + 1

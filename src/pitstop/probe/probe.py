@@ -334,7 +334,9 @@ class Probe:
             trainer = self.trainer_hint
             framework = envmod.framework_of(trainer) or framework
         env.framework = framework
-        model = envmod.find_model(optimizer, trainer) or self.forward.root
+        model = envmod.find_model(optimizer, trainer)
+        if model is None:  # never `or`: a torch.compile'd module refuses bool()
+            model = self.forward.root
         params = envmod.optimizer_params(optimizer) or [p for p in getattr(model, "parameters", list)()]
         device = envmod.compute_device(model, params)
         envmod.device_facts(device, env)

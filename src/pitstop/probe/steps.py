@@ -20,6 +20,7 @@ from typing import Any
 
 from pitstop.core.profile import CountSource, StepBoundary
 from pitstop.probe.batch import count_batch, count_model_inputs
+from pitstop.probe.environment import wrapped_inside
 from pitstop.probe.timeline import (
     BWD_END,
     BWD_START,
@@ -214,7 +215,8 @@ class ForwardWatch:
         self._versions = None
         inner = module
         for _ in range(4):  # DDP / FSDP / compile wrappers forward *args to the module inside
-            inner = getattr(inner, "module", None) or getattr(inner, "_orig_mod", None) or inner
+            inside = wrapped_inside(inner)
+            inner = inside if inside is not None else inner
         self._inner = inner
         self._train_mode = None
         try:
