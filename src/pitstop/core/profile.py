@@ -287,6 +287,11 @@ class Environment:
     save_steps: int | None = None
     logging_steps: int | None = None
     torch_compile: bool | None = None
+    compile_dynamic: bool | None = None  # torch.compile's dynamic= as configured (None: left to torch)
+    ddp_find_unused_parameters: bool | None = None  # as the run resolves it (the Trainer's None: its default)
+    checkpoint_reentrant: bool | None = None  # activation checkpointing's use_reentrant, as it runs
+    anomaly_detection: bool | None = None  # a config switches autograd's anomaly detection on (Lightning)
+    metric_sync_per_step: list[str] | None = None  # configured cross-rank gathers for metrics every step
     # the run's length (diagnose/savings.py): optimizer steps the whole run is meant to take, who said so
     # ("the Trainer's max_steps", "trainer_state.json max_steps"), and the run's own step count minus the
     # probe's step index (a resumed run's steps before this process; 0 for a fresh one)
@@ -424,6 +429,46 @@ class DebugModes:
 
 
 @dataclass
+class DdpSettings:
+    """How DistributedDataParallel wraps the model, as the live probe read it from the wrapper: the settings
+    that cost every step when the model does not need them."""
+
+    find_unused_parameters: bool | None = None  # DDP searches the autograd graph for unused parameters
+    static_graph: bool | None = None
+    parameters: int | None = None  # parameters that need a gradient
+    unused_parameters: int | None = None  # of those, got no gradient in any measured step (None: not counted)
+    set_by: str | None = None  # who asked for the search: "the Trainer's default (ddp_find_unused_parameters=None)"
+    site: str | None = None  # "file:line" of the job's line that built the wrapper, where it was seen
+
+
+@dataclass
+class CompileStats:
+    """torch.compile in the measured window, from torch._dynamo's counters: compiling is meant to happen once;
+    a recompile on every new shape (or eager after the cache limit) costs the job every such step."""
+
+    compiled_frames: int = 0  # frames compiled in the window (first compiles and recompiles)
+    recompiles: int = 0  # of those, a frame compiled again (a guard failed: a new shape, a new value)
+    graph_breaks: int = 0
+    compile_s: float = 0.0  # host seconds the window spent compiling
+    steps_compiling: int = 0  # measured steps that compiled anything
+    cache_limit_hit: bool = False  # a frame reached the recompile limit: it runs eagerly from there on
+    reasons: list[str] = field(default_factory=list)  # the commonest guard failures, most frequent first
+    dynamic: bool | None = None  # the ``dynamic=`` the job passed to torch.compile (None: left to torch)
+
+
+@dataclass
+class JobCall:
+    """One call the job's own code made during the measured steps (not one a library made for it), with
+    the job's line that made it."""
+
+    call: str  # "gc.collect", "torch.cuda.empty_cache", "torch.cuda.synchronize", ...
+    site: str  # "file.py:123 in function"
+    count: int = 0
+    steps: int = 0  # measured steps it was called in
+    seconds: float = 0.0  # host time inside the call
+
+
+@dataclass
 class TraceStats:
     """What only a profiler trace of one rank says; what a live run measures too (each step's time and data
     wait, its host syncs) is in the rank's ``steps``. Times are per step, in ms, unless named otherwise;
@@ -501,6 +546,7 @@ class CollectiveRecord:
     blocked_s: float | None = None  # host time blocked in the call (None: asynchronous)
     source: str = "python"  # "python" (a torch.distributed call) or "ddp" (DDP's gradient buckets)
     clock: str = "host"  # "host" or "device"
+    site: str | None = None  # the job's line that issued a python collective outside backward, where seen
 
 
 @dataclass
@@ -523,6 +569,9 @@ class RankProfile:
     checkpoints: SaveStats | None = None  # None: not watched (an offline source)
     gc_pauses: GcPauses | None = None  # None: not watched (an offline source, attach's stack samples)
     debug_modes: DebugModes | None = None  # None: not watched (an offline source)
+    ddp: DdpSettings | None = None  # None: not wrapped in DDP, or not watched
+    compile: CompileStats | None = None  # None: torch.compile not used, or not watched
+    job_calls: list[JobCall] | None = None  # None: not watched (an offline source)
     stopped_by_probe: bool = False
     probe_errors: list[str] = field(default_factory=list)
     window_rule: str | None = None  # why an adaptive window ended ("12 steps: mean step time known to ±2.1%")

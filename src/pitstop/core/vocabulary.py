@@ -135,6 +135,12 @@ class RemedyId(StrEnum):
     LIGHTER_SHARDING = "lighter_sharding"
     MANUAL_GC = "manual_gc"
     DEBUG_OFF = "debug_off"
+    NO_UNUSED_SEARCH = "no_unused_search"
+    DYNAMIC_COMPILE = "dynamic_compile"
+    LENGTH_BUCKETS = "length_buckets"
+    NO_PER_STEP_CLEANUP = "no_per_step_cleanup"
+    SYNC_METRICS_LESS = "sync_metrics_less"
+    NON_REENTRANT_CHECKPOINTING = "non_reentrant_checkpointing"
 
 
 class Device(StrEnum):
