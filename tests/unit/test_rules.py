@@ -316,3 +316,32 @@ def test_where_counts_and_steps_came_from_is_one_line() -> None:
     rank.tokens_counted_from = CountSource.UNKNOWN
     assert "counted from nothing (neither the DataLoader's batches" in (counting_line(p) or "")
     assert not [n for n in diagnose(p).notes if "model's" in n]  # the line replaces the notes
+
+
+def test_the_step_line_states_what_one_step_holds_on_every_rank() -> None:
+    """Issue 40's misread workload: an it/s that fell because each step grew (accumulation, more ranks)
+    reads as a bigger step, not a slower job."""
+    from dataclasses import replace as with_
+
+    from pitstop.diagnose import step_line
+
+    accumulated = [
+        with_(s, micro_batches=4, samples=32, tokens=32 * 1024, real_tokens=32 * 1024)
+        for s in steps(wall=0.5)
+    ]
+    p = profile("cpu", accumulated, ranks=2)
+    d = diagnose(p)
+    assert d.metrics.micro_batches_per_step == 4
+    assert d.metrics.samples_per_step == 64 and d.metrics.tokens_per_step == 64 * 1024
+    line = step_line(p, d.metrics)
+    assert (
+        line
+        == "1 step = 4 micro-batches × 8 samples on each of 2 ranks = 64 samples, 65,536 tokens · 2 steps/s"
+    )
+    assert d.environment_table()["step"] == line
+    p.environment.world_size = 8  # two of eight ranks measured: the figures say whose they are
+    assert (step_line(p, diagnose(p).metrics) or "").endswith(
+        "65,536 tokens on the 2 ranks measured · 2 steps/s"
+    )
+    p.source = "analyze"  # offline sources have no per-step counts of their own
+    assert step_line(p, diagnose(p).metrics) is None

@@ -61,6 +61,7 @@ class Diagnosis:
             "framework": env.framework,
             "attn_implementation": env.attention.implementation,
             "counted": counting_line(self.profile),
+            "step": step_line(self.profile, self.metrics),
             "attention": vars(env.attention),
             "param_dtype": env.param_dtype,
             "autocast_dtype": env.autocast_dtype,
@@ -158,6 +159,36 @@ def diagnose(profile: RunProfile) -> Diagnosis:
     return Diagnosis(
         profile, ctx.metrics, rank_findings(ctx.earlier), skipped, notes, ctx.results, ctx.ranks, ctx.scaling
     )
+
+
+def step_line(profile: RunProfile, metrics: Metrics) -> str | None:
+    """What one optimizer step holds and the rate in steps, in one line ("1 step = 4 micro-batches × 8 samples
+    on each of 2 ranks = 64 samples, 16,384 tokens · 18.5 steps/s"): a rate is read in its unit, so an it/s that
+    fell because each step grew (more accumulation, more ranks) reads as such. None where steps were not
+    counted (offline sources without per-step records)."""
+    m = metrics
+    if (
+        m.step_time_s is None
+        or not m.micro_batches_per_step
+        or profile.source in (Source.ANALYZE, Source.CHECK)
+    ):
+        return None
+    measured = len([r for r in profile.ranks if r.steps])
+    world = profile.world_size
+    micro = f"{m.micro_batches_per_step:.3g} micro-batch{'es' if m.micro_batches_per_step != 1 else ''}"
+    if m.samples_per_step and measured:
+        per_micro = m.samples_per_step / measured / m.micro_batches_per_step
+        micro += f" × {per_micro:.3g} samples"
+    where = f" on each of {world} ranks" if world > 1 else ""
+    held = [f"{m.samples_per_step:,.0f} samples"] if m.samples_per_step else []
+    if m.tokens_per_step:
+        real = m.real_tokens_per_step
+        padded = f" ({real:,.0f} real)" if real is not None and real < m.tokens_per_step * 0.995 else ""
+        held.append(f"{m.tokens_per_step:,.0f} tokens{padded}")
+    total = f" = {', '.join(held)}" if held else ""
+    if measured < world and held:
+        total += f" on the {measured} rank{'s' if measured != 1 else ''} measured"
+    return f"1 step = {micro}{where}{total} · {1.0 / m.step_time_s:,.3g} steps/s"
 
 
 _COUNTED_FROM = {

@@ -79,6 +79,13 @@ class Metrics:
     energy_basis: str | None = None  # "energy counter", or "power × time (estimate)"
     joules_per_step: float | None = None
     joules_per_real_token: float | None = None
+    # what one optimizer step holds, so a rate per step reads in its unit (a "slow" it/s may be a bigger step):
+    # micro-batches per step on one rank (the mean over ranks), samples and tokens per step of the measured
+    # ranks together (each rank's mean per step, summed)
+    micro_batches_per_step: float | None = None
+    samples_per_step: float | None = None
+    tokens_per_step: float | None = None
+    real_tokens_per_step: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -272,6 +279,11 @@ class _Sums:
     def frac(self, name: str) -> float | None:
         return _ratio(self.total(name), self.wall)
 
+    def per_step_summed(self, name: str) -> float | None:
+        """Each rank's mean per step, summed over ranks: what one step of the job holds."""
+        mean = self.per_step(name)
+        return None if mean is None else mean * len(self.ranks)
+
     def per_step(self, name: str) -> float | None:
         """The mean over ranks of each rank's mean per step: a rank that measured more steps (traces of
         different lengths) weighs no more than another."""
@@ -356,6 +368,10 @@ def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) ->
         energy_basis=None if energy is None else energy.basis,
         joules_per_step=None if energy is None else energy.joules_per_step,
         joules_per_real_token=None if energy is None else energy.joules_per_real_token,
+        micro_batches_per_step=sums.per_step("micro_batches") or None,  # 0: a source that does not count them
+        samples_per_step=sums.per_step_summed("samples"),
+        tokens_per_step=sums.per_step_summed("tokens"),
+        real_tokens_per_step=sums.per_step_summed("real_tokens"),
     )
 
 

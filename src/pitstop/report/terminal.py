@@ -14,7 +14,7 @@ from rich.text import Text
 
 from pitstop.core.findings import Finding
 from pitstop.core.vocabulary import Device, Phase, Source
-from pitstop.diagnose import Diagnosis, counting_line
+from pitstop.diagnose import Diagnosis, counting_line, step_line
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.savings import context_line, describe, first_saving
 from pitstop.report.untrusted import as_text
@@ -252,6 +252,8 @@ def _headline(d: Diagnosis) -> Table:
         grid.add_row("Throughput", as_text(thr))
     if (counted := counting_line(d.profile)) is not None:  # where tokens and steps came from
         grid.add_row("Counted", Text(counted))
+    if (step := step_line(d.profile, d.metrics)) is not None:  # the unit of every per-step rate
+        grid.add_row("Step", Text(step))
     _picture_rows(d, grid)
     if m.forward_frac is not None:
         grid.add_row("Step time", breakdown_bar(d))

@@ -304,7 +304,7 @@ def environment(d: Diagnosis) -> str:
     for key in (
         "device", "gpu_name", "gpu_count", "gpus_held", "world_size", "framework", "attn_implementation", "param_dtype",
         "autocast_dtype", "tf32", "gradient_checkpointing", "micro_batch_size", "grad_accum_steps", "zero_stage",
-        "offload", "counted",
+        "offload", "counted", "step",
     ):  # fmt: skip
         if env.get(key) is not None:
             rows.append([escape(key), escape(_cell(env[key]))])
