@@ -50,7 +50,8 @@ def measure_and_diagnose(
     window = StepWindow(steps=steps, warmup=warmup, rule=rule)
     result = measure_live(command, window, quiet, timeout, tty)
     if result.profile is None:
-        tail = [line for line in result.log_tail if line.strip()][-15:]
+        # a lost probe is pitstop's failure, said in one line: the job's own output does not explain it
+        tail = [] if result.launch.probe_lost else [line for line in result.log_tail if line.strip()][-15:]
         hint = "\n" + "\n".join("  | " + line for line in tail) if tail else ""
         raise UserError((result.message or "nothing measured") + hint, result.exit_code)
     if result.message:

@@ -10,6 +10,11 @@ markers, sends SIGINT to the job's process group once every rank of this node ha
 
 Where no runner watches this process (a rank on another node that a launcher started with pitstop's
 environment), the rank interrupts itself after :data:`ALONE_AFTER_S`.
+
+A rank whose probe disabled itself (an internal error) will never write its window: it leaves a marker
+saying so (:func:`leave_lost_marker`), and the runner stops the job at once (:func:`lost_probes`) rather
+than wait on a window that cannot come; one lost rank of several is enough, since the run's window needs
+them all.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pitstop.probe.config import ENV_OUT
 
 MARKER = "window-done-"  # + the process id: one per rank whose window is written
+LOST = "probe-lost-"  # + the process id: one per rank whose probe disabled itself
 WAIT_FOR_RANKS_S = 20.0  # the longest the runner waits for the other ranks once one has written its window
 ALONE_AFTER_S = 60.0  # a rank no runner stopped by then interrupts itself (SIGINT, then SIGTERM)
 ALONE_GRACE_S = 10.0
@@ -45,13 +52,52 @@ def end_the_job(announce: bool, steps: int) -> None:
     timer.start()
 
 
-def _leave_marker(out: Path) -> None:
+def _leave_marker(out: Path, name: str = MARKER, **extra: str) -> None:
     rank = _env_int("RANK", 0)
     ranks_here = _env_int("LOCAL_WORLD_SIZE", 0) or _env_int("WORLD_SIZE", 1)
     with contextlib.suppress(OSError):
-        temp = out / f".{MARKER}{os.getpid()}"
-        temp.write_text(json.dumps({"rank": rank, "ranks_here": ranks_here}))
-        temp.replace(out / f"{MARKER}{os.getpid()}")  # whole or absent: the runner never reads half of it
+        temp = out / f".{name}{os.getpid()}"
+        temp.write_text(json.dumps({"rank": rank, "ranks_here": ranks_here, **extra}))
+        temp.replace(out / f"{name}{os.getpid()}")  # whole or absent: the runner never reads half of it
+
+
+def leave_lost_marker(out: Path, error: str) -> None:
+    """This rank's probe disabled itself after ``error``: tell the runner, which ends the job. Never raises."""
+    _leave_marker(out, LOST, error=error)
+
+
+@dataclass(frozen=True)
+class ProbeLost:
+    """The ranks of this node whose probe disabled itself, and the first one's error."""
+
+    ranks: list[int]
+    ranks_here: int
+    error: str
+
+    @property
+    def where(self) -> str:
+        """Where, for the one line: ' on rank 1 of 2' for a job of several ranks, nothing for one."""
+        if self.ranks_here <= 1 and self.ranks == [0]:
+            return ""
+        if len(self.ranks) >= self.ranks_here:
+            return f" on every rank ({', '.join(map(str, self.ranks))})"
+        which = "rank" if len(self.ranks) == 1 else "ranks"
+        return f" on {which} {', '.join(map(str, self.ranks))} of {self.ranks_here}"
+
+
+def lost_probes(out: Path) -> ProbeLost | None:
+    """The ranks whose probe is lost, None while every probe still works."""
+    seen: dict[int, tuple[float, str]] = {}
+    expected = 1
+    for path in out.glob(f"{LOST}*"):
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            found = json.loads(path.read_text())
+            expected = max(expected, int(found["ranks_here"]))
+            seen.setdefault(int(found["rank"]), (path.stat().st_mtime, str(found["error"])))
+    if not seen:
+        return None
+    first = min(seen.values())[1]
+    return ProbeLost(sorted(seen), expected, first)
 
 
 def _env_int(name: str, default: int) -> int:

@@ -47,7 +47,7 @@ from pitstop.probe.collectors.recompute import RecomputeCollector
 from pitstop.probe.collectors.saves import trainer_save_steps
 from pitstop.probe.collectors.syncs import SyncCollector
 from pitstop.probe.config import ProbeConfig
-from pitstop.probe.ending import end_the_job
+from pitstop.probe.ending import end_the_job, leave_lost_marker
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.kernels import kernel_facts
 from pitstop.probe.rankfile import Kind, plain_step
@@ -191,12 +191,14 @@ class Probe:
         self.disabled = True
         self.errors.append(f"{type(exc).__name__}: {exc}")
         self._emit(Kind.ERROR, text=self.errors[-1])
+        if self.config.out_dir is not None and os.getpid() == self._pid:  # no window will come:
+            leave_lost_marker(self.config.out_dir, self.errors[-1])  # the runner ends the job
         self.hooks.remove()
         self._each(lambda c: c.remove(), "remove")
         self._each(lambda c: c.stop_window(), "stop_window")
         print(
             f"pitstop: probe disabled after an internal error ({type(exc).__name__}: {exc}); "
-            "your run continues unobserved",
+            "nothing more of this run is measured",
             file=sys.stderr,
         )
         for listener in self.disable_listeners:  # attach's arm: its window ends here, with this error

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pitstop.core.profile import RankProfile, RunProfile
 from pitstop.core.vocabulary import Source
+from pitstop.probe.ending import lost_probes
 from pitstop.probe.gather import read_summary
 from pitstop.probe.stream import PATTERN, read_stream
 from pitstop.runner.launch import GRACE_S, Launch
@@ -143,6 +144,11 @@ def collect(
     cmd = " ".join(launch.command)
     if launch.start_error:
         return Outcome(None, launch.start_error, 127)
+    lost = launch.probe_lost or (None if launch.ended_after_window else lost_probes(launch.out_dir))
+    if lost is not None:  # no whole window can come from a run whose probe was lost: one line says why
+        ended = "pitstop stopped the job: no window would come" if launch.probe_lost else "the job ended"
+        said = f"the probe failed{lost.where} in `{cmd}`: {lost.error} ({ended})"
+        return Outcome(None, said, 1 if launch.probe_lost else death(launch)[1] or 1)
     files = read_rank_files(launch.out_dir)
     ranks = [f.profile for f in files]
     how, code = death(launch)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pitstop.errors import PitstopError
 from pitstop.interrupts import terminate_as_interrupt
 from pitstop.probe.config import ENV_RUNNER_PID, ProbeConfig
-from pitstop.probe.ending import window_written
+from pitstop.probe.ending import ProbeLost, lost_probes, window_written
 from pitstop.runner.inject import blind_spot, child_environment, prepare_injection
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ class Launch:
     window_forced: bool = False
     log_path: Path | None = None
     seconds: float = 0.0
+    # a rank's probe disabled itself, so no window would come: pitstop stopped the job as it does after a
+    # window (exit_code 0, the job's own in job_exit_code), and says why in one line
+    probe_lost: ProbeLost | None = None
 
 
 class CommandError(PitstopError):
@@ -409,6 +412,12 @@ def _wait(
                     on_tick(out)
                 if window_written(out):
                     _end_after_window(job, launch)
+                    break
+                lost = lost_probes(out)
+                if lost is not None:
+                    launch.probe_lost = lost
+                    _end_after_window(job, launch)  # stopped the same way; no window was written
+                    launch.ended_after_window = False
                     break
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
                     launch.interrupted = True

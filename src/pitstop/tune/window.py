@@ -121,7 +121,9 @@ def run_window(
         if profile is None or (not result.stopped_by_probe and result.exit_code != 0):
             timed_out = launch.stopped_by == "timeout"
             window.error = (
-                f"did not finish its window in {timeout_s:.0f} s"
+                result.message or "the probe failed"
+                if launch.probe_lost
+                else f"did not finish its window in {timeout_s:.0f} s"
                 if timed_out
                 else f"the job {result.death}"
                 if result.death
