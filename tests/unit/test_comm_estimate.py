@@ -102,3 +102,14 @@ def test_the_moving_share_is_capped_below_the_whole_step() -> None:
             c.done_t = c.issued_t + 0.2  # 4 × 0.2 s moving in a 0.3 s step
     f = next(f for f in diagnose(run).findings if f.cause == "communication_bound")
     assert f.est_speedup is not None and f.est_speedup <= 1 / (1 - 0.95 * 0.75) + 1e-6
+
+
+def test_one_fp32_all_reduce_per_accumulated_step_is_not_taken_for_one_per_micro_batch() -> None:
+    """The Trainer already accumulates under no_sync: one set of fp32 gradients a step (4 bytes a parameter)
+    is not 'every micro-batch all-reduces' (the rule once compared bytes with 3 × the parameter count)."""
+    run = _accumulating("cpu")
+    for r in run.ranks:
+        r.environment.param_dtype = "fp32"
+        r.collectives = [c for c in r.collectives if c.seq % MICRO == MICRO - 1]  # the last micro-batch only
+    f = next((f for f in diagnose(run).findings if f.cause == "communication_bound"), None)
+    assert f is None or "no_sync_accumulation" not in f.evidence["likely_causes"]

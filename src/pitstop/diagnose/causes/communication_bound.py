@@ -78,15 +78,17 @@ def communication_bound(ctx: RuleContext) -> Finding | None:
 
 def _accumulation(ctx: RuleContext, a: RanksAnalysis) -> tuple[float, float, float, bool]:
     """(micro-batches per step, collectives per step, bytes per step, whether every micro-batch all-reduces
-    the gradients): more bytes per step than one set of fp16 gradients, or, the model's size unknown, at least
-    one collective per micro-batch."""
+    the gradients): at least half as many bytes again as one set of gradients in the parameters' dtype (fp32
+    where unknown: a bf16 job that syncs twice a step may be missed, an fp32 one that syncs once never taken for
+    one that syncs per micro-batch), or, the model's size unknown, at least one collective per micro-batch."""
     micro = (
         statistics.median(s.micro_batches for r in ctx.profile.ranks for s in r.steps) if ctx.measured else 0
     )
     per_step = statistics.fmean(r.collectives_per_step for r in a.ranks)
     bytes_per_step = statistics.fmean(r.bytes_per_step for r in a.ranks)
     params = ctx.env.model.params_trainable or ctx.env.model.params_total
-    no_sync = micro >= 2 and (bytes_per_step >= 3 * params if params else per_step >= micro)
+    gradients = (params or 0) * GRADIENT_BYTES.get(ctx.env.param_dtype or "fp32", 4)
+    no_sync = micro >= 2 and (bytes_per_step >= 1.5 * gradients if gradients else per_step >= micro)
     return micro, per_step, bytes_per_step, no_sync
 
 
@@ -167,6 +169,7 @@ def _communication_live(ctx: RuleContext) -> Finding | None:
 
 
 MAX_COMM_SHARE = 0.95  # the moving share is a sum over kinds of collective: never all of the step
+GRADIENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}  # a gradient's bytes, by the parameters' dtype
 
 
 def _comm_estimate(cost: float, exposed: float, on_gpu: bool, micro: float) -> tuple[float, str]:
