@@ -154,6 +154,83 @@ CASES = [
         fixed=(GC_JOB, "--steps", "100000", "--objects", "1000000", "--manual-gc"),
         steps=60,  # fewer survivors against the same garbage: the found objects' share of a collection grows
     ),
+    Case(  # eight metrics all-reduced and read back (.item()) every step; fixed: summed locally, reduced every 50
+        "metric-sync-8",
+        "metric_sync",
+        ("sync_metrics_less",),
+        (*TORCHRUN, str(Path(__file__).parents[1] / "tests" / "scripts" / "metric_sync_loop.py")),
+        fixed=(
+            *TORCHRUN,
+            str(Path(__file__).parents[1] / "tests" / "scripts" / "metric_sync_loop.py"),
+            "--every",
+            "50",
+        ),
+    ),
+    Case(  # a Trainer on two ranks, 4 micro-batches a step, include_num_input_tokens_seen=True: tune switches it off
+        "tokens-seen-accum-4",
+        "metric_sync",
+        ("sync_metrics_less",),
+        (*TORCHRUN, str(Path(__file__).parents[1] / "tests" / "scripts" / "trainer_tokens_seen.py")),
+        env=(("OMP_NUM_THREADS", "1"),),
+    ),
+    Case(  # DDP(find_unused_parameters=True) on 96 small blocks, every parameter used: tune switches it off
+        "ddp-find-unused",
+        "ddp_find_unused",
+        ("no_unused_search",),
+        (*TORCHRUN, str(Path(__file__).parents[1] / "tests" / "scripts" / "ddp_unused.py")),
+    ),
+    Case(  # Lightning DDP logging 4 values with self.log(..., sync_dist=True) every step; fixed: sync_dist=False
+        "lightning-sync-dist-4",
+        "metric_sync",
+        ("sync_metrics_less",),
+        (*TORCHRUN, str(Path(__file__).parents[1] / "tests" / "scripts" / "lightning_sync_dist.py")),
+        fixed=(
+            *TORCHRUN,
+            str(Path(__file__).parents[1] / "tests" / "scripts" / "lightning_sync_dist.py"),
+            "--no-sync",
+        ),
+    ),
+    Case(  # gc.collect() + empty_cache() after every step of a plain loop, ~0.4 M live objects: tune thins them
+        "cleanup-loop",
+        "per_step_cleanup",
+        ("no_per_step_cleanup",),
+        (
+            str(Path(__file__).parents[1] / "tests" / "scripts" / "cleanup_loop.py"),
+            *("--steps", "100000", "--objects", "0", "--hidden", "256", "--layers", "4"),
+        ),
+    ),
+    Case(  # a Trainer's TrainerCallback.on_step_end collects and empties the cache, ~0.4 M live objects
+        "cleanup-trainer",
+        "per_step_cleanup",
+        ("no_per_step_cleanup",),
+        (
+            str(Path(__file__).parents[1] / "tests" / "scripts" / "cleanup_trainer.py"),
+            *("--steps", "100000", "--objects", "0", "--hidden", "256", "--layers", "4", "--batch", "8"),
+        ),
+        env=(("OMP_NUM_THREADS", "1"),),
+    ),
+    Case(  # torch.compile(dynamic=False) on a length curriculum: one token longer every 8 steps, the limit raised
+        "recompiles-every-8",
+        "recompiles",
+        ("dynamic_compile", "length_buckets"),
+        (
+            str(Path(__file__).parents[1] / "tests" / "scripts" / "compiled_loop.py"),
+            *("--grow-every", "8", "--grow-by", "1", "--start-len", "96", "--recompile-limit", "1000"),
+        ),
+        env=(("OMP_NUM_THREADS", "1"),),  # one thread: a busy core does not stall a parallel region 10×
+    ),
+    Case(  # a LoRA tiny Llama on two FSDP ranks, checkpoint_wrapper(REENTRANT) around each unit: 13 all-gathers a step, not 9
+        "reentrant-fsdp",
+        "reentrant_checkpointing",
+        ("non_reentrant_checkpointing",),
+        (*TORCHRUN, str(Path(__file__).parents[1] / "tests" / "scripts" / "reentrant_fsdp.py")),
+    ),
+    Case(  # autograd's anomaly detection switched on before the loop: tune keeps it off in the trial
+        "anomaly",
+        "debug_modes",
+        ("debug_off",),
+        (str(Path(__file__).parents[1] / "tests" / "scripts" / "anomaly_loop.py"), "--steps", "100000"),
+    ),
     # the issue's held-out kind of job: TRL's SFTTrainer with its defaults (checkpointing on), unpacked data
     # padded to each batch's longest, a small Llama on CPU
     Case(

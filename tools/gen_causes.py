@@ -48,9 +48,11 @@ def _module_constants(module: ModuleType) -> dict[str, Constant]:
             continue
         try:
             ast.literal_eval(value)
+            source = " ".join((ast.get_source_segment(text, value) or "").split())
         except ValueError:
-            continue
-        source = " ".join((ast.get_source_segment(text, value) or "").split())
+            if not isinstance(value, ast.Name):  # a name for a number defined elsewhere: its value
+                continue
+            source = repr(getattr(module, target.id))
         last = lines[(node.end_lineno or node.lineno) - 1]
         comment = last.split("  # ", 1)[1].strip() if "  # " in last else ""
         found[target.id] = Constant(target.id, source, comment)

@@ -20,6 +20,8 @@ from pitstop.core.vocabulary import Device  # noqa: E402
 from pitstop.probe import probe as probemod  # noqa: E402
 from pitstop.probe.collectors import COLLECTORS, Collector  # noqa: E402
 from pitstop.probe.collectors.collectives import CollectivesCollector  # noqa: E402
+from pitstop.probe.collectors.compiles import CompileCollector  # noqa: E402
+from pitstop.probe.collectors.ddp import DdpCollector  # noqa: E402
 from pitstop.probe.collectors.gc_pauses import GcPausesCollector  # noqa: E402
 from pitstop.probe.collectors.memory import MemoryCollector  # noqa: E402
 from pitstop.probe.collectors.samplers import SamplersCollector  # noqa: E402
@@ -113,8 +115,16 @@ def test_only_collectors_with_work_per_step_are_called_per_step() -> None:
     probe = Probe(ProbeConfig(announce=False))
     owners = {type(c) for c in probe.collectors if any(c.step_end == f for f in probe._step_ends)}
     assert (
-        owners == {SaveCollector, MemoryCollector, CollectivesCollector, GcPausesCollector}
-        and len(probe._step_ends) == 4
+        owners
+        == {
+            SaveCollector,
+            MemoryCollector,
+            CollectivesCollector,
+            GcPausesCollector,
+            CompileCollector,
+            DdpCollector,
+        }
+        and len(probe._step_ends) == 6
     )
     streams = {type(c) for c in probe.collectors if any(c.stream == f for f in probe._streamers)}
     assert streams == {SamplersCollector} and len(probe._streamers) == 1

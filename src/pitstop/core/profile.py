@@ -292,6 +292,7 @@ class Environment:
     checkpoint_reentrant: bool | None = None  # activation checkpointing's use_reentrant, as it runs
     anomaly_detection: bool | None = None  # a config switches autograd's anomaly detection on (Lightning)
     metric_sync_per_step: list[str] | None = None  # configured cross-rank gathers for metrics every step
+    empty_cache_steps: int | None = None  # the Trainer's torch_empty_cache_steps (empty_cache every N steps)
     # the run's length (diagnose/savings.py): optimizer steps the whole run is meant to take, who said so
     # ("the Trainer's max_steps", "trainer_state.json max_steps"), and the run's own step count minus the
     # probe's step index (a resumed run's steps before this process; 0 for a fresh one)
@@ -301,6 +302,9 @@ class Environment:
     cpu: CpuThreads | None = None  # thread counts and CPU load (live probe only)
     kernels: KernelFacts | None = None  # fused optimizer / loss / norms (live probe only)
     config_sources: list[str] = field(default_factory=list)
+    # a configured fact -> the setting that says it, for a finding's evidence (pitstop check / analyze):
+    # {"ddp_find_unused_parameters": "args.json: ddp_find_unused_parameters unset: the Trainer's default ..."}
+    configured_by: dict[str, str] = field(default_factory=dict)
 
     @property
     def on_gpu(self) -> bool:
@@ -368,6 +372,9 @@ class GcPauses:
     thresholds: list[int] | None = None  # gc.get_threshold() at the window's start
     frozen: int | None = None  # gc.get_freeze_count() after the window: objects gc.freeze() took out
     tracked: int | None = None  # objects a full collection traverses (tracked, not frozen), after the window
+    # the same counts for the collections the interpreter started itself, without those an explicit gc.collect()
+    # ran (the job's or a library's: their time is per_step_cleanup's, timed as calls); None: not told apart
+    automatic: list[GcGeneration] | None = None
 
     @property
     def pause_s(self) -> float:
@@ -429,6 +436,19 @@ class DebugModes:
 
 
 @dataclass
+class Checkpointing:
+    """Activation checkpointing as the live probe saw it run in the measured steps: which variant, and the
+    parameter all-gathers the reentrant variant repeats where its recompute runs a whole FSDP unit."""
+
+    reentrant: int = 0  # checkpointed calls that ran the reentrant variant (use_reentrant=True or left unset)
+    non_reentrant: int = 0  # checkpointed calls that ran the non-reentrant variant
+    # all-gathers those reentrant recomputes repeat in the backward: an FSDP1 unit (FULL_SHARD / HYBRID_SHARD)
+    # whose forward runs inside the checkpoint, an FSDP2 unit's forward prefetches run again by its recompute
+    regathers: int = 0
+    site: str | None = None  # the line that called torch.utils.checkpoint.checkpoint for a reentrant call
+
+
+@dataclass
 class DdpSettings:
     """How DistributedDataParallel wraps the model, as the live probe read it from the wrapper: the settings
     that cost every step when the model does not need them."""
@@ -437,8 +457,15 @@ class DdpSettings:
     static_graph: bool | None = None
     parameters: int | None = None  # parameters that need a gradient
     unused_parameters: int | None = None  # of those, got no gradient in any measured step (None: not counted)
-    set_by: str | None = None  # who asked for the search: "the Trainer's default (ddp_find_unused_parameters=None)"
+    set_by: str | None = (
+        None  # who asked for the search: "the Trainer's default (ddp_find_unused_parameters=None)"
+    )
     site: str | None = None  # "file:line" of the job's line that built the wrapper, where it was seen
+    unused_names: list[str] = field(default_factory=list)  # the first few of those unused parameters, by name
+    search_s: float | None = (
+        None  # host seconds DDP spent in its post-forward graph search in the measured steps
+    )
+    searches: int = 0  # forwards in the measured steps after which DDP searched the graph
 
 
 @dataclass
@@ -448,24 +475,32 @@ class CompileStats:
 
     compiled_frames: int = 0  # frames compiled in the window (first compiles and recompiles)
     recompiles: int = 0  # of those, a frame compiled again (a guard failed: a new shape, a new value)
-    graph_breaks: int = 0
+    graph_breaks: int = 0  # found since the job started (a break is found when its frame compiles)
     compile_s: float = 0.0  # host seconds the window spent compiling
     steps_compiling: int = 0  # measured steps that compiled anything
     cache_limit_hit: bool = False  # a frame reached the recompile limit: it runs eagerly from there on
     reasons: list[str] = field(default_factory=list)  # the commonest guard failures, most frequent first
     dynamic: bool | None = None  # the ``dynamic=`` the job passed to torch.compile (None: left to torch)
+    site: str | None = None  # the job's line that called torch.compile ("train.py:42")
+    recompile_limit: int | None = None  # torch._dynamo.config.recompile_limit as the job ran
+    limit_frame: str | None = None  # the function that hit the limit: "'forward' (modeling_llama.py:400)"
+    compiles_before_window: int = 0  # frames compiled from the probe's start to the window (warm-up)
+    compiling_steps: list[int] = field(default_factory=list)  # indices of the measured steps that compiled
 
 
 @dataclass
 class JobCall:
-    """One call the job's own code made during the measured steps (not one a library made for it), with
-    the job's line that made it."""
+    """A cleanup call made during the measured steps (``gc.collect``, ``torch.cuda.empty_cache``), grouped by
+    where it came from: the job's own line, or a library's line (``via``) on a setting of the job's."""
 
-    call: str  # "gc.collect", "torch.cuda.empty_cache", "torch.cuda.synchronize", ...
-    site: str  # "file.py:123 in function"
+    call: str  # "gc.collect", "torch.cuda.empty_cache"
+    site: str  # the job's line that made it, or under which a library made it: "path/train.py:123 in step"
     count: int = 0
     steps: int = 0  # measured steps it was called in
     seconds: float = 0.0  # host time inside the call
+    via: str | None = None  # the library's line that made the call, when not the job's own
+    setting: str | None = None  # what made the library call: "TrainingArguments(torch_empty_cache_steps=1)"
+    collected: int = 0  # gc.collect: the unreachable objects its collections found (its return values)
 
 
 @dataclass
@@ -546,7 +581,11 @@ class CollectiveRecord:
     blocked_s: float | None = None  # host time blocked in the call (None: asynchronous)
     source: str = "python"  # "python" (a torch.distributed call) or "ddp" (DDP's gradient buckets)
     clock: str = "host"  # "host" or "device"
-    site: str | None = None  # the job's line that issued a python collective outside backward, where seen
+    # a python collective issued outside backward: the line that issued it, past the libraries that only relay
+    # it (accelerate, Lightning, torchmetrics): the job's, or a library's ("transformers/trainer.py:2792 in
+    # Trainer._track_num_input_tokens"); None inside backward, for DDP's, and for torch's or DeepSpeed's own
+    site: str | None = None
+    via: str | None = None  # the relaying library call that line made ("lightning:LightningModule.log")
 
 
 @dataclass
@@ -569,6 +608,7 @@ class RankProfile:
     checkpoints: SaveStats | None = None  # None: not watched (an offline source)
     gc_pauses: GcPauses | None = None  # None: not watched (an offline source, attach's stack samples)
     debug_modes: DebugModes | None = None  # None: not watched (an offline source)
+    checkpointing: Checkpointing | None = None  # None: not watched, or no checkpointed call seen
     ddp: DdpSettings | None = None  # None: not wrapped in DDP, or not watched
     compile: CompileStats | None = None  # None: torch.compile not used, or not watched
     job_calls: list[JobCall] | None = None  # None: not watched (an offline source)

@@ -85,6 +85,11 @@ class CauseId(StrEnum):
     OVERSHARDED = "oversharded"
     GC_PAUSES = "gc_pauses"
     DEBUG_MODES = "debug_modes"
+    DDP_FIND_UNUSED = "ddp_find_unused"
+    RECOMPILES = "recompiles"
+    PER_STEP_CLEANUP = "per_step_cleanup"
+    METRIC_SYNC = "metric_sync"
+    REENTRANT_CHECKPOINTING = "reentrant_checkpointing"
     LOW_MFU_UNEXPLAINED = "low_mfu_unexplained"
 
     @classmethod

@@ -51,22 +51,33 @@ def step_span(rank: RankProfile, steps: list[StepRecord]) -> tuple[float, float]
 def merge_gc(parts: Iterable[GcPauses], settings: GcPauses | None = None) -> GcPauses:
     """Collections of several stretches (steps) added up per generation, with the collector's settings."""
     generations = [GcGeneration() for _ in range(3)]
+    automatic = [GcGeneration() for _ in range(3)]
+    # every part told the automatic collections apart (an older profile's do not)
+    told_apart = settings is None or settings.automatic is not None
     for part in parts:
         for total, g in zip(generations, part.generations, strict=False):
-            total.collections += g.collections
-            total.pause_s += g.pause_s
-            total.longest_s = max(total.longest_s, g.longest_s)
-            total.collected += g.collected
-            total.steps += g.steps
+            _add(total, g)
+        told_apart = told_apart and part.automatic is not None
+        for total, g in zip(automatic, part.automatic or [], strict=False):
+            _add(total, g)
     if settings is None:
-        return GcPauses(generations)
+        return GcPauses(generations, automatic=automatic if told_apart else None)
     return GcPauses(
         generations,
         enabled=settings.enabled,
         thresholds=settings.thresholds,
         frozen=settings.frozen,
         tracked=settings.tracked,
+        automatic=automatic if told_apart else None,
     )
+
+
+def _add(total: GcGeneration, g: GcGeneration) -> None:
+    total.collections += g.collections
+    total.pause_s += g.pause_s
+    total.longest_s = max(total.longest_s, g.longest_s)
+    total.collected += g.collected
+    total.steps += g.steps
 
 
 def merge_saves(parts: Iterable[SaveStats]) -> SaveStats:
@@ -136,6 +147,7 @@ def slice_rank(rank: RankProfile, first: int, last: int) -> RankProfile | None:
         trace=rank.trace if whole else None,
         checkpoints=_saves(rank, steps, whole),
         gc_pauses=_gc(rank, steps, whole),
+        job_calls=rank.job_calls if whole else None,  # counted over the whole window, not per step
         stopped_by_probe=rank.stopped_by_probe and whole,
         probe_errors=list(rank.probe_errors),
         window_rule=rank.window_rule if whole else None,
