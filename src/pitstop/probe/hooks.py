@@ -138,6 +138,10 @@ class Hooks:
             depth.n = level + 1
             if level == 0 and not found and self.active and grad_enabled() and _trainable(module):
                 found.append(module)
+                if "_orig_mod" in getattr(module, "_modules", {}):  # torch.compile'd: discovered before it
+                    # compiles what it calls with these global hooks in place (dynamo guards on them: removing
+                    # them after would compile every frame again); its first call is counted without kwargs
+                    listener.guard(discovered, module, args, {})
 
         def post(module: Any, args: Any, *rest: Any) -> None:
             if compiling():

@@ -59,14 +59,11 @@ class PackBatch(Remedy):
         )
 
     def rewrite_loader(self, params: LoaderParams, request: FixRequest, report: FixReport) -> None:
-        from torch.utils.data import default_collate
+        from pitstop.trials.collate import PackBatch, wrapped_collate
 
-        from pitstop.trials.collate import PackBatch as Pack
-        from pitstop.trials.collate import TrimPadding
-
-        collate = params.get("collate_fn") or default_collate
-        if isinstance(collate, TrimPadding | Pack):
+        collate = wrapped_collate(params)
+        if collate is None:
             return
         attn = trial_attention(request)
-        params["collate_fn"] = Pack(collate, attn, pad_token_id=0)
+        params["collate_fn"] = PackBatch(collate, attn, pad_token_id=0)
         report.apply(self.id, f"each batch packed into padding-free rows ({attn} mask)")

@@ -46,13 +46,10 @@ class TrimPadding(Remedy):
         return None
 
     def rewrite_loader(self, params: LoaderParams, request: FixRequest, report: FixReport) -> None:
-        from torch.utils.data import default_collate
+        from pitstop.trials.collate import TrimPadding, wrapped_collate
 
-        from pitstop.trials.collate import PackBatch
-        from pitstop.trials.collate import TrimPadding as Trim
-
-        collate = params.get("collate_fn") or default_collate
-        if isinstance(collate, Trim | PackBatch):
-            return  # a loader rebuilt from a loader we already changed
-        params["collate_fn"] = Trim(collate)
+        collate = wrapped_collate(params)
+        if collate is None:
+            return
+        params["collate_fn"] = TrimPadding(collate)
         report.apply(self.id, "padding columns cut from every right-padded batch")

@@ -124,3 +124,72 @@ def first_fit(examples: list[int], lens: list[int], width: int | None) -> list[l
             rows[at].append(b)
             room[at] -= lens[b]
     return rows
+
+
+BUCKET_MIN = 16  # the shortest bucket length
+
+
+def bucket_length(width: int) -> int:
+    """The bucket a batch of ``width`` columns is padded to: the next power of two or 1.5 times one (16, 24,
+    32, 48, 64, 96, ...), so a job's lengths take a few shapes (two per doubling) at under 50% more columns."""
+    if width <= BUCKET_MIN:
+        return BUCKET_MIN
+    power = 1 << (width - 1).bit_length()  # the next power of two at or above width
+    half_step = power // 4 * 3  # 1.5 times the power of two below it
+    return half_step if width <= half_step and half_step >= BUCKET_MIN else power
+
+
+class PadToBucket:
+    """Pads each right-padded batch to its bucket length (``bucket_length``), so torch.compile sees a few
+    shapes instead of one per batch. Every example and labelled token stays: the new columns are padding
+    (masked, labels -100) after every real token, which causal attention never lets a real token see."""
+
+    def __init__(self, inner: Callable[[Any], Any]) -> None:
+        self.inner = inner
+
+    def __call__(self, samples: Any) -> Any:
+        return pad_to_bucket(self.inner(samples))
+
+
+# what each 2-D key's new columns hold; a batch with any other 2-D key of the batch's width is left alone
+_FILL = {"attention_mask": 0, "labels": -100, "token_type_ids": 0}
+
+
+def pad_to_bucket(batch: Any) -> Any:
+    found = right_padded_lengths(batch)
+    if found is None:
+        return batch
+    ids, lengths = found
+    rows, width = ids.shape
+    target = bucket_length(width)
+    if target <= width:
+        return batch
+    tensors = {k: v for k, v in batch.items() if hasattr(v, "dim")}
+    if any(v.dim() > 2 and width in v.shape[1:] for v in tensors.values()):
+        return batch  # a 4-D mask or per-position features we cannot extend consistently
+    wide = {k: v for k, v in tensors.items() if v.dim() == 2 and v.shape == (rows, width)}
+    if any(k not in _FILL and k not in ("input_ids", "position_ids") for k in wide):
+        return batch
+    import torch
+
+    extra = target - width
+    short = bool((lengths < width).any())
+    # the id the job pads with where a row has padding; else any id (the new columns are masked)
+    pad_id = int(ids[lengths.argmin(), width - 1]) if short else int(ids[0, 0])
+    for key, value in wide.items():
+        if key == "position_ids":
+            more = value[:, -1:] + torch.arange(1, extra + 1, dtype=value.dtype, device=value.device)
+        else:
+            fill = pad_id if key == "input_ids" else _FILL[key]
+            more = torch.full((rows, extra), fill, dtype=value.dtype, device=value.device)
+        batch[key] = torch.cat([value, more], dim=1)
+    return batch
+
+
+def wrapped_collate(params: dict[str, Any]) -> Any | None:
+    """The job's collate function a trial is about to wrap (the DataLoader's default where it set none), or
+    None where a trial already wrapped it: a loader rebuilt from a loader a trial changed is left alone."""
+    from torch.utils.data import default_collate
+
+    collate = params.get("collate_fn") or default_collate
+    return None if isinstance(collate, TrimPadding | PackBatch | PadToBucket) else collate
