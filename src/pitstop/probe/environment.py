@@ -527,6 +527,7 @@ def trainer_settings(trainer: Any, env: Environment) -> None:
         return
     env.micro_batch_size = getattr(args, "per_device_train_batch_size", None)
     env.grad_accum_steps = getattr(args, "gradient_accumulation_steps", None)
+    env.empty_cache_steps = _count(getattr(args, "torch_empty_cache_steps", None))
 
 
 def _count(value: Any) -> int | None:

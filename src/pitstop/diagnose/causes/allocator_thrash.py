@@ -33,7 +33,11 @@ def _rank_evidence(
         return None
     retries = m.window_alloc_retries or 0
     allocs, frees = m.window_device_allocs or 0, m.window_device_frees or 0
-    churn = (m.steps_with_device_allocs or 0) / steps >= CHURN_STEPS and frees > 0
+    # the job empties the cache itself in most steps: that churn is per_step_cleanup's, and so is its fix
+    flushed = any(
+        c.call == "torch.cuda.empty_cache" and c.steps >= CHURN_STEPS * steps for c in rank.job_calls or []
+    )
+    churn = (m.steps_with_device_allocs or 0) / steps >= CHURN_STEPS and frees > 0 and not flushed
     ratio = m.reserved_mean / m.allocated_mean if m.reserved_mean and m.allocated_mean else None
     full = bool(gpu_bytes and m.reserved_mean and m.reserved_mean >= NEAR_FULL * gpu_bytes)
     fragmented = ratio is not None and ratio >= FRAGMENTED and full

@@ -14,12 +14,16 @@ the objects promoted since the last one exceed a quarter of those it kept, so wi
 the collections come more often (measured: the planted job's full-collection share rose from 55% to 74% with
 ``gc.freeze()`` alone: ``pitstop doctor -- python tests/scripts/gc_heavy.py [--freeze]`` on the shared
 2-core machine, 2026-12-04).
+Explicit ``gc.collect()`` calls run the same collections, but they are the job's calls, not the collector's
+pauses: where the probe told them apart (``GcPauses.automatic``) the rule reads the automatic collections only,
+and per_step_cleanup answers for the calls (advising "collect by hand" to a job that already does, every step,
+would be wrong).
 Traces and attach's stack samples do not see the collector: there the rule is silent."""
 
 from __future__ import annotations
 
 from pitstop.core.findings import Finding, use
-from pitstop.core.profile import GcPauses, RankProfile
+from pitstop.core.profile import GcGeneration, GcPauses, RankProfile
 from pitstop.core.vocabulary import CauseId, RemedyId
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
@@ -37,16 +41,28 @@ objects beside 2M survivors: 3.2× for lists, 2.9× for class instances, 2.7× f
 ``__slots__`` instances. The largest keeps the estimate from promising more than the fix gives."""
 
 
+def _automatic(gc: GcPauses) -> list[GcGeneration]:
+    """The collections the interpreter started itself (all of them, where an older profile did not say)."""
+    return gc.automatic if gc.automatic is not None else gc.generations
+
+
+def _by_hand_s(gc: GcPauses) -> float:
+    """Time in the collections explicit gc.collect() calls ran (per_step_cleanup's), where told apart."""
+    return gc.pause_s - sum(g.pause_s for g in gc.automatic) if gc.automatic is not None else 0.0
+
+
 def _share(rank: RankProfile) -> float:
     gc = rank.gc_pauses
-    return gc.pause_s / max(rank.wall_s, 1e-9) if gc is not None else 0.0
+    if gc is None:
+        return 0.0
+    return sum(g.pause_s for g in _automatic(gc)) / max(rank.wall_s, 1e-9)
 
 
 def _removed(gc: GcPauses, full_s: float) -> tuple[float, str]:
     """The part of the full collections' time the fix removes, and how it was found: traversing the
     survivors. The objects they found are still found, cleared and freed by the manual collections: their
     share of a collection is ``FOUND_COST`` × found against 1 × tracked (a survivor traversed once)."""
-    full = gc.generations[FULL]
+    full = _automatic(gc)[FULL]
     if not gc.tracked or not full.collections:
         return full_s, (
             "the full collections' whole time, an upper bound: it includes finding and freeing the garbage they "
@@ -71,13 +87,13 @@ def _per_generation(gc: GcPauses) -> dict[str, dict[str, float]]:
             "steps": g.steps,
             "collected": g.collected,
         }
-        for i, g in enumerate(gc.generations)
+        for i, g in enumerate(_automatic(gc))
     }
 
 
 def _summary(gc: GcPauses, share: float, steps: int) -> str:
     """What the collector did in the window, in one sentence."""
-    full = gc.generations[FULL]
+    full = _automatic(gc)[FULL]
     by_hand = gc.enabled is False
     return (
         f"Python's garbage collector took {share:.0%} of the measured time: "
@@ -117,7 +133,8 @@ def _summary(gc: GcPauses, share: float, steps: int) -> str:
     needs_gpu=False,
     fires_when=(
         "Python's garbage collector, timed per generation by a `gc.callbacks` callback during the window, "
-        "takes ≥ {GC_MIN:.0%} of the step time (of the rank that loses most); high from {FULL_HIGH:.0%} in "
+        "takes ≥ {GC_MIN:.0%} of the step time (of the rank that loses most) in the collections it started "
+        "itself (the job's own `gc.collect()` calls are per_step_cleanup's); high from {FULL_HIGH:.0%} in "
         "full (generation-2) collections the fix would remove"
     ),
     estimate=(
@@ -140,12 +157,13 @@ def gc_pauses(ctx: RuleContext) -> Finding | None:
     share = min(1.0, _share(worst))
     if share < GC_MIN:
         return None
-    full = gc.generations[FULL]
+    gens = _automatic(gc)
+    full = gens[FULL]
     full_share = min(share, full.pause_s / max(worst.wall_s, 1e-9))
-    longest = max(g.longest_s for g in gc.generations)
+    longest = max(g.longest_s for g in gens)
     steps = len(worst.steps)
     removed, how = _removed(gc, full.pause_s)
-    young = sum(g.pause_s for g in gc.generations[:FULL])
+    young = sum(g.pause_s for g in gens[:FULL])
     automatic = gc.enabled is not False and full.collections > 0  # gc.disable() stops the young ones too
     if automatic:
         removed += young
@@ -166,6 +184,7 @@ def gc_pauses(ctx: RuleContext) -> Finding | None:
             "frozen": gc.frozen,
             "tracked": gc.tracked,
             "rank": worst.rank,
+            "by_hand_ms": round(_by_hand_s(gc) * 1000, 1),  # explicit gc.collect(): per_step_cleanup's
         },
         est_speedup=amdahl(removed_share, float("inf")),
         speedup_basis=(
