@@ -95,6 +95,20 @@ def test_ddp_buckets_go_through_the_timed_hook_with_the_same_gradients(world1: A
     assert row.source == "ddp" and row.op == "all_reduce" and row.bytes == (8 * 4 + 4) * 4
 
 
+def test_ddp_built_with_its_module_named_is_handed_on(world1: Any) -> None:
+    """Lightning builds ``DistributedDataParallel(module=model, ...)``: the wrapper must pass the name on (it
+    once took ``module`` as its own first parameter and raised TypeError into the job)."""
+    rec = CollectiveRecorder(0.0, lambda: 1, lambda exc: None)
+    rec.install()
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(module=torch.nn.Linear(8, 4), device_ids=None)
+        model(torch.randn(3, 8)).sum().backward()
+    finally:
+        rec.remove()
+    assert isinstance(model.module, torch.nn.Linear)
+    assert [r.source for r in rec.resolve(1)] == ["ddp"]
+
+
 def test_a_users_own_comm_hook_is_left_alone(world1: Any) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 

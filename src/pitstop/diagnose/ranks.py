@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from pitstop.core.profile import CollectiveRecord, RankProfile, RunProfile, StepRecord
 
+SMALL_COLLECTIVE_BYTES = (
+    65_536  # at most this per call: a metric (a few scalars, a per-class vector), not gradients
+)
 MIN_SKEW_S = 2e-4  # arrival spreads below this are noise on any clock
 
 
@@ -64,6 +68,9 @@ class RankComm:
     late_s: float  # mean arrival after the median rank (aligned clocks)
     last_frac: float  # share of collectives it arrived last at
     clock_offset_s: float
+    small_comm_s: float = (
+        0.0  # of comm_s, in small collectives the job's code issued outside backward (metrics)
+    )
 
 
 @dataclass
@@ -189,20 +196,30 @@ def analyse(profile: RunProfile) -> RanksAnalysis | None:
     )
 
 
+def small_and_issued_by_code(c: CollectiveRecord) -> bool:
+    """A collective the job's code (or a library on a setting of its) issued outside backward, small enough to
+    be a metric or a flag: not the gradient or parameter traffic that overlap, buckets or no_sync change
+    (``metric_sync`` names it; ``communication_bound`` leaves its time out)."""
+    return c.source == "python" and c.site is not None and c.bytes <= SMALL_COLLECTIVE_BYTES
+
+
 def _blocked(
     rank: RankProfile,
     steps: list[StepRecord],
     offsets: dict[int, float],
     table: dict[tuple[str, int], dict[int, CollectiveRecord]],
     last_arrival: dict[tuple[str, int], float],
+    only: Callable[[CollectiveRecord], bool] | None = None,
 ) -> tuple[float, float]:
     """(waiting, communicating) seconds over the window: blocking calls, plus for asynchronous ones the span
-    from the step's last asynchronous issue to the latest completion (DDP's wait at the end of backward)."""
+    from the step's last asynchronous issue to the latest completion (DDP's wait at the end of backward);
+    ``only``: of the collectives it selects."""
     wait = comm = 0.0
     off = offsets[rank.rank]
     by_step: dict[int, list[CollectiveRecord]] = defaultdict(list)
     for c in rank.collectives:
-        by_step[c.step].append(c)
+        if only is None or only(c):
+            by_step[c.step].append(c)
     for step in steps:
         calls = by_step.get(step.index, [])
         spans: list[tuple[float, float, tuple[str, int]]] = []
@@ -238,6 +255,7 @@ def _rank_row(
     steps = rank.steps
     n = len(steps)
     wait, comm = _blocked(rank, steps, offsets, table, last_arrival)
+    small = _blocked(rank, steps, offsets, table, last_arrival, only=small_and_issued_by_code)[1]
     blocked = wait + comm
     fwd_bwd = rank.total("forward_s"), rank.total("backward_s")
     opt = rank.total("optimizer_s")
@@ -260,6 +278,7 @@ def _rank_row(
         other_s=None if other is None else other / n,
         wait_s=wait / n,
         comm_s=comm / n,
+        small_comm_s=small / n,
         collectives_per_step=len(rank.collectives) / n,
         bytes_per_step=sum(c.bytes for c in rank.collectives) / n,
         late_s=statistics.fmean(late[rank.rank]) if late[rank.rank] else 0.0,

@@ -28,6 +28,15 @@ step: DDP issues one per gradient bucket):
 Each collective carries its process group (the global ranks in it) and its sequence number in that group, so
 the same collective can be matched across ranks; aligning ranks' clocks and deciding who waited for whom is
 done later, from the records (``pitstop.diagnose.ranks``).
+
+A Python collective issued outside backward also carries the line that issued it (``site``): a metric the job
+(or a library on its behalf) reduces every step is a sync point the ranks meet at, outside the gradient
+communication (``diagnose/causes/metric_sync.py``). Inside backward (autograd's graph task is running: DDP's
+hooks, FSDP's reduce-scatters, a user's comm hook) and when torch or DeepSpeed issued it themselves (FSDP's
+forward all-gathers, DTensor), there is no site. Libraries that only pass a collective on for their caller
+(accelerate's ``gather``, Lightning's ``self.log(..., sync_dist=True)``, torchmetrics' ``dist_sync_on_step``)
+are looked through to the line that called them; the outermost of their calls is kept as ``via``. The stack is
+walked only for these (a few microseconds; DDP's buckets never are).
 """
 
 from __future__ import annotations
@@ -35,10 +44,13 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from pitstop.core.profile import CollectiveRecord, Environment, RankProfile, StepRecord
@@ -68,6 +80,72 @@ OPS: dict[str, tuple[str, int | None]] = {
     "all_to_all_single": ("all_to_all", 1),
     "barrier": ("barrier", None),
 }
+
+
+# libraries that pass a collective on for their caller: the line that called them is the site
+RELAYS = (
+    "accelerate",
+    "lightning",
+    "lightning_fabric",
+    "lightning_utilities",
+    "pytorch_lightning",
+    "torchmetrics",
+)
+OWNERS = ("deepspeed", "megatron")  # libraries that communicate for themselves, as torch's FSDP does
+MAX_FRAMES = 64  # deeper than any relay chain: a site not found by then is left unknown
+PITSTOP_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
+C10D_FILES = ("distributed_c10d.py", "c10d_logger.py")  # torch.distributed's own wrappers around a call
+
+
+def _library(filename: str) -> str | None:
+    """The installed package a file belongs to (the folder after site-packages), or the relay or owner whose
+    folder it lies in (a source checkout); None for the job's own files."""
+    for marker in (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}"):
+        at = filename.rfind(marker)
+        if at >= 0:
+            return filename[at + len(marker) :].split(os.sep, 1)[0]
+    return next((name for name in RELAYS + OWNERS if f"{os.sep}{name}{os.sep}" in filename), None)
+
+
+def _where(frame: FrameType, filename: str, library: str | None) -> str:
+    """ "path:line in Class.function": a library's path from its package, the job's as it ran."""
+    if library is not None:
+        for marker in (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}"):
+            at = filename.rfind(marker)
+            if at >= 0:
+                filename = filename[at + len(marker) :]
+                break
+    name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+    return f"{filename}:{frame.f_lineno} in {name}"
+
+
+def issuing_site(frame: FrameType | None, torch_dir: str) -> tuple[str | None, str | None]:
+    """(site, via) of a python collective called from ``frame`` outward, outside backward: the first frame
+    past pitstop, the standard library, torch.distributed's own wrappers and the relaying libraries; (None,
+    None) when torch itself or a library that communicates for itself (DeepSpeed) issued it."""
+    via: str | None = None
+    # once a relay was passed, torch frames are only calls on the way (a torchmetrics Metric's Module.__call__)
+    relayed = False
+    for _ in range(MAX_FRAMES):
+        if frame is None:
+            break
+        filename = frame.f_code.co_filename
+        library = _library(filename)
+        if filename.startswith(torch_dir):
+            if not relayed and not filename.endswith(C10D_FILES):
+                return None, None  # FSDP, DTensor, torch.distributed.nn: torch's own communication
+        elif filename.startswith(PITSTOP_DIR) or (filename.startswith(STDLIB_DIR) and library is None):
+            pass
+        elif library in OWNERS and not relayed:
+            return None, None
+        elif library in RELAYS:
+            relayed = True
+            via = f"{library}:{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
+        else:
+            return _where(frame, filename, library), via
+        frame = frame.f_back
+    return None, via
 
 
 def _setter(owner: Any, name: str, value: Any) -> Callable[[], None]:
@@ -138,6 +216,8 @@ class _Open:
     host_t0: float
     done: Any = None
     blocked_s: float | None = None
+    site: str | None = None
+    via: str | None = None
 
 
 class CollectiveRecorder:
@@ -160,6 +240,8 @@ class CollectiveRecorder:
         self._step_count = 0
         self._step_bytes = 0
         self._step_blocked = 0.0
+        self._torch_dir = ""
+        self._graph_task: Callable[[], int] | None = None  # autograd's running graph task (-1: none)
 
     # -- install / remove -------------------------------------------------------------------------
     def install(self) -> None:
@@ -167,8 +249,11 @@ class CollectiveRecorder:
 
         if not dist.is_available():
             return
+        import torch
         import torch.distributed.distributed_c10d as c10d
 
+        self._torch_dir = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "")
+        self._graph_task = getattr(torch._C, "_current_graph_task_id", None)
         self.active = True
         for name, (op, tensor_at) in OPS.items():
             original = getattr(c10d, name, None)
@@ -274,7 +359,16 @@ class CollectiveRecorder:
         tensors = None
         if tensor_at is not None:
             tensors = args[tensor_at] if len(args) > tensor_at else kwargs.get(tensor_name or "")
-        return self._open(op, group, nbytes(tensors), getattr(self._local, "source", None) or "python")
+        source = getattr(self._local, "source", None) or "python"
+        pending = self._open(op, group, nbytes(tensors), source)
+        if source == "python" and not self._in_backward():
+            pending.site, pending.via = issuing_site(sys._getframe(2), self._torch_dir)
+        return pending
+
+    def _in_backward(self) -> bool:
+        """Whether autograd is running a backward on this thread (DDP's and FSDP's hooks, a comm hook); a
+        torch without the query counts as inside, so no site is claimed."""
+        return self._graph_task is None or self._graph_task() != -1
 
     def _open(self, op: str, group: Any, size_bytes: int, source: str) -> _Open:
         key, size = self._group(group)
@@ -341,7 +435,9 @@ class CollectiveRecorder:
         original_init = vars(DDP)["__init__"]
         original_builtin = vars(DDP)["_register_builtin_comm_hook"]
 
-        def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(module: Any, /, *args: Any, **kwargs: Any) -> None:
+            """Positional-only: ``DistributedDataParallel(module=model)`` (Lightning's call) names DDP's own
+            ``module`` argument, which must reach the original untouched."""
             original_init(module, *args, **kwargs)
             if recorder.active:
                 try:
@@ -355,13 +451,13 @@ class CollectiveRecorder:
                 except Exception as exc:
                     recorder._failed(exc)
 
-        def _register_builtin_comm_hook(module: Any, *args: Any, **kwargs: Any) -> Any:
+        def _register_builtin_comm_hook(module: Any, /, *args: Any, **kwargs: Any) -> Any:
             module._pitstop_builtin_hook = True
             return original_builtin(module, *args, **kwargs)
 
         original_broadcast = vars(DDP)["_distributed_broadcast_coalesced"]
 
-        def _distributed_broadcast_coalesced(module: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        def _distributed_broadcast_coalesced(module: Any, tensors: Any, /, *args: Any, **kwargs: Any) -> Any:
             """DDP's buffer broadcast at each forward's start, a C++ collective the ranks wait in."""
             return recorder.timed(
                 "broadcast",
@@ -457,6 +553,8 @@ class CollectiveRecorder:
                     blocked_s=p.blocked_s,
                     source=p.source,
                     clock=p.clock.clock,
+                    site=p.site,
+                    via=p.via,
                 )
             )
         return out
