@@ -118,3 +118,105 @@ def test_the_collector_stops_counting_once_the_job_switches_it_off() -> None:
 
     modes = _probe_run(step)
     assert 1 <= modes.anomaly_steps < 4
+
+
+# -- debug_off's trial: the job's requests to switch a mode on are handed over as off ------------------------
+@pytest.fixture
+def armed(tmp_path):  # type: ignore[no-untyped-def]
+    """debug_off's trial hook installed on the real torch (as a trial process does when torch is imported);
+    torch's functions and the optimizer hooks are put back afterwards."""
+    from torch.optim import optimizer as optim_mod
+
+    from pitstop.remedies import remedy
+    from pitstop.trials.request import FixReport, FixRequest
+
+    saved = (torch.set_anomaly_enabled, torch.use_deterministic_algorithms)
+    hooks = dict(optim_mod._global_optimizer_pre_hooks)
+    report = FixReport(tmp_path / "fixes.json")
+    remedy(RemedyId.DEBUG_OFF).on_import()["torch"](torch, FixRequest(), report)
+    try:
+        yield report
+    finally:
+        torch.set_anomaly_enabled, torch.use_deterministic_algorithms = saved
+        torch.autograd.set_detect_anomaly(False)
+        torch.use_deterministic_algorithms(False)
+        optim_mod._global_optimizer_pre_hooks.clear()
+        optim_mod._global_optimizer_pre_hooks.update(hooks)
+
+
+def _losses(steps: int = 3) -> list[float]:
+    """A small model trained under set_detect_anomaly(True) and detect_anomaly(), as the job asks."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    torch.autograd.set_detect_anomaly(True)
+    seen = []
+    for _ in range(steps):
+        with torch.autograd.detect_anomaly():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        seen.append(loss.item())
+    return seen
+
+
+def test_the_trial_keeps_anomaly_detection_off_and_trains_the_same_losses(armed) -> None:  # type: ignore[no-untyped-def]
+    kept_off = _losses()  # the job asks for anomaly detection; the trial hands that over as off
+    assert not torch.is_anomaly_enabled()  # the job's set_detect_anomaly(True) was handed over as off
+    applied = armed.applied[RemedyId.DEBUG_OFF]
+    assert applied.startswith("anomaly detection kept off (") and __file__ in applied
+    assert armed.params[RemedyId.DEBUG_OFF]["anomaly"] is True
+    assert armed.params[RemedyId.DEBUG_OFF]["site"].startswith(f"{__file__}:")
+    assert RemedyId.DEBUG_OFF not in armed.revoked  # still off at the first optimizer step
+    torch.use_deterministic_algorithms(True)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert "torch.use_deterministic_algorithms(True) kept off" in armed.applied[RemedyId.DEBUG_OFF]
+    unarmed = torch.set_anomaly_enabled.__wrapped__  # type: ignore[attr-defined]
+    torch.set_anomaly_enabled = unarmed  # the same job with anomaly detection on, as it asked
+    assert _losses() == kept_off
+
+
+def test_a_mode_switched_on_past_the_trial_revokes_it(armed) -> None:  # type: ignore[no-untyped-def]
+    torch.autograd.set_detect_anomaly(True)
+    torch.set_anomaly_enabled.__wrapped__(True)  # type: ignore[attr-defined]  # some other way in
+    model = torch.nn.Linear(2, 1)
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert "anomaly detection still on" in armed.revoked[RemedyId.DEBUG_OFF]
+
+
+def test_the_trial_unsets_the_debugging_variables_and_c10ds_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    from pitstop.remedies.debug_off import _unset_debug_env
+
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    dist.set_debug_level(dist.DebugLevel.DETAIL)  # as torch read it at import
+    try:
+        assert _unset_debug_env(torch) == ["CUDA_LAUNCH_BLOCKING=1", "TORCH_DISTRIBUTED_DEBUG=DETAIL"]
+        assert dist.get_debug_level() == dist.DebugLevel.OFF
+        import os
+
+        assert "CUDA_LAUNCH_BLOCKING" not in os.environ and "TORCH_DISTRIBUTED_DEBUG" not in os.environ
+    finally:
+        dist.set_debug_level(dist.DebugLevel.OFF)
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "0")  # already off: left alone
+    assert _unset_debug_env(torch) == []
+
+
+def test_a_trainers_full_determinism_becomes_the_same_seed_without_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    from pitstop.core.findings import use
+    from pitstop.core.vocabulary import Framework
+    from pitstop.remedies import advise, remedy
+    from pitstop.trials.request import FixReport, FixRequest
+
+    report = FixReport(tmp_path / "fixes.json")
+    args = SimpleNamespace(full_determinism=True, seed=42)
+    remedy(RemedyId.DEBUG_OFF).rewrite_training_args(args, FixRequest(), report)
+    assert args.full_determinism is False and "full_determinism=False" in report.applied[RemedyId.DEBUG_OFF]
+    fix = advise(Framework.HF_TRAINER, use(RemedyId.DEBUG_OFF, **report.params[RemedyId.DEBUG_OFF]))
+    assert "full_determinism=True" in fix.text and "full_determinism=False" in fix.snippets["hf_trainer"]

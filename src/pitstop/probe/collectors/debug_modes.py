@@ -4,8 +4,9 @@ switched it on) and the settings read once at the first step (``CUDA_LAUNCH_BLOC
 
 Anomaly detection is switched on by ``torch.autograd.set_detect_anomaly(True)``, the ``detect_anomaly()``
 context (around a step, or Lightning's ``detect_anomaly=True`` around the whole fit), all through
-``torch.set_anomaly_enabled``: wrapped from the probe's installation on, it notes where an enabling call came
-from and hands every call on unchanged. A step counts when the mode was on at its end or was switched on in it
+``torch.set_anomaly_enabled``: wrapped from the probe's installation on, it hands every call on unchanged, then
+notes the state the call left (a tune trial's ``debug_off`` keeps a request to switch on from taking effect)
+and where an enabling call came from. A step counts when the mode was on at its end or was switched on in it
 (a context that closed before the step's end)."""
 
 from __future__ import annotations
@@ -68,11 +69,14 @@ class DebugModesCollector(Collector):
     def install(self) -> None:
         import torch
 
+        is_on = torch.is_anomaly_enabled
+
         def make(original: Any) -> Any:
             def set_anomaly_enabled(enabled: bool, *args: Any, **kwargs: Any) -> Any:
-                if self.ctx.hooks.active:
-                    self._note(bool(enabled))
-                return original(enabled, *args, **kwargs)
+                result = original(enabled, *args, **kwargs)
+                if self.ctx.hooks.active:  # the state the call left: a tune trial may have kept it off
+                    self._note(bool(is_on()))
+                return result
 
             return set_anomaly_enabled
 
