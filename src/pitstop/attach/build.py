@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pitstop.attach import procs
 from pitstop.attach.classify import Phase
+from pitstop.attach.evidence import Sources, env_settings, rank_evidence, with_log
 from pitstop.attach.view import JobView, RankView
 from pitstop.core.profile import (
     CpuThreads,
@@ -32,12 +33,58 @@ def build_profile(view: JobView, started_at: str | None = None) -> RunProfile:
     profile.command = procs.cmdline(view.window.pid) or None
     for rank in view.ranks:
         profile.ranks.append(_rank_profile(rank, view))
+    profile.notes += _job_logs(view, profile.ranks)
     profile.totals = _sampled_totals(view.ranks)
     state = _trainer_state(view)
     if state is not None:
         profile.totals, notes = state
         profile.notes += notes
     return profile
+
+
+def _job_logs(view: JobView, ranks: list[RankProfile]) -> list[str]:
+    """The job's own log, where its processes write stdout / stderr to a file: what the libraries printed
+    (DDP's unused-parameter warning, dynamo's recompile limit, anomaly mode's warning) completes what the
+    samples show. A log with launcher prefixes (``[rank1]:``) is read per rank; one without, for each rank
+    that writes to it."""
+    from pitstop.artifacts import IngestError
+    from pitstop.ingest.logs import LogFacts, read_log
+
+    writers: dict[Path, list[int]] = {}
+    for rank in view.ranks:
+        for path in procs.output_files(rank.pid):
+            writers.setdefault(path, []).append(rank.pid)
+    for path in procs.output_files(view.window.pid):  # the launcher's: its ranks' lines, prefixed
+        writers.setdefault(path, [])
+    notes: list[str] = []
+    logs: list[tuple[Path, LogFacts]] = []
+    for path in writers:
+        try:
+            logs.append((path, read_log(path)))
+        except IngestError as exc:
+            notes.append(f"the job's output {path} was not read ({exc})")
+    for path, log in logs:
+        notes.append(
+            f"read the job's output {path} ({log.lines:,} lines)"
+            + (f": {'; '.join(log.notes)}" if log.notes else "")
+        )
+        for prof in ranks:
+            if log.processes is not None:
+                number = prof.rank
+            elif prof.pid in writers[path] or not writers[path]:
+                number = 0  # no prefixes: the lines are of the processes that write the file
+            else:
+                continue
+            prof.ddp, prof.compile = with_log(
+                prof.ddp,
+                prof.compile,
+                log.ddp.get(number),
+                log.compile.get(number),
+                f"the job's output {path.name}",
+            )
+            if log.env.anomaly_detection:
+                prof.environment.anomaly_detection = True
+    return notes
 
 
 def _count(phases: Sequence[Phase], phase: Phase) -> int:
@@ -114,6 +161,19 @@ def _rank_profile(rank: RankView, view: JobView) -> RankProfile:
         errors=errors,
     )
     profile.checkpoints = _saves(rank, len(steps))
+    evidence = rank_evidence(
+        rank.main.stacks,
+        rank.steps.starts,
+        rank.main.interval_s,
+        [p in (Phase.FORWARD, Phase.BACKWARD) for p in rank.phases],
+        len(steps),
+        env_settings(procs.environ, rank.pid),
+        Sources(rank.pid),
+    )
+    profile.job_calls = evidence.job_calls
+    profile.compile = evidence.compile
+    profile.debug_modes = evidence.debug_modes
+    profile.ddp = evidence.ddp
     profile.steps_delimited_by = StepBoundary.OPTIMIZER_STEP
     # "sampled: " marks a sampled rank for the report's counting line (diagnose.counting_line)
     bound = "" if rank.steps.resolved else ", a lower bound"

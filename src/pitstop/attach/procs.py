@@ -103,6 +103,25 @@ def cwd(pid: int) -> Path | None:
         return None
 
 
+def output_files(pid: int) -> list[Path]:
+    """The regular files a process writes its stdout and stderr to (``python train.py > train.log 2>&1``):
+    its log, where it keeps one; a terminal or a pipe is not a file."""
+    import stat
+
+    found: list[Path] = []
+    for fd in (1, 2):
+        link = PROC / str(pid) / "fd" / str(fd)
+        try:
+            target = Path(os.readlink(link))
+            if not stat.S_ISREG(link.stat().st_mode):
+                continue
+        except OSError:
+            continue
+        if target.is_absolute() and target not in found and not target.name.endswith(" (deleted)"):
+            found.append(target)
+    return found
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         raw = (PROC / str(pid) / "cmdline").read_bytes()

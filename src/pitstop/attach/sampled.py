@@ -4,9 +4,14 @@ samples is not a timed measurement; one whose interval reaches below the rule's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pitstop.attach import evidence
 from pitstop.attach.classify import Phase
+from pitstop.attach.shares import Share
+from pitstop.attach.stacks import Stack
 from pitstop.attach.view import JobView, RankView
-from pitstop.core.findings import capped_by_confidence
+from pitstop.core.findings import Finding, capped_by_confidence
 from pitstop.core.vocabulary import CauseId
 from pitstop.diagnose import Diagnosis
 
@@ -15,6 +20,13 @@ SAMPLED = {  # cause -> the phase whose share is its evidence, and the rule's th
     CauseId.CHECKPOINT_STALL: (Phase.SAVE, 0.05),
     CauseId.EVAL_OVERHEAD: (Phase.EVAL, 0.10),
     CauseId.COMMUNICATION_BOUND: (Phase.COLLECTIVE, 0.10),
+}
+# cause -> the samples that are its evidence (a call, compiling, a mode at work): their share is the finding's
+STACK_EVIDENCE: dict[CauseId, Callable[[Stack, evidence.Sources], bool]] = {
+    CauseId.PER_STEP_CLEANUP: lambda stack, sources: evidence.cleanup_call(stack, sources) is not None,
+    CauseId.RECOMPILES: lambda stack, _: evidence.compiling(stack),
+    CauseId.DEBUG_MODES: lambda stack, _: evidence.anomaly(stack),
+    CauseId.DDP_FIND_UNUSED: evidence.in_ddp_search,
 }
 STEP_COUNT_KEYS = {"steps", "steps_per_save"}  # evidence that rests on how many steps were counted
 SAMPLED_CONFIDENCE = 0.85  # a share counted from samples, not timed
@@ -37,6 +49,8 @@ def annotate(diagnosis: Diagnosis, view: JobView) -> Diagnosis:
                     "; the sampled step count is a lower bound, so figures per step or per save interval are "
                     "left out and an estimate that uses them is an upper bound"
                 )
+        if finding.cause in STACK_EVIDENCE and view.ranks:
+            _stack_share(finding, view, STACK_EVIDENCE[finding.cause])
         if finding.cause not in SAMPLED or not view.ranks:
             continue
         phase, threshold = SAMPLED[finding.cause]
@@ -55,6 +69,31 @@ def annotate(diagnosis: Diagnosis, view: JobView) -> Diagnosis:
         finding.speedup_basis += f"; sampled: {share.text()} on rank {rank.rank}"
     diagnosis.notes += notes_of(view)
     return diagnosis
+
+
+def _stack_share(finding: Finding, view: JobView, seen: Callable[[Stack, evidence.Sources], bool]) -> None:
+    """A finding whose records were read from the samples: the share of its rank's samples that show it, with
+    its interval, and the confidence of a share counted from samples, not timed. Where the samples show none
+    (the finding rests on a setting, an environment variable), only the confidence of the view is kept."""
+    best: tuple[int, RankView] | None = None
+    for rank in view.ranks:
+        sources = evidence.Sources(rank.pid)
+        hits = sum(1 for stack in rank.main.stacks if seen(stack, sources))
+        if hits and (best is None or hits > best[0]):
+            best = hits, rank
+    if best is not None:
+        hits, rank = best
+        share = Share(hits, len(rank.main.stacks))
+        lo, hi = share.interval
+        finding.evidence |= {
+            "sampled_share": round(share.value, 3),
+            "sampled_ci95": [round(lo, 3), round(hi, 3)],
+            "samples": share.n,
+            "sampled_rank": rank.rank,
+        }
+        finding.speedup_basis += f"; sampled: {share.text()} on rank {rank.rank}"
+    finding.confidence = round(finding.confidence * SAMPLED_CONFIDENCE, 3)
+    finding.severity = capped_by_confidence(finding.severity, finding.confidence)
 
 
 def notes_of(view: JobView) -> list[str]:

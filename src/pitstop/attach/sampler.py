@@ -115,7 +115,9 @@ def _errors(text: str) -> int:
 def read_speedscope(data: dict[str, Any], interval_s: float) -> list[ThreadSamples]:
     """py-spy's speedscope document -> one ThreadSamples per thread, frames outermost first, py-spy's own
     'process …' and 'thread …' pseudo-frames dropped."""
-    frames = [Frame(str(f.get("name", "")), str(f.get("file") or "")) for f in data["shared"]["frames"]]
+    frames = [
+        Frame(str(f.get("name", "")), str(f.get("file") or ""), _line(f)) for f in data["shared"]["frames"]
+    ]
     out = []
     for profile in data.get("profiles", []):
         ids = _ids(str(profile.get("name", "")))
@@ -128,6 +130,12 @@ def read_speedscope(data: dict[str, Any], interval_s: float) -> list[ThreadSampl
             samples.stacks.append(stack)
         out.append(samples)
     return out
+
+
+def _line(frame: dict[str, Any]) -> int:
+    """The line a frame was on (py-spy records the current line of each frame), 0 when not given."""
+    line = frame.get("line")
+    return line if isinstance(line, int) and not isinstance(line, bool) and 0 < line < 2**31 else 0
 
 
 def _ids(name: str) -> tuple[int, int, str] | None:

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Frame:
-    """One Python frame: the function's (qualified) name and its file."""
+    """One Python frame: the function's (qualified) name, its file, and the line it was on when sampled (0:
+    not known). A call into C (``gc.collect()``) has no frame of its own: the caller's line shows it."""
 
     name: str
     file: str
+    line: int = 0
 
 
 Stack = tuple[Frame, ...]  # outermost first

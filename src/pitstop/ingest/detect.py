@@ -13,6 +13,7 @@ from pitstop.ingest.configs import config_kind
 from pitstop.ingest.dcgm import dcgm_kind
 from pitstop.ingest.documents import load_document
 from pitstop.ingest.hf_outputs import is_results, is_trainer_state
+from pitstop.ingest.logs import looks_like_log
 from pitstop.ingest.nvidia_smi import looks_like_smi
 
 TRACE_KEYS = re.compile(rb'"(traceEvents|deviceProperties|schemaVersion|distributedInfo)"\s*:')
@@ -24,6 +25,7 @@ PICKLE_START = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 ZIP_START = b"PK\x03\x04"
 
 
+LOG_HEAD = 2**20  # a log is looked for in its first MiB when its first bytes did not say
 MAX_FOLDER_FILES = 10_000  # a run leaves tens of files; a folder with more was not named on purpose
 
 
@@ -85,7 +87,8 @@ def expand(paths: list[Path], notes: list[str] | None = None) -> list[tuple[Path
 
 def sniff(path: Path) -> tuple[str, Any, list[str]]:
     """(kind, parsed document or None, notes about the document). Kinds: kineto_trace, nvidia_smi,
-    dcgmi_dmon, dcgm_exporter, trainer_state, trainer_results, model_config, deepspeed, accelerate, axolotl, llama_factory, hf_args,
+    dcgmi_dmon, dcgm_exporter, trainer_state, trainer_results, model_config, deepspeed, accelerate, axolotl,
+    llama_factory, lightning, hf_args, training_log (a run's saved output: read line by line, never whole),
     torch_pickle, binary."""
     start = head(path)
     if not start.strip():
@@ -105,14 +108,25 @@ def sniff(path: Path) -> tuple[str, Any, list[str]]:
         return dcgm, None, []
     if looks_like_smi(text_head):
         return "nvidia_smi", None, []
+    as_json = stripped.startswith((b"{", b"["))
+    if looks_like_log(text_head):  # before reading it whole: a log may be any size (and may start with
+        return "training_log", None, []  # the Trainer's printed {'loss': ...}, which is not JSON)
     text = read_text(path)
     if _bare_numbers_csv(text):
         raise IngestError(
             f"{path}: looks like an nvidia-smi log written with noheader and nounits, whose columns "
             "cannot be told apart; keep the header (--format=csv or csv,nounits)"
         )
-    doc = load_document(text, str(path), as_json=stripped.startswith((b"{", b"[")))
+    try:
+        doc = load_document(text, str(path), as_json=as_json)
+    except IngestError:
+        if looks_like_log(text[:LOG_HEAD]):
+            return "training_log", None, []  # a log whose first lines are not a log's (a model printed)
+        raise
     data = doc.data
+    unknown = not isinstance(data, dict) or (config_kind(data) is None and _plain_document(data))
+    if unknown and not as_json and looks_like_log(text[:LOG_HEAD]):
+        return "training_log", None, []  # "Epoch 1: loss 2.3" lines are a mapping to YAML
     if not isinstance(data, dict):
         raise IngestError(f"{path}: not a trace, an nvidia-smi log, Trainer output or a training config")
     if is_trainer_state(data):
@@ -141,3 +155,8 @@ def _bare_numbers_csv(text: str) -> bool:
             return False
         widths.add(len(cells))
     return len(widths) == 1
+
+
+def _plain_document(data: dict[str, object]) -> bool:
+    """A mapping that is no known artifact (kept apart from the trainer outputs and model configs sniff knows)."""
+    return not (is_trainer_state(data) or is_results(data) or "model_type" in data)

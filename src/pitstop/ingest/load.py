@@ -5,19 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pitstop.artifacts import IngestError
 from pitstop.core.profile import Environment, RankProfile, RunProfile, RunTotals, assemble_rank
 from pitstop.core.vocabulary import Device, Source
 from pitstop.hardware import lookup_gpu
-from pitstop.ingest.configs import merge_into, read_config
+from pitstop.ingest.configs import ConfigFacts, merge_into, read_config, resolve_defaults
 from pitstop.ingest.dcgm import DcgmGpu, activity_ranks, attach_activity, read_dcgm
 from pitstop.ingest.detect import expand, sniff
 from pitstop.ingest.hf_outputs import read_trainer_outputs
+from pitstop.ingest.logs import LogFacts, read_log
 from pitstop.ingest.nvidia_smi import read_smi
 from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
 
-CONFIG_KINDS = ("deepspeed", "accelerate", "axolotl", "llama_factory", "hf_args")
+CONFIG_KINDS = ("deepspeed", "accelerate", "axolotl", "llama_factory", "lightning", "hf_args")
 MAX_WORLD = 1_000_000
 NOT_ARTIFACTS = {
     "torch_pickle": "a pickle (training_args.bin, optimizer.pt?); pitstop never unpickles",
@@ -110,6 +112,43 @@ def _smi_ranks(path: Path, notes: list[str]) -> list[RankProfile]:
     return ranks
 
 
+def _config(
+    path: Path, kind: str, data: Any, files: list[Path], env: Environment, notes: list[str]
+) -> ConfigFacts:
+    """A training config's facts, merged into the run's."""
+    facts = read_config(data, kind, path, others=files)
+    merge_into(env, facts.env, notes)
+    notes += facts.notes
+    if facts.lora and env.model.params_total:
+        notes.append("LoRA: trainable parameters are a small share; FLOPs count frozen weights at 4·N")
+    return facts
+
+
+def _log_ranks(ranks: list[RankProfile], logs: list[LogFacts], env: Environment) -> list[RankProfile]:
+    """Each process's facts from the logs onto its rank: by rank number among the ranks the other artifacts
+    made, and, where they made none, on a rank of its own (no steps: a log times nothing). A launcher's
+    prefixes ("[rank7]:") name that many processes at least."""
+    seen = max((log.processes or 0 for log in logs), default=0)
+    if env.world_size is None and seen > 1:
+        env.world_size = seen
+    if not logs:
+        return ranks
+    numbers = sorted({r for log in logs for r in log.ranks})
+    if not ranks:
+        ranks = [assemble_rank(r) for r in numbers]
+    by_number = {rank.rank: rank for rank in ranks}
+    for log in logs:
+        for number, ddp in log.ddp.items():
+            target = by_number.get(number)
+            if target is not None and target.ddp is None:
+                target.ddp = ddp
+        for number, stats in log.compile.items():
+            target = by_number.get(number)
+            if target is not None and target.compile is None:
+                target.compile = stats
+    return ranks
+
+
 def load_run(
     inputs: Inputs,
     on_file: Callable[[Path, str], None] | None = None,
@@ -125,6 +164,8 @@ def load_run(
     gpu_ranks: list[RankProfile] = []
     activity: list[DcgmGpu] = []
     totals: RunTotals | None = None
+    configs: list[ConfigFacts] = []
+    logs: list[LogFacts] = []
     for path, in_folder in found:
         try:
             kind, data, doc_notes = sniff(path)
@@ -161,13 +202,11 @@ def load_run(
             except ModelConfigError as exc:
                 raise IngestError(f"{path}: {exc}") from None
         elif kind in CONFIG_KINDS:
-            facts = read_config(data, kind, path, others=files)
-            merge_into(env, facts.env, notes)
-            notes += facts.notes
-            if facts.lora and env.model.params_total:
-                notes.append(
-                    "LoRA: trainable parameters are a small share; FLOPs count frozen weights at 4·N"
-                )
+            configs.append(_config(path, kind, data, files, env, notes))
+        elif kind == "training_log":
+            logs.append(log := read_log(path))
+            merge_into(env, log.env, notes)
+            notes += log.notes
         else:  # pragma: no cover - sniff returns only the kinds above
             raise IngestError(f"{path}: unsupported kind {kind}")
     if trace_paths:  # all traces at once: in parallel, then the cross-rank step
@@ -177,7 +216,9 @@ def load_run(
         trace_ranks, trace_notes = fleet.ranks, fleet.notes
     totals = _apply_flags(inputs, env, totals)
     ranks = _join_ranks(trace_ranks, gpu_ranks or activity_ranks(activity), env, notes)
+    ranks = _log_ranks(ranks, logs, env)
     attach_activity(ranks, activity, notes)
+    resolve_defaults(env, configs, notes)
     profile = RunProfile(
         source=Source.ANALYZE if not inputs.configs_only else Source.CHECK,
         ranks=ranks,
