@@ -120,6 +120,34 @@ def test_the_collector_stops_counting_once_the_job_switches_it_off() -> None:
     assert 1 <= modes.anomaly_steps < 4
 
 
+def test_a_profiler_left_running_is_named_with_no_estimate() -> None:
+    from pitstop.probe.collectors.debug_modes import PYTHON_PROFILER, TORCH_PROFILER
+
+    f = _finding(_with(DebugModes(profilers=[TORCH_PROFILER, PYTHON_PROFILER])))
+    assert f is not None and f.evidence["profilers"] == [TORCH_PROFILER, PYTHON_PROFILER]
+    assert f.est_speedup is None and "torch.profiler" in f.summary and "cProfile" in f.summary
+    assert "Stop torch.profiler" in f.fix.text
+
+
+def test_the_collector_sees_a_profiler_and_a_tracer_running_as_the_window_starts() -> None:
+    import cProfile
+    import sys
+
+    from pitstop.probe.collectors.debug_modes import PYTHON_PROFILER, PYTHON_TRACER, TORCH_PROFILER
+
+    python_profiler = cProfile.Profile()
+    tracer = sys.gettrace()  # a debugger or coverage running the tests keeps its own
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        python_profiler.enable()
+        try:
+            modes = _probe_run(lambda step: None)
+        finally:
+            python_profiler.disable()
+    assert TORCH_PROFILER in modes.profilers and PYTHON_PROFILER in modes.profilers
+    assert (PYTHON_TRACER in modes.profilers) == (tracer is not None)
+    assert _probe_run(lambda step: None).profilers == ([PYTHON_TRACER] if tracer is not None else [])
+
+
 # -- debug_off's trial: the job's requests to switch a mode on are handed over as off ------------------------
 @pytest.fixture
 def armed(tmp_path):  # type: ignore[no-untyped-def]

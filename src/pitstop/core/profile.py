@@ -433,6 +433,7 @@ class DebugModes:
     anomaly_steps: int = 0  # measured steps during which autograd's anomaly detection was on
     anomaly_site: str | None = None  # "file:line" of the job's call that switched it on, where it was seen
     settings: list[str] = field(default_factory=list)  # others on: "CUDA_LAUNCH_BLOCKING=1", ...
+    profilers: list[str] = field(default_factory=list)  # profilers and tracers running as the window started
 
 
 @dataclass

@@ -38,7 +38,8 @@ class DebugOff(Remedy):
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``anomaly``: anomaly detection was on (``site``: the job's line that switched it on);
-        ``settings``: the slow settings seen ("CUDA_LAUNCH_BLOCKING=1", ...)."""
+        ``settings``: the slow settings seen ("CUDA_LAUNCH_BLOCKING=1", ...); ``profilers``: profilers and tracers
+        left running (their names as the probe wrote them)."""
         anomaly = params.get("anomaly", True)
         site = params.get("site")
         settings: list[str] = list(params.get("settings") or [])
@@ -61,6 +62,13 @@ class DebugOff(Remedy):
             parts.append(
                 "Drop full_determinism=True (it switches deterministic algorithms on and sets "
                 "CUDA_LAUNCH_BLOCKING=1); the Trainer seeds the same way without it."
+            )
+        profilers: list[str] = list(params.get("profilers") or [])
+        if profilers:
+            parts.append(
+                f"Stop {' and '.join(profilers)} for training runs: it hooks every operation or Python call of "
+                "every step. Profile a few steps on purpose (torch.profiler's schedule, Lightning's "
+                "profiler=None the default), not the whole run."
             )
         if not parts:
             parts.append(

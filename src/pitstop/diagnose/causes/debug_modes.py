@@ -47,13 +47,15 @@ def _settings_that_cost(ctx: RuleContext, modes: DebugModes) -> list[str]:
     title="Debug modes left on",
     because=(
         "a debugging aid meant for one session runs on every step: autograd's anomaly detection, "
-        "CUDA_LAUNCH_BLOCKING=1, TORCH_DISTRIBUTED_DEBUG=DETAIL or deterministic algorithms"
+        "CUDA_LAUNCH_BLOCKING=1, TORCH_DISTRIBUTED_DEBUG=DETAIL, deterministic algorithms or a profiler left "
+        "running"
     ),
     needs_gpu=False,
     fires_when=(
         "the probe saw anomaly detection on in ≥ {ANOMALY_SHARE:.0%} of the measured steps (the job's line "
         "that switched it on named), or one of the slow settings where it costs: CUDA_LAUNCH_BLOCKING on a GPU, "
-        "TORCH_DISTRIBUTED_DEBUG with several ranks, deterministic algorithms; offline, a config or torch's "
+        "TORCH_DISTRIBUTED_DEBUG with several ranks, deterministic algorithms, or a profiler or tracer "
+        "(torch.profiler / emit_nvtx, cProfile, sys.settrace) running as the window starts; offline, a config or torch's "
         "own log line that says anomaly detection is on"
     ),
     estimate=(
@@ -73,23 +75,28 @@ def debug_modes(ctx: RuleContext) -> Finding | None:
     share = modes.anomaly_steps / len(rank.steps)
     anomaly = share >= ANOMALY_SHARE
     settings = _settings_that_cost(ctx, modes)
-    if not anomaly and not settings:
+    running = list(modes.profilers)  # a profiler or tracer left running: it hooks every operation or call
+    if not anomaly and not settings and not running:
         return None
     evidence: dict[str, object] = {
         "anomaly_detection_steps": modes.anomaly_steps,
         "steps_measured": len(rank.steps),
         "anomaly_site": modes.anomaly_site,
         "settings": settings,
+        "profilers": running,
         "rank": rank.rank,
     }
-    on = (["autograd's anomaly detection"] if anomaly else []) + settings
+    on = (["autograd's anomaly detection"] if anomaly else []) + settings + running
     summary = f"{' and '.join(on)} {'is' if len(on) == 1 else 'are'} on in the training loop"
     if anomaly:
         where = f", switched on at {modes.anomaly_site}" if modes.anomaly_site else ""
         summary += f" (anomaly detection in {modes.anomaly_steps} of {len(rank.steps)} measured steps{where})"
     summary += ": each is a debugging aid that slows every step."
     est: float | None = None
-    basis = "not estimated: what these settings cost depends on the kernels and collectives; turning them off measures it"
+    basis = (
+        "not estimated: what these settings and profilers cost depends on the kernels, the collectives and the "
+        "Python the step runs; turning them off measures it"
+    )
     if anomaly:
         c = ctx.compute_frac
         est = amdahl(c * share, ANOMALY_SLOWDOWN)
@@ -107,7 +114,13 @@ def debug_modes(ctx: RuleContext) -> Finding | None:
         speedup_basis=basis,
         fix=advise(
             ctx.framework,
-            use(RemedyId.DEBUG_OFF, anomaly=anomaly, site=modes.anomaly_site, settings=settings),
+            use(
+                RemedyId.DEBUG_OFF,
+                anomaly=anomaly,
+                site=modes.anomaly_site,
+                settings=settings,
+                profilers=running,
+            ),
         ),
     )
 

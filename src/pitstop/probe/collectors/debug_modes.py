@@ -38,6 +38,23 @@ def _caller_site() -> str | None:
     return None
 
 
+TORCH_PROFILER = "torch.profiler (or emit_nvtx / the autograd profiler)"
+PYTHON_PROFILER = "a Python profiler (cProfile, sys.setprofile: Lightning's 'advanced' profiler)"
+PYTHON_TRACER = "a Python tracer (sys.settrace: a debugger or coverage)"
+
+
+def profilers_on() -> list[str]:
+    """The profilers and tracers running in this thread now: each hooks every operation or every Python call."""
+    import torch
+
+    found = [TORCH_PROFILER] if torch.autograd.profiler._is_profiler_enabled else []
+    if sys.getprofile() is not None:
+        found.append(PYTHON_PROFILER)
+    if sys.gettrace() is not None:
+        found.append(PYTHON_TRACER)
+    return found
+
+
 def settings_on(environ: dict[str, str] | os._Environ[str], deterministic: bool) -> list[str]:
     """The slow settings among the environment's and torch's, as a user would write them."""
     found = [
@@ -101,7 +118,7 @@ class DebugModesCollector(Collector):
     def start_window(self) -> None:
         import torch
 
-        self.stats = DebugModes(settings=list(self._settings))
+        self.stats = DebugModes(settings=list(self._settings), profilers=profilers_on())
         self._on_at_start = torch.is_anomaly_enabled()
         self._off_at = None
         self._enabled_in = set()
