@@ -100,3 +100,19 @@ def test_the_trials_stop_the_recompiles_and_train_the_same_losses() -> None:
     assert len(base.losses) == 6
     assert dynamic.losses == pytest.approx(base.losses, rel=1e-4)
     assert buckets.losses == pytest.approx(base.losses, rel=1e-4)
+
+
+@pytest.mark.parametrize("what", ["layers", "loss"])
+def test_compiled_layers_or_a_compiled_loss_are_measured_like_any_model(tmp_path: Path, what: str) -> None:
+    """The probe works whatever is compiled (issue 40): each decoder layer compile()d in place, or only the
+    loss function; the run is measured (no probe error), its compiles counted, and the losses are the job's."""
+    probed, plain = tmp_path / "probed.txt", tmp_path / "plain.txt"
+    job = ("--compile", what, "--pad-to", "128", "--steps", "16")
+    doc, _ = doctor(tmp_path, sys.executable, str(SCRIPT), *job, "--losses", str(probed), warmup=3, steps=8)
+    rank = doc["profile"]["ranks"][0]
+    assert not rank["probe_errors"] and len(rank["steps"]) == 8
+    assert rank["compile"]["compiles_before_window"] >= 1 and rank["compile"]["recompiles"] == 0
+    assert rank["steps"][0]["tokens"] == 8 * 128  # the batches are counted as for an eager model
+    subprocess.run([sys.executable, str(SCRIPT), *job, "--losses", str(plain)], check=True)
+    seen = probed.read_text().splitlines()
+    assert len(seen) >= 8 and seen == plain.read_text().splitlines()[: len(seen)]

@@ -8,7 +8,9 @@ recompiles cause (issue 40).
   every example cut or padded to it), with ``--recompile-limit N`` raised as a user does after the warning:
   a recompile every K steps, all run long;
 * ``--pad-to N``: every batch one fixed shape (the negative control: one compile, in the warm-up);
-* ``--dynamic none|true``: the fix (torch's automatic dynamic shapes, or symbolic shapes from the start).
+* ``--dynamic none|true``: the fix (torch's automatic dynamic shapes, or symbolic shapes from the start);
+* ``--compile layers|loss``: what is compiled, if not the whole model: each decoder layer ``compile()``d in
+  place, or only the loss function (the model runs eagerly).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def main() -> int:
     p.add_argument("--start-len", type=int, default=32)
     p.add_argument("--recompile-limit", type=int, default=None, help="torch._dynamo's recompile limit")
     p.add_argument("--module-compile", action="store_true", help="model.compile() in place of torch.compile")
+    p.add_argument("--compile", choices=("model", "layers", "loss"), default="model", help="what is compiled")
     p.add_argument(
         "--losses", type=Path, default=None, help="append the loss of every step here, a line each"
     )
@@ -79,17 +82,32 @@ def main() -> int:
     )
     model = tiny_llama("sdpa", max_len=512)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if args.module_compile:
-        model.compile(backend=args.backend, dynamic=DYNAMIC[args.dynamic])
-        run = model
+    dynamic = DYNAMIC[args.dynamic]
+    run, loss_of = model, None
+    if args.compile == "layers":
+        for layer in model.model.layers:
+            layer.compile(backend=args.backend, dynamic=dynamic)
+    elif args.compile == "loss":
+
+        def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            shifted = logits[:, :-1].reshape(-1, logits.shape[-1])
+            return torch.nn.functional.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=-100)
+
+        loss_of = torch.compile(token_loss, backend=args.backend, dynamic=dynamic)
+    elif args.module_compile:
+        model.compile(backend=args.backend, dynamic=dynamic)
     else:
-        run = torch.compile(model, backend=args.backend, dynamic=DYNAMIC[args.dynamic])
+        run = torch.compile(model, backend=args.backend, dynamic=dynamic)
 
     losses = args.losses.open("w") if args.losses else None  # a line a step: pitstop may stop the job
     step = 0
     while step < args.steps:
         for batch in loader:
-            loss = run(**batch).loss
+            if loss_of is None:
+                loss = run(**batch).loss
+            else:
+                labels = batch.pop("labels")
+                loss = loss_of(run(**batch).logits, labels)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
