@@ -113,6 +113,11 @@ def test_non_numbers(tmp_path: Path) -> None:
     huge.write_text(text)
     cols = read_columns(huge)
     assert cols.bad_events == 1 and len(cols.steps) == 3
+    digits = tmp_path / "digits.json"  # an integer Python refuses to convert (past 4,300 digits): one line
+    digits.write_text(
+        '{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": ' + "9" * 5000 + "}]}"
+    )
+    _refused(tmp_path, digits, "an integer longer than 40 digits", 200)
 
 
 @pytest.mark.slow

@@ -59,7 +59,20 @@ def _reject_constant(name: str) -> Any:
     raise _NonFinite(name)
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+MAX_INT_DIGITS = 40  # a profiler writes ids and nanoseconds in at most 20 digits; Python refuses past 4300
+
+
+class _HugeInteger(ValueError):
+    pass
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > MAX_INT_DIGITS:
+        raise _HugeInteger(len(text))
+    return int(text)
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_int=_parse_int)
 
 
 class _Counting:
@@ -267,6 +280,10 @@ class _Reader:
                 obj, end = _DECODER.raw_decode(text)
             except _NonFinite as exc:
                 raise self.fail(f"{exc.args[0]} is not a JSON number") from None
+            except _HugeInteger:
+                raise self.fail(
+                    f"an integer longer than {MAX_INT_DIGITS} digits, which no profiler writes"
+                ) from None
             except RecursionError:
                 raise IngestError(f"{self.path}: JSON nested too deeply to be a profiler trace") from None
             except json.JSONDecodeError as exc:
