@@ -47,7 +47,7 @@ def profilers_on() -> list[str]:
     """The profilers and tracers running in this thread now: each hooks every operation or every Python call."""
     import torch
 
-    found = [TORCH_PROFILER] if torch.autograd.profiler._is_profiler_enabled else []
+    found = [TORCH_PROFILER] if getattr(torch.autograd.profiler, "_is_profiler_enabled", False) else []
     if sys.getprofile() is not None:
         found.append(PYTHON_PROFILER)
     if sys.gettrace() is not None:
