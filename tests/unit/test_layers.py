@@ -32,7 +32,8 @@ LAYERS: dict[str, int] = {
     "trials": 3,
     "trace": 2,  # the trace engine: a profiler trace read into a rank's steps and what only a trace knows
     "core": 1,  # the core model: vocabulary (the words), profile (what was measured), findings
-    "artifacts": 1,  # opening artifacts safely, and IngestError (ingest and the trace engine)
+    "artifacts": 1,
+    "frames": 1,  # the job's line behind an intercepted call (the probe's collectors, the trials' patches)  # opening artifacts safely, and IngestError (ingest and the trace engine)
     "hardware": 1,
     "ds_config": 1,
     "cpus": 1,

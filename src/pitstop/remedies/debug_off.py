@@ -16,16 +16,16 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from types import FrameType, ModuleType
+from types import ModuleType
 from typing import Any
 
 from pitstop.core.vocabulary import Framework, RemedyId
+from pitstop.frames import job_line
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, at_first_optimizer_step, code, register
 from pitstop.trials.request import FixReport, FixRequest
 
 # the debugging variables a trial unsets, and the values that already mean "off"
 DEBUG_ENV = {"CUDA_LAUNCH_BLOCKING": ("", "0"), "TORCH_DISTRIBUTED_DEBUG": ("", "OFF")}
-_PITSTOP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @register
@@ -118,7 +118,7 @@ class DebugOff(Remedy):
 
         def set_anomaly_enabled(enabled: bool, *args: Any, **kwargs: Any) -> Any:
             if enabled:
-                line = _job_line()
+                line = job_line(sys._getframe(1))
                 note(f"anomaly detection kept off ({line or 'switched on by the job'})", site=line)
             return anomaly(False if enabled else enabled, *args, **kwargs)
 
@@ -196,15 +196,3 @@ def _unset_debug_env(torch: ModuleType) -> list[str]:
         if distributed is not None and debug_level is not None and hasattr(distributed, "set_debug_level"):
             distributed.set_debug_level(debug_level.OFF)
     return unset
-
-
-def _job_line() -> str | None:
-    """The first frame outside torch, Lightning and pitstop: the job's line that asked for the mode."""
-    frame: FrameType | None = sys._getframe(2)
-    libraries = (f"{os.sep}torch{os.sep}", f"{os.sep}lightning{os.sep}", f"{os.sep}pytorch_lightning{os.sep}")
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_PITSTOP_DIR) and not any(lib in name for lib in libraries):
-            return f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None

@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from types import FrameType, ModuleType
+from types import ModuleType
 from typing import Any
 
 from pitstop.core.vocabulary import Framework, RemedyId
+from pitstop.frames import job_line
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, at_first_optimizer_step, register
 from pitstop.trials.request import FixReport, FixRequest
 
@@ -26,7 +27,6 @@ EVERY = 200  # steps between the calls the advice keeps (and the trial lets thro
 EVERY_WITHOUT_AUTOMATIC = 10  # the same for gc.collect() when the job switched automatic collection off
 GC_COLLECT = "gc.collect"
 EMPTY_CACHE = "torch.cuda.empty_cache"
-_PITSTOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _calls(params: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -149,7 +149,9 @@ class NoPerStepCleanup(Remedy):
         calls run only every EVERY-th time; everything else reaches the original unchanged."""
         import gc
 
-        skip = (_PITSTOP, os.path.dirname(str(torch.__file__)))
+        skip = (
+            os.path.dirname(str(torch.__file__)),
+        )  # and pitstop: the probe's wrapper relays the job's call
         started = [False]
         counts: dict[tuple[str, str], int] = {}
         thinned: dict[tuple[str, str], dict[str, Any]] = {}
@@ -163,7 +165,7 @@ class NoPerStepCleanup(Remedy):
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 if not started[0]:
                     return original(*args, **kwargs)
-                site = _site(sys._getframe(1), skip)
+                site = job_line(sys._getframe(1), skip_parts=(), skip_prefixes=skip, with_function=True)
                 if site is None:
                     return original(*args, **kwargs)
                 key = (call, site)
@@ -205,14 +207,3 @@ class NoPerStepCleanup(Remedy):
                     }
                 ],
             )
-
-
-def _site(frame: FrameType | None, skip: tuple[str, ...]) -> str | None:
-    """The first line outside ``skip`` (pitstop: the probe's wrapper relays the job's call; torch) that made
-    the call, as "path:line in function"."""
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(skip):
-            return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back
-    return None

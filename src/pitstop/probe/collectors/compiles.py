@@ -23,13 +23,12 @@ import os
 import re
 import sys
 from collections import Counter
-from types import FrameType
 from typing import Any
 
 from pitstop.core.profile import CompileStats, RankProfile, StepRecord
+from pitstop.frames import job_line
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
 
-PITSTOP_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # .../pitstop: not the job's line
 LIBRARY_PARTS = (
     f"{os.sep}site-packages{os.sep}",
     f"{os.sep}dist-packages{os.sep}",
@@ -40,19 +39,6 @@ COMPILE_ID = re.compile(r"^\s*\[?(\d+)/\d+\]?:?\s*")  # "0/7: " before a guard f
 EXPECTED = re.compile(r"\.?\s*expected [^,]+, actual \S+$")  # the values: every recompile's differ
 REASONS_KEPT = 3
 CALLS_KEPT = 64  # torch.compile calls noted
-
-
-def _job_site() -> str | None:
-    """The first frame outside the installed libraries, the standard library and pitstop: the job's line."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not (
-            name.startswith(PITSTOP_DIR) or name.startswith("<") or any(p in name for p in LIBRARY_PARTS)
-        ):
-            return f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
 
 
 def reason_of(text: str) -> list[str]:
@@ -138,7 +124,12 @@ class CompileCollector(Collector):
         if len(self.calls) >= CALLS_KEPT:  # a job that calls torch.compile every step: the first calls say it
             return
         with contextlib.suppress(Exception):  # a note lost; the job's call goes on
-            self.calls.append((dynamic if isinstance(dynamic, bool) else None, _job_site()))
+            self.calls.append(
+                (
+                    dynamic if isinstance(dynamic, bool) else None,
+                    job_line(sys._getframe(1), skip_parts=LIBRARY_PARTS, skip_prefixes=("<",)),
+                )
+            )
 
     # -- reading dynamo's records ----------------------------------------------------------------------
     def _read(self) -> tuple[int, float, bool]:

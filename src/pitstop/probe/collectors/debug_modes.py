@@ -13,31 +13,16 @@ from __future__ import annotations
 
 import os
 import sys
-from types import FrameType
 from typing import Any
 
 from pitstop.core.profile import DebugModes, RankProfile
+from pitstop.frames import job_line
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
 
 ENV_SETTINGS = {  # variable -> the values that slow every step
     "CUDA_LAUNCH_BLOCKING": ("1", "true", "yes"),
     "TORCH_DISTRIBUTED_DEBUG": ("DETAIL", "INFO"),
 }
-PITSTOP_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # .../pitstop: not the job's line
-LIBRARY_PATHS = (f"{os.sep}torch{os.sep}", f"{os.sep}lightning{os.sep}", f"{os.sep}pytorch_lightning{os.sep}")
-
-
-def _caller_site() -> str | None:
-    """The first frame outside torch, Lightning and pitstop: the job's own line."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(PITSTOP_DIR) and not any(p in name for p in LIBRARY_PATHS):
-            return f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
-
-
 TORCH_PROFILER = "torch.profiler (or emit_nvtx / the autograd profiler)"
 PYTHON_PROFILER = "a Python profiler (cProfile, sys.setprofile: Lightning's 'advanced' profiler)"
 PYTHON_TRACER = "a Python tracer (sys.settrace: a debugger or coverage)"
@@ -101,7 +86,7 @@ class DebugModesCollector(Collector):
 
     def _note(self, enabled: bool) -> None:
         if enabled:
-            self.site = _caller_site() or self.site
+            self.site = job_line(sys._getframe(2)) or self.site
         if not self._counting:
             return
         step = self.ctx.step_index()
