@@ -67,6 +67,7 @@ def main() -> int:
             if stop.item():
                 going = False
                 break
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it (its threads abort the process)
     dist.destroy_process_group()
     if rank == 0:
         print(f"done {step} steps (pid {os.getpid()})", flush=True)
