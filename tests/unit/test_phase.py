@@ -16,6 +16,7 @@ def test_each_phase_is_the_step_field_it_names_and_the_breakdown_adds_up_to_the_
     assert {p: getattr(step, p) for p in Phase} == pytest.approx(
         {
             Phase.DATA_WAIT: 0.1,
+            Phase.GENERATE: None,  # only a run that generates rollouts has it
             Phase.FORWARD: 0.2,
             Phase.BACKWARD: 0.4,
             Phase.OPTIMIZER: 0.1,

@@ -68,14 +68,18 @@ class StepRecord:
     # own (``wholerun/slicing.py``); None: none in this step, or not counted per step
     gc_pauses: GcPauses | None = None  # collections that ended in the step (generations only; steps 1 or 0)
     checkpoints: SaveStats | None = None  # saves the step waited for
+    # seconds the step spent generating rollouts (an online RL trainer's generate() / vLLM calls), carved out of
+    # the forward or other time they ran in; None: generation not watched (no generating trainer, other sources)
+    generate_s: float | None = None
 
     @property
     def other_s(self) -> float | None:
-        """Wall time not accounted for by data wait, forward, backward and optimizer."""
+        """Wall time not accounted for by data wait, generation, forward, backward and optimizer."""
         parts = (self.forward_s, self.backward_s, self.optimizer_s)
         if any(p is None for p in parts):
             return None
-        return max(0.0, self.wall_s - self.data_wait_s - sum(p for p in parts if p is not None))
+        timed = sum(p for p in parts if p is not None) + (self.generate_s or 0.0)
+        return max(0.0, self.wall_s - self.data_wait_s - timed)
 
 
 @dataclass
@@ -91,9 +95,8 @@ class GpuSample:
     sm_clock: float | None = None
     power_w: float | None = None
     clock_reasons: int | None = None  # NVML clock-event (throttle) reasons bitmask
-    app_clock: float | None = (
-        None  # the SM application clock (MHz): what the GPU runs at when nothing holds it back
-    )
+    # the SM application clock (MHz): what the GPU runs at when nothing holds it back
+    app_clock: float | None = None
 
 
 @dataclass
@@ -158,9 +161,8 @@ class DataLoaderInfo:
     # host-to-device copies the job made in the measured steps (Tensor.to / .cuda), by kind; None = not watched.
     # pin_memory=True overlaps nothing unless the copy also passes non_blocking=True.
     h2d_copies: int | None = None
-    h2d_copies_pinned_blocking: int | None = (
-        None  # pinned source, non_blocking=False: staged but still blocking
-    )
+    # pinned source, non_blocking=False: staged but still blocking
+    h2d_copies_pinned_blocking: int | None = None
     h2d_copies_non_blocking: int | None = None
 
 
@@ -220,6 +222,33 @@ class AttentionTiming:
 
 
 @dataclass
+class QuantizedBase:
+    """A base model whose linears hold quantized weights (bitsandbytes 4 / 8-bit, torchao): every matmul
+    dequantizes them again, forward and backward, the price of their smaller memory. The live probe counts
+    the layers and times them against dense ones on the job's device (``probe/collectors/quantized.py``); a
+    config (``quantization_config``, ``load_in_4bit``) says only the library, type and compute dtype."""
+
+    library: str | None = None  # "bitsandbytes", "torchao"
+    quant_type: str | None = None  # "nf4", "fp4", "int8", or a torchao tensor class
+    bits: int | None = None
+    double_quant: bool | None = None  # bitsandbytes' nested quantization of the 4-bit scales
+    compute_dtype: str | None = None  # the dtype the dequantized weight is multiplied in
+    layers: int | None = None  # quantized linears in the model
+    params_quantized: int | None = None  # the real element count of their weights
+    shapes: list[list[int]] = field(default_factory=list)  # distinct [out, in] weight shapes
+    set_by: str | None = None  # where it was read: "config.json quantization_config", "the model's linears"
+    # timed after the window on the job's device (forward and backward of the input gradient, at its tokens)
+    timed_on: str | None = None  # "cpu", "cuda (NVIDIA H100 80GB HBM3)"
+    tokens_timed: int | None = None  # tokens per micro-batch the layers were timed at
+    quantized_s: float | None = None  # every quantized layer once, per micro-batch, as the job runs them
+    dense_s: float | None = None  # the same layers as dense linears in the compute dtype
+    dequant_s: float | None = None  # the weights' dequantization alone (4-bit), per micro-batch
+    passes: int | None = None  # dequantizations per layer per micro-batch: 2, 3 with activation checkpointing
+    micro_batches: int | None = None  # micro-batches per optimizer step
+    dequant_s_per_step: float | None = None  # (quantized − dense) × micro-batches: what dense weights save
+
+
+@dataclass
 class CpuThreads:
     """Threads the job runs against the cores it may use (read at the first step), and how many of the
     job's threads were runnable during the window (sampled from /proc: OpenMP threads that spin count)."""
@@ -235,6 +264,62 @@ class CpuThreads:
     runnable_threads: float | None = None  # mean runnable threads of the process and its children
     machine_run_queue: float | None = None  # mean runnable threads of the whole machine (/proc/stat)
     steal_frac: float | None = None  # share of CPU time the hypervisor took (psutil)
+
+
+class LinkPath(StrEnum):
+    """The path between two GPUs of one node, in ``nvidia-smi topo -m``'s words (its legend)."""
+
+    NVLINK = "NV"  # a bonded set of NVLinks (topo -m's NV#; the count is GpuPair.nvlinks)
+    PIX = "PIX"  # at most one PCIe bridge
+    PXB = "PXB"  # several PCIe bridges, no host bridge
+    PHB = "PHB"  # through a PCIe host bridge (the CPU)
+    NODE = "NODE"  # between PCIe host bridges inside one NUMA node
+    SYS = "SYS"  # across the SMP interconnect between NUMA nodes (QPI / UPI): another CPU socket
+
+
+@dataclass
+class GpuLinks:
+    """One GPU's own links (NVML, ``nvidia-smi nvlink -s``); None where the source did not read it."""
+
+    index: int
+    name: str | None = None
+    nvlinks_active: int | None = None
+    nvlinks_inactive: int | None = None  # links the GPU has that are down (a fault on an NVLink part)
+    nvlink_gbps: float | None = None  # one active link's rate, one direction, as nvidia-smi prints it
+    pcie_gen: int | None = None  # the generation the link runs at when read
+    pcie_gen_max: int | None = None  # the most card and slot can run
+    pcie_width: int | None = None  # lanes running
+    pcie_width_max: int | None = None
+    pcie_read_busy: bool | None = None  # read while the job trained (an idle GPU drops its PCIe generation)
+
+
+@dataclass
+class GpuPair:
+    """The path between two GPUs of one node (``nvidia-smi topo -m``, NVML's common ancestor)."""
+
+    a: int
+    b: int
+    path: LinkPath
+    nvlinks: int | None = None  # bonded NVLinks between the two (topo -m's NV#)
+    p2p: bool | None = None  # NVML's P2P read status between the two; None: not read
+
+
+@dataclass
+class Topology:
+    """How the job's GPUs and nodes are linked, from where that is written: NVML, ``nvidia-smi topo -m`` /
+    ``nvlink -s``, NCCL's own init log (``NCCL_DEBUG=INFO``). A measured link beats an assumed one."""
+
+    sources: list[str] = field(default_factory=list)  # "nvidia-smi topo -m", "nvml", "nccl log", ...
+    gpus: list[GpuLinks] = field(default_factory=list)
+    pairs: list[GpuPair] = field(default_factory=list)
+    nics: list[str] = field(default_factory=list)  # RDMA / network devices (topo -m's NIC legend, NCCL's NET)
+    # NCCL's transports inside a node: P2P/CUMEM, SHM, ...
+    nccl_intra: list[str] = field(default_factory=list)
+    nccl_inter: list[str] = field(default_factory=list)  # between nodes: NET/IB, NET/Socket
+    nccl_net: str | None = None  # the network NCCL chose: "IB", "Socket", or a plugin's name
+    nccl_nodes: int | None = None  # hosts in NCCL's communicator
+    nccl_ranks: int | None = None
+    nccl_version: str | None = None
 
 
 @dataclass
@@ -270,15 +355,15 @@ class Environment:
     grad_accum_steps: int | None = None
     zero_stage: int | None = None
     zero_hpz: int | None = None  # DeepSpeed ZeRO++ zero_hpz_partition_size (1: no secondary partition)
-    fsdp_sharding: str | None = (
-        None  # FSDP's ShardingStrategy (vocabulary.Sharding) when FSDP shards the model
-    )
+    # FSDP's ShardingStrategy (vocabulary.Sharding) when FSDP shards the model
+    fsdp_sharding: str | None = None
     offload: dict[str, str] | None = None  # {"optimizer": "cpu", "param": "nvme"}; {} when known to be off
     world_size: int | None = None
     versions: dict[str, str] = field(default_factory=dict)
     dist_backend: str | None = None  # "gloo", "nccl", ... (torch.distributed's default group)
     nodes: int | None = None  # hosts the job's ranks ran on
     comm_env: dict[str, str] | None = None  # NCCL_* / GLOO_* settings that change the transport
+    links: Topology | None = None  # how the GPUs and nodes are linked (NVML, nvidia-smi, NCCL's log)
     # settings read from configs (pitstop analyze / check); None where no source said
     packing: bool | None = None
     group_by_length: bool | None = None
@@ -289,10 +374,12 @@ class Environment:
     torch_compile: bool | None = None
     compile_dynamic: bool | None = None  # torch.compile's dynamic= as configured (None: left to torch)
     ddp_find_unused_parameters: bool | None = None  # as the run resolves it (the Trainer's None: its default)
+    experts_implementation: str | None = None  # a config's experts_implementation ("eager")
     checkpoint_reentrant: bool | None = None  # activation checkpointing's use_reentrant, as it runs
     anomaly_detection: bool | None = None  # a config switches autograd's anomaly detection on (Lightning)
     metric_sync_per_step: list[str] | None = None  # configured cross-rank gathers for metrics every step
     empty_cache_steps: int | None = None  # the Trainer's torch_empty_cache_steps (empty_cache every N steps)
+    rl: RlSettings | None = None  # an online RL trainer's rollout settings (live: its args; or a config's)
     # the run's length (diagnose/savings.py): optimizer steps the whole run is meant to take, who said so
     # ("the Trainer's max_steps", "trainer_state.json max_steps"), and the run's own step count minus the
     # probe's step index (a resumed run's steps before this process; 0 for a fresh one)
@@ -305,6 +392,7 @@ class Environment:
     # a configured fact -> the setting that says it, for a finding's evidence (pitstop check / analyze):
     # {"ddp_find_unused_parameters": "args.json: ddp_find_unused_parameters unset: the Trainer's default ..."}
     configured_by: dict[str, str] = field(default_factory=dict)
+    quantized_base: QuantizedBase | None = None  # a config's quantization_config / load_in_4bit
 
     @property
     def on_gpu(self) -> bool:
@@ -458,15 +546,99 @@ class DdpSettings:
     static_graph: bool | None = None
     parameters: int | None = None  # parameters that need a gradient
     unused_parameters: int | None = None  # of those, got no gradient in any measured step (None: not counted)
-    set_by: str | None = (
-        None  # who asked for the search: "the Trainer's default (ddp_find_unused_parameters=None)"
-    )
+    # who asked for the search: "the Trainer's default (ddp_find_unused_parameters=None)"
+    set_by: str | None = None
     site: str | None = None  # "file:line" of the job's line that built the wrapper, where it was seen
     unused_names: list[str] = field(default_factory=list)  # the first few of those unused parameters, by name
-    search_s: float | None = (
-        None  # host seconds DDP spent in its post-forward graph search in the measured steps
-    )
+    # host seconds DDP spent in its post-forward graph search in the measured steps
+    search_s: float | None = None
     searches: int = 0  # forwards in the measured steps after which DDP searched the graph
+
+
+@dataclass
+class ExpertsInfo:
+    """A mixture-of-experts model's expert layers as the live probe saw them run
+    (``probe/collectors/experts.py``): the implementation in use, whether it loops over the experts one after
+    another, and the experts' share of the measured steps (forward and backward, timed around the expert
+    modules); at the window's end one layer's loop and grouped GEMM timed at the job's shapes."""
+
+    layers: int = 0  # expert modules (one per MoE layer) found in the model
+    experts: int | None = None  # experts per layer
+    experts_per_token: int | None = None  # top-k: the experts a token is routed to
+    # "eager", "grouped_mm", "batched_mm", ... (Transformers' config._experts_implementation), or "loop": an
+    # nn.ModuleList of experts the block's own forward loops over (Transformers < 5, remote code, your own)
+    implementation: str | None = None
+    available: list[str] = field(default_factory=list)  # implementations the model can switch to
+    fallback: str | None = None  # why "grouped_mm" runs Transformers' per-expert loop here (old torch, GPU)
+    site: str | None = None  # the expert module's class and module: "MixtralExperts (transformers...)"
+    library: str | None = None  # "transformers" when Transformers dispatches the experts
+    transformers_version: str | None = None
+    calls: int = 0  # expert-module forwards in the measured steps (recomputed ones not counted)
+    forward_s: float | None = None  # their forward time in the measured steps (device time on a GPU)
+    backward_s: float | None = None  # from each output's gradient to the input's (None: not paired)
+    backward_calls: int = 0  # forwards whose backward was timed (the rest are scaled from these)
+    experts_s: float | None = None  # forward + backward: the experts' time in the measured steps
+    recomputed: int = 0  # forwards run again inside the backward (activation checkpointing)
+    tokens_per_call: int | None = None  # tokens routed into one expert module per call (the job's shape)
+    # one expert module's loop and grouped GEMM, forward and backward, timed after the window at the job's
+    # tokens on its device (seconds per call), where the model dispatches through Transformers
+    loop_s: float | None = None
+    grouped_s: float | None = None
+    timed_tokens: int | None = None
+    timed_dtype: str | None = None
+
+
+@dataclass
+class ShardingStats:
+    """The sharding framework (FSDP1, FSDP2, DeepSpeed ZeRO) as the live probe saw it: the model's parameter
+    tensors it shards one by one or unit by unit, and the host time its hooks took in the measured steps (what
+    a full replica under DDP would not spend), so its overhead is set against DDP's one bucketed all-reduce."""
+
+    framework: str  # "fsdp1", "fsdp2", "deepspeed"
+    strategy: str | None = None  # a vocabulary.Sharding word, or "zero1" / "zero2" / "zero3" for DeepSpeed
+    # FSDP units (wrapped modules) or ZeRO-3 modules with fetch hooks; None: not counted
+    units: int | None = None
+    param_tensors: int = 0  # the model's parameter tensors, unsharded (FSDP1's flat parameters unpacked)
+    small_tensors: int = 0  # of those, under ``small_elements`` elements (norms, biases)
+    small_elements: int = 0  # the size under which a tensor counted as small
+    param_bytes: int = 0  # every parameter, unsharded, in its dtype
+    grad_bytes: int = 0  # the trainable ones: what DDP would all-reduce each step
+    # host seconds inside the framework's hooks in the measured steps (None: unseen)
+    hook_s: float | None = None
+    hook_calls: int = 0
+    steps: int = 0  # measured steps the hooks were timed over
+    # memory one rank may use: its GPU's, or on a CPU the host's over local ranks
+    memory_bytes: int | None = None
+
+
+@dataclass
+class RlSettings:
+    """An online RL trainer's rollout settings (TRL's GRPOConfig / RLOOConfig / OnlineDPOConfig fields as the run
+    resolved them): what sizes the generation inside each step. None where the source did not say."""
+
+    trainer: str | None = None  # the trainer's class ("GRPOTrainer"); None where only a config was read
+    use_vllm: bool | None = None
+    vllm_mode: str | None = None  # "colocate" or "server" (meaningful with use_vllm)
+    vllm_gpu_memory_utilization: float | None = None
+    continuous_batching: bool | None = None  # use_transformers_continuous_batching (or _paged)
+    num_generations: int | None = None  # completions sampled per prompt
+    generation_batch_size: int | None = None  # completions generated at once
+    steps_per_generation: int | None = None  # optimizer steps one generation batch feeds
+    num_iterations: int | None = None  # updates per generation batch
+    max_completion_length: int | None = None  # online DPO's max_new_tokens
+
+
+@dataclass
+class GenerationStats:
+    """Rollout generation the live probe timed in the measured steps: the outermost generate() / vLLM calls on
+    the training thread (nested ones count once), their host time and what they produced."""
+
+    calls: int = 0
+    steps_generating: int = 0  # measured steps with at least one call
+    seconds: float = 0.0  # host seconds inside the calls
+    sequences: int | None = 0  # completions returned (None: some call's output could not be read)
+    tokens: int | None = 0  # completion tokens returned (generate(): its padded width × rows)
+    calls_by: dict[str, int] = field(default_factory=dict)  # "transformers generate": 8, "vLLM generate": ...
 
 
 @dataclass
@@ -612,6 +784,7 @@ class RankProfile:
     checkpointing: Checkpointing | None = None  # None: not watched, or no checkpointed call seen
     ddp: DdpSettings | None = None  # None: not wrapped in DDP, or not watched
     compile: CompileStats | None = None  # None: torch.compile not used, or not watched
+    sharding: ShardingStats | None = None  # None: no FSDP / ZeRO seen, or not watched
     job_calls: list[JobCall] | None = None  # None: not watched (an offline source)
     stopped_by_probe: bool = False
     probe_errors: list[str] = field(default_factory=list)
@@ -626,6 +799,9 @@ class RankProfile:
     step_boundary_reason: str | None = None  # why steps were not delimited by the optimizer, when not
     gpu_activity: GpuActivity | None = None  # hardware activity counters of this rank's GPU, when read
     attention_timing: AttentionTiming | None = None  # eager vs fused attention timed after the window
+    generation: GenerationStats | None = None  # None: generation not watched (no generating trainer or call)
+    quantized_base: QuantizedBase | None = None  # None: no quantized linear seen, or not watched
+    experts: ExpertsInfo | None = None  # None: no expert layers seen, or not watched
 
     def total(self, name: str) -> float | None:
         """Sum of one StepRecord field over the measured steps (None if any step lacks it)."""
@@ -653,6 +829,23 @@ class RankProfile:
 
 
 @dataclass
+class HistoryRun:
+    """A run as the history keeps it, for comparing a run with an earlier one of the same workload (the history
+    layer fills ``RunProfile.baseline``; the library_upgrade rule reads it): which run, when, the library
+    versions it ran with, its speed, its measured spread and where its step's time went."""
+
+    run_id: int | None = None  # the history's id; None for a run not (yet) recorded
+    created_at: str | None = None
+    label: str | None = None
+    kind: str | None = None  # doctor, tune, analyze, ...
+    versions: dict[str, str] = field(default_factory=dict)  # package -> version, as recorded
+    real_tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    throughput_spread: float | None = None  # relative standard error of real tokens/s
+    phase_s: dict[str, float] = field(default_factory=dict)  # Phase value -> seconds per step
+
+
+@dataclass
 class RunProfile:
     """One training run: per-rank measurements plus what is known about how it was launched."""
 
@@ -669,6 +862,7 @@ class RunProfile:
     missing_hosts: list[str] | None = None
     single_rank_tokens_per_s: float | None = None  # a one-rank reference for scaling efficiency
     single_rank_source: str | None = None  # where that reference came from
+    baseline: HistoryRun | None = None  # the previous run of the same workload in the history (history layer)
 
     @property
     def environment(self) -> Environment:

@@ -222,9 +222,15 @@ class Phase(StrEnum):
     OPTIMIZER are timed by the probe (``timed``); OTHER is what they leave of the step's wall time (evaluation,
     checkpoint saves, logging run there); the five add up to the step (``breakdown``). SYNC, the host blocked
     on the device, lies inside the others. Each renderer takes its words from here (``word``, ``label``,
-    ``window_label``, ``noun``, ``where``); only colours stay with the renderers."""
+    ``window_label``, ``noun``, ``where``); only colours stay with the renderers.
+
+    GENERATE is the one phase only some runs have: the rollouts an online RL trainer (TRL's GRPO, RLOO, online DPO)
+    generates inside its steps, carved out of what would otherwise be forward or other. Only a run that
+    generates has it (``StepRecord.generate_s`` None elsewhere), so ``timed`` / ``breakdown`` name it only when
+    asked (``generation=True``), after the data wait; a picture asks only where a step spent time in it."""
 
     DATA_WAIT = "data_wait_s"
+    GENERATE = "generate_s"
     FORWARD = "forward_s"
     BACKWARD = "backward_s"
     OPTIMIZER = "optimizer_s"
@@ -232,14 +238,17 @@ class Phase(StrEnum):
     SYNC = "sync_s"
 
     @classmethod
-    def timed(cls) -> tuple[Phase, ...]:
-        """The four phases the probe times in every step."""
+    def timed(cls, generation: bool = False) -> tuple[Phase, ...]:
+        """The four phases the probe times in every step; with ``generation`` (a run whose steps generate
+        rollouts), five: GENERATE after the data wait."""
+        if generation:
+            return (cls.DATA_WAIT, cls.GENERATE, cls.FORWARD, cls.BACKWARD, cls.OPTIMIZER)
         return (cls.DATA_WAIT, cls.FORWARD, cls.BACKWARD, cls.OPTIMIZER)
 
     @classmethod
-    def breakdown(cls) -> tuple[Phase, ...]:
-        """The five parts a step's wall time is split into: the timed four and what they leave (OTHER)."""
-        return (*cls.timed(), cls.OTHER)
+    def breakdown(cls, generation: bool = False) -> tuple[Phase, ...]:
+        """The parts a step's wall time is split into: the timed ones and what they leave (OTHER)."""
+        return (*cls.timed(generation), cls.OTHER)
 
     @property
     def word(self) -> str:
@@ -285,6 +294,14 @@ class _Words:
 
 _PHASE_WORDS = {
     Phase.DATA_WAIT: _Words("data", "data wait", "data wait", "data wait", "waiting for the DataLoader"),
+    Phase.GENERATE: _Words(
+        "generate",
+        "generation",
+        "generation",
+        "generation",
+        "generating rollouts",
+        "an online RL trainer's completions, sampled by generate() or vLLM before the training forward",
+    ),
     Phase.FORWARD: _Words("forward", "forward", "forward", "forward", "in forward"),
     Phase.BACKWARD: _Words("backward", "backward", "backward", "backward", "in backward"),
     Phase.OPTIMIZER: _Words("optimizer", "optimizer", "optimizer", "optimizer", "in the optimizer step"),
