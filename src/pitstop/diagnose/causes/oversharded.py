@@ -5,7 +5,9 @@ backward, 3(n−1)/n of the parameter bytes a step against DDP's or ZeRO-2's 2(n
 model `pitstop plan` uses) says ZeRO-2 / SHARD_GRAD_OP fits the GPU, the third pass is paid for nothing.
 Across nodes every gather of FULL_SHARD runs at the network's rate; HYBRID_SHARD (or DeepSpeed ZeRO++ hpZ)
 keeps the gathers inside the node and sends only gradients across. The extra bytes and seconds come from
-``plan.comm``, labelled as an estimate: overlap may hide part of them."""
+``plan.comm``, labelled as an estimate: overlap may hide part of them. Where even plain DDP fits and the
+sharding's measured cost is material, ``sharding_overhead`` names the same seconds with the bigger fix, and
+this rule stays silent."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def _hybrid(s: Setup) -> Setup:
     return replace(s, hpz=max(s.gpus // s.nodes, 1))
 
 
-def _peak(s: Setup, gpu_bytes: float) -> tuple[float, float]:
+def planned_peak(s: Setup, gpu_bytes: float) -> tuple[float, float]:
     """(bytes per GPU, the share of the GPU it may take): the whole step when the shape is known, else the
     model states alone."""
     if has_shape(s):
@@ -53,15 +55,15 @@ def _peak(s: Setup, gpu_bytes: float) -> tuple[float, float]:
 
 def _choice(s: Setup, gpu_bytes: float) -> tuple[str, Setup, dict[str, float]] | None:
     """Why the run is oversharded and the setup it should run instead, with the planner's GiB per GPU."""
-    gib = {strategy_of(s.zero, s.sharding, s.hpz): _peak(s, gpu_bytes)[0] / GIB}
+    gib = {strategy_of(s.zero, s.sharding, s.hpz): planned_peak(s, gpu_bytes)[0] / GIB}
     lighter = _lighter(s)
-    need, share = _peak(lighter, gpu_bytes)
+    need, share = planned_peak(lighter, gpu_bytes)
     gib[strategy_of(lighter.zero, lighter.sharding)] = need / GIB
     if need <= share * gpu_bytes:
         return "lighter_fits", lighter, gib
     if s.nodes > 1 and strategy_of(s.zero, s.sharding, s.hpz) == "full_shard":
         hybrid = _hybrid(s)
-        need, share = _peak(hybrid, gpu_bytes)
+        need, share = planned_peak(hybrid, gpu_bytes)
         gib[strategy_of(hybrid.zero, hybrid.sharding, hybrid.hpz)] = need / GIB
         if need <= share * gpu_bytes:
             return "spans_nodes", hybrid, gib
@@ -110,8 +112,11 @@ def _step_s(ctx: RuleContext, s: Setup, gpu: GpuSpec, now: CommPlan) -> tuple[fl
         "planned one"
     ),
     remedies=(RemedyId.LIGHTER_SHARDING,),
+    reads_findings=True,  # defers to sharding_overhead: plain DDP, where it fits, removes the third pass too
 )
 def oversharded(ctx: RuleContext) -> Finding | None:
+    if any(f.cause == CauseId.SHARDING_OVERHEAD for f in ctx.earlier):
+        return None  # the same seconds, measured there, with the bigger fix
     env = ctx.env
     world = ctx.profile.world_size
     gpu = lookup_gpu(env.gpu_name)
