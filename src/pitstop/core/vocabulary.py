@@ -90,6 +90,7 @@ class CauseId(StrEnum):
     PER_STEP_CLEANUP = "per_step_cleanup"
     METRIC_SYNC = "metric_sync"
     REENTRANT_CHECKPOINTING = "reentrant_checkpointing"
+    SLOW_LINKS = "slow_links"
     SHARDING_OVERHEAD = "sharding_overhead"
     LOW_MFU_UNEXPLAINED = "low_mfu_unexplained"
 
@@ -147,6 +148,7 @@ class RemedyId(StrEnum):
     NO_PER_STEP_CLEANUP = "no_per_step_cleanup"
     SYNC_METRICS_LESS = "sync_metrics_less"
     NON_REENTRANT_CHECKPOINTING = "non_reentrant_checkpointing"
+    COMMUNICATE_LESS = "communicate_less"
     PLAIN_DDP = "plain_ddp"
 
 

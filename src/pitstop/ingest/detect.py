@@ -14,7 +14,9 @@ from pitstop.ingest.dcgm import dcgm_kind
 from pitstop.ingest.documents import load_document
 from pitstop.ingest.hf_outputs import is_results, is_trainer_state
 from pitstop.ingest.logs import looks_like_log
+from pitstop.ingest.nccl_log import looks_like_nccl
 from pitstop.ingest.nvidia_smi import looks_like_smi
+from pitstop.ingest.topology import looks_like_nvlink_status, looks_like_topo
 
 TRACE_KEYS = re.compile(rb'"(traceEvents|deviceProperties|schemaVersion|distributedInfo)"\s*:')
 # Trace Event Format's array form: a top-level array of objects, events by their phase key ("ph": "X")
@@ -87,7 +89,8 @@ def expand(paths: list[Path], notes: list[str] | None = None) -> list[tuple[Path
 
 def sniff(path: Path) -> tuple[str, Any, list[str]]:
     """(kind, parsed document or None, notes about the document). Kinds: kineto_trace, nvidia_smi,
-    dcgmi_dmon, dcgm_exporter, trainer_state, trainer_results, model_config, deepspeed, accelerate, axolotl,
+    nvidia_smi_topo (``topo -m``), nvidia_smi_nvlink (``nvlink -s``), nccl_log (NCCL's INFO lines), dcgmi_dmon,
+    dcgm_exporter, trainer_state, trainer_results, model_config, deepspeed, accelerate, axolotl,
     llama_factory, lightning, hf_args, training_log (a run's saved output: read line by line, never whole),
     torch_pickle, binary."""
     start = head(path)
@@ -103,6 +106,10 @@ def sniff(path: Path) -> tuple[str, Any, list[str]]:
     if b"\x00" in start[:8192]:
         return "binary", None, []  # weights (safetensors), NumPy arrays, images: not text at all
     text_head = start.decode("utf-8", errors="replace")
+    if looks_like_topo(text_head):
+        return "nvidia_smi_topo", None, []
+    if looks_like_nvlink_status(text_head):
+        return "nvidia_smi_nvlink", None, []
     dcgm = dcgm_kind(text_head)
     if dcgm is not None:
         return dcgm, None, []
@@ -111,6 +118,8 @@ def sniff(path: Path) -> tuple[str, Any, list[str]]:
     as_json = stripped.startswith((b"{", b"["))
     if looks_like_log(text_head):  # before reading it whole: a log may be any size (and may start with
         return "training_log", None, []  # the Trainer's printed {'loss': ...}, which is not JSON)
+    if looks_like_nccl(text_head):  # NCCL_DEBUG_FILE's, or a job's output that starts with NCCL's init
+        return "nccl_log", None, []
     text = read_text(path)
     if _bare_numbers_csv(text):
         raise IngestError(

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pitstop.artifacts import IngestError
+from pitstop.artifacts import IngestError, read_text
 from pitstop.core.profile import Environment, RankProfile, RunProfile, RunTotals, assemble_rank
 from pitstop.core.vocabulary import Device, Source
 from pitstop.hardware import lookup_gpu
@@ -23,6 +23,7 @@ CONFIG_KINDS = ("deepspeed", "accelerate", "axolotl", "llama_factory", "lightnin
 MAX_WORLD = 1_000_000
 NOT_ARTIFACTS = {
     "torch_pickle": "a pickle (training_args.bin, optimizer.pt?); pitstop never unpickles",
+from pitstop.ingest.topology import describe, merge_topology, read_nvlink_status, read_topo_matrix
     "binary": "a binary file (weights, arrays)",
 }
 
@@ -155,6 +156,19 @@ def load_run(
     on_trace: Callable[[int, int, str], None] | None = None,
 ) -> RunProfile:
     notes: list[str] = []
+def _log_or_links(path: Path, kind: str, env: Environment, notes: list[str], logs: list[LogFacts]) -> None:
+    """A run's log (NCCL's init lines read wherever they stand) or nvidia-smi's ``topo -m`` / ``nvlink -s``
+    printout: the log's facts into the run's, the links into ``env.links`` (each source adding to the others)."""
+    if kind in ("training_log", "nccl_log"):
+        logs.append(log := read_log(path))
+        merge_into(env, log.env, notes)
+        notes += log.notes
+        links = log.env.links
+    else:
+        links = (read_topo_matrix if kind == "nvidia_smi_topo" else read_nvlink_status)(read_text(path))
+    env.links = merge_topology(env.links, links)
+
+
     found = expand(inputs.paths, notes)
     files = [path for path, _ in found]
     env = Environment()
@@ -203,10 +217,8 @@ def load_run(
                 raise IngestError(f"{path}: {exc}") from None
         elif kind in CONFIG_KINDS:
             configs.append(_config(path, kind, data, files, env, notes))
-        elif kind == "training_log":
-            logs.append(log := read_log(path))
-            merge_into(env, log.env, notes)
-            notes += log.notes
+        elif kind in ("training_log", "nccl_log", "nvidia_smi_topo", "nvidia_smi_nvlink"):
+            _log_or_links(path, kind, env, notes, logs)
         else:  # pragma: no cover - sniff returns only the kinds above
             raise IngestError(f"{path}: unsupported kind {kind}")
     if trace_paths:  # all traces at once: in parallel, then the cross-rank step
@@ -226,6 +238,7 @@ def load_run(
         run_environment=env,
         notes=notes,
     )
+    notes += [describe(env.links, env.gpu_name)] if env.links is not None else []
     profile.command = [str(p) for p in inputs.paths]
     profile.notes += trace_notes
     return profile

@@ -12,6 +12,8 @@ print when a setting that slows every step is on, read into the facts the rules 
 * autograd's anomaly detection: ``detect_anomaly()``'s warning ``Anomaly Detection has been enabled``,
   Lightning's ``You have turned on `Trainer(detect_anomaly=True)` ``, and the error report only anomaly mode
   writes, ``Traceback of forward call that caused the error``. Into the run's ``anomaly_detection``.
+* NCCL's own init lines (``NCCL_DEBUG=INFO``: the network it opened, each channel's transport; ``nccl_log.py``).
+  Into the run's ``links``.
 
 A line's process is its launcher prefix (torchrun's ``[rank1]:``, older ``[default1]:``), else the first
 process. The log is streamed in chunks, at most ``LOG_LIMIT`` bytes, each line cut at ``LINE_LIMIT``: a log of
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from pitstop.artifacts import IngestError, open_binary
 from pitstop.core.profile import CompileStats, DdpSettings, Environment
+from pitstop.ingest.nccl_log import NCCL_WORDS, NcclReader
 
 LOG_LIMIT = 2**30  # bytes of a log read; a longer one is read to here and the rest said to be unread
 LINE_LIMIT = 8192  # a line longer than this is cut (a progress bar rewritten with \r, a dumped tensor)
@@ -248,6 +251,7 @@ def read_log(path: Path) -> LogFacts:
     facts = LogFacts(env=Environment())
     facts.env.config_sources.append(str(path))
     states: dict[int, _RankLog] = {}
+    nccl = NcclReader()
     try:
         highest = -1
         for line in _lines(path, facts.notes):
@@ -256,6 +260,9 @@ def read_log(path: Path) -> LogFacts:
                 prefix = RANK_PREFIX.match(line)
                 if prefix and int(prefix.group(1)) < MAX_RANKS:
                     highest = max(highest, int(prefix.group(1)))
+            if "NCCL" in line and any(word in line for word in NCCL_WORDS):
+                nccl.feed(line)
+                continue
             if not any(word in line for word in WORDS):
                 continue
             rank, body, frame = _body(line)
@@ -268,6 +275,7 @@ def read_log(path: Path) -> LogFacts:
     except OSError as exc:
         raise IngestError(f"{path}: cannot read ({exc.strerror or exc})") from None
     facts.processes = highest + 1 if highest >= 0 else None
+    facts.env.links = nccl.topology()
     for rank, state in sorted(states.items()):
         if state.ddp_warned:
             facts.ddp[rank] = DdpSettings(

@@ -27,6 +27,17 @@ class FixTransport(Remedy):
         ]
         if params.get("multi_node"):
             lines.append("export NCCL_SOCKET_IFNAME=ib0   # the fast interface, not the management NIC")
+            lines.append(
+                "ibv_devinfo                      # no device: the IB / RoCE driver (rdma-core) or the"
+            )
+            lines.append("                                 # container's /dev/infiniband is missing")
+        if any("SHM" in w for w in warnings):
+            lines.append(
+                "nvidia-smi topo -p2p r           # OK between the GPUs: P2P works, NCCL should use it"
+            )
+            lines.append(
+                "docker run --ipc=host ...        # P2P/IPC needs the host's IPC namespace in a container"
+            )
         return Advice(text, "\n".join(lines))
 
     def frameworks(self) -> tuple[Framework, ...]:

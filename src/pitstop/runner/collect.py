@@ -19,6 +19,7 @@ from pitstop.probe.ending import lost_probes
 from pitstop.probe.gather import read_summary
 from pitstop.probe.stream import PATTERN, read_stream
 from pitstop.runner.launch import GRACE_S, Launch
+from pitstop.runner.nccl import add_nccl_links
 
 # what a death by each signal usually means, for the one line the user reads
 _WHY: dict[int, str] = {
@@ -161,6 +162,8 @@ def collect(
     if not any(r.steps for r in ranks):
         return _nothing(launch, ranks, cmd, how, code)
     profile = merge(ranks, source, requested_steps, launch.command, code)
+    first = profile.ranks[0].environment  # the profile's environment: NCCL's choices join its links
+    first.links = add_nccl_links(first.links, launch.out_dir)
     if gathered is not None and gathered.get("missing_ranks"):
         profile.missing_ranks = list(gathered["missing_ranks"])
         profile.missing_hosts = list(gathered.get("missing_nodes") or [])

@@ -34,6 +34,7 @@ from pitstop.interrupts import terminate_as_interrupt
 from pitstop.probe.config import ENV_RUNNER_PID, ProbeConfig
 from pitstop.probe.ending import ProbeLost, lost_probes, window_written
 from pitstop.runner.inject import blind_spot, child_environment, prepare_injection
+from pitstop.runner.nccl import nccl_log_env, visible_gpus
 
 if TYPE_CHECKING:
     import psutil
@@ -339,6 +340,7 @@ def run_observed(
         raise BlindSpotError(blind)
     env = child_environment(config, prepare_injection(out))
     env.update(extra_env or {})
+    env.update(nccl_log_env(env, out, visible_gpus(env)))  # NCCL's init to a file of ours, on GPUs
     env[ENV_RUNNER_PID] = str(os.getpid())  # the job's top process asks to die with pitstop
     log = None
     if quiet:

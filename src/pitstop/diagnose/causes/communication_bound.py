@@ -8,9 +8,11 @@ import statistics
 from pitstop.core.findings import Finding, Use, use
 from pitstop.core.vocabulary import CauseId, RemedyId
 from pitstop.diagnose.causes.base import cause
+from pitstop.diagnose.causes.sharding_overhead import sharding_overhead
+from pitstop.diagnose.causes.slow_links import TRANSPORT_FAULTS, link_limit
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
-from pitstop.diagnose.ranks import RanksAnalysis
-from pitstop.interconnect import Link
+from pitstop.diagnose.ranks import OpBandwidth, RanksAnalysis
+from pitstop.interconnect import Link, Transport
 from pitstop.plan.from_run import setup_for_run
 from pitstop.remedies import advise
 
@@ -109,7 +111,6 @@ def _communication_live(ctx: RuleContext) -> Finding | None:
     if cost < 0.05:
         return None
     link = transport(env.dist_backend, env.device, env.gpu_name, env.nodes, env.comm_env)
-    main = max(a.bandwidth, key=lambda b: b.bytes_per_step, default=None)
     evidence: dict[str, object] = {
         "exposed_frac_of_step": round(exposed, 3),
         "exposed_ms_per_step": round(statistics.fmean(r.comm_s - r.small_comm_s for r in a.ranks) * 1000, 2),
@@ -131,24 +132,7 @@ def _communication_live(ctx: RuleContext) -> Finding | None:
         "backend": env.dist_backend,
     }
     evidence.update(_planned_comm(ctx, link.link))
-    likely: list[str] = []
-    bw = ""
-    if main is not None and main.busbw_gbps is not None:
-        bw = f"{main.op}: {main.bytes_per_step / 1e6:.1f} MB per step at {main.busbw_gbps:.2f} GB/s bus bandwidth"
-        if link.link is not None:
-            bw += f" on a link that should give ~{link.link.expected_busbw_gbps:.0f} GB/s ({link.link.key})"
-            if main.busbw_gbps < 0.5 * link.link.expected_busbw_gbps:
-                likely.append("transport")
-        else:
-            bw += f" ({link.basis})"
-    if link.warnings:
-        evidence["transport_warnings"] = list(link.warnings)
-        likely.append("nccl_backend" if env.dist_backend == "gloo" else "transport")
-    per_call = bytes_per_step / max(per_step, 1e-9)
-    if per_step >= 50 and per_call < 1e6:
-        likely.append("bigger_buckets")
-    if no_sync:
-        likely.append("no_sync_accumulation")
+    bw, likely = _bandwidth_and_likely(ctx, a.bandwidth, link, evidence, (bytes_per_step, per_step, no_sync))
     evidence["likely_causes"] = sorted(set(likely))
     est, basis = _comm_estimate(cost, exposed, ctx.on_gpu, micro if no_sync else 0)
     shared = (
@@ -165,8 +149,53 @@ def _communication_live(ctx: RuleContext) -> Finding | None:
         evidence=evidence,
         est_speedup=est,
         speedup_basis=basis,
-        fix=advise(ctx.framework, *_comm_uses(ctx, evidence, link.warnings, per_step, per_call, micro)),
+        fix=advise(
+            ctx.framework,
+            *_comm_uses(ctx, evidence, link.warnings, per_step, bytes_per_step / max(per_step, 1e-9), micro),
+        ),
     )
+
+
+def _bandwidth_and_likely(
+    ctx: RuleContext,
+    bandwidth: list[OpBandwidth],
+    link: Transport,
+    evidence: dict[str, object],
+    traffic: tuple[float, float, bool],
+) -> tuple[str, list[str]]:
+    """The main collective's bandwidth against its link, in words, and the causes the evidence points at
+    (``evidence`` gains what the links and the transport say)."""
+    bytes_per_step, per_step, no_sync = traffic
+    main = max(bandwidth, key=lambda b: b.bytes_per_step, default=None)
+    limit = link_limit(ctx)  # the links themselves cap the job: slow_links says how far, this rule defers
+    likely: list[str] = [] if limit is None else ["slow_links"]
+    evidence.update({} if limit is None else {"slow_links": limit.reason})
+    bw = ""
+    if main is not None and main.busbw_gbps is not None:
+        bw = f"{main.op}: {main.bytes_per_step / 1e6:.1f} MB per step at {main.busbw_gbps:.2f} GB/s bus bandwidth"
+        if limit is not None:
+            bw += f" on links that allow ~{limit.ceiling.busbw_gbps:.0f} GB/s ({limit.ceiling.link.key}: slow_links)"
+        elif link.link is not None:
+            bw += f" on a link that should give ~{link.link.expected_busbw_gbps:.0f} GB/s ({link.link.key})"
+            if main.busbw_gbps < 0.5 * link.link.expected_busbw_gbps:
+                likely.append("transport")
+        else:
+            bw += f" ({link.basis})"
+    if link.warnings:
+        evidence["transport_warnings"] = list(link.warnings)
+        likely.append("nccl_backend" if ctx.env.dist_backend == "gloo" else "transport")
+    per_call = bytes_per_step / max(per_step, 1e-9)
+    # a sharded job's many small collectives are its units' gathers, not DDP's buckets: sharding_overhead's
+    sharded = sharding_overhead(ctx)
+    if sharded is not None:
+        likely.append("sharding_overhead")
+        said = "the sharding's per-unit collectives where a full replica fits (sharding_overhead)"
+        bw = f"{bw}; {said}" if bw else said
+    elif per_step >= 50 and per_call < 1e6:
+        likely.append("bigger_buckets")
+    if no_sync:
+        likely.append("no_sync_accumulation")
+    return bw, likely
 
 
 GRADIENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}  # a gradient's bytes, by the parameters' dtype
@@ -224,7 +253,7 @@ def _comm_uses(
     raw = evidence.get("likely_causes")
     likely = set(raw) if isinstance(raw, list) else set()
     uses: list[Use] = []
-    if "transport" in likely:
+    if "transport" in likely and evidence.get("slow_links") not in TRANSPORT_FAULTS:  # else slow_links' fix
         uses.append(use(RemedyId.FIX_TRANSPORT, warnings=list(warnings), multi_node=(ctx.env.nodes or 1) > 1))
     if "nccl_backend" in likely:
         uses.append(use(RemedyId.NCCL_BACKEND))
