@@ -11,6 +11,7 @@ from pitstop.core.profile import CountSource, RunProfile, StepBoundary, to_jsona
 from pitstop.core.vocabulary import CauseId, Device, Source
 from pitstop.diagnose.context import RuleContext
 from pitstop.diagnose.cost import RunCost, run_cost
+from pitstop.diagnose.gpu_models import gpu_models_table
 from pitstop.diagnose.gpu_windows import describe_stretches
 from pitstop.diagnose.metrics import Metrics
 from pitstop.diagnose.ranks import RanksAnalysis, Scaling
@@ -56,6 +57,8 @@ class Diagnosis:
         return {
             "device": env.device,
             "gpu_name": env.gpu_name,
+            # model -> its ranks: the lowest rank's name (gpu_name) hides a mix
+            "gpu_models": gpu_models_table(self.profile),
             "gpu_count": env.gpu_count,
             "gpus_held": env.gpus_held,
             "framework": env.framework,

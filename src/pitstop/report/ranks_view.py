@@ -2,8 +2,8 @@
 (data, compute, waiting for peers, communicating), when it arrives at collectives, and the job's bandwidth
 and scaling efficiency. Renders the figures of pitstop.diagnose.ranks; computes nothing.
 
-Host names, collective op names, the clock's name and the scaling source come from rank files and traces:
-they reach the table as ``Text`` with control characters shown as escapes, never as markup."""
+Host names, GPU names, collective op names, the clock's name and the scaling source come from rank files and
+traces: they reach the table as ``Text`` with control characters shown as escapes, never as markup."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def pick_rows(a: RanksAnalysis) -> tuple[list[RankComm], int]:
     return shown, len(rows) - len(shown)
 
 
-def table(d: Diagnosis) -> Table:
+def table(d: Diagnosis, models: dict[int, str] | None = None) -> Table:
+    """``models``: each rank's GPU model, for a job that mixes models (a column of its own); None: no column."""
     a = d.ranks_analysis
     assert a is not None
     t = Table(
@@ -50,12 +51,16 @@ def table(d: Diagnosis) -> Table:
     )
     for col in ("rank", "node", "step", "data", "compute", "waiting", "comm", "arrives vs median", "last at"):
         t.add_column(col, justify="right")
+        if col == "node" and models is not None:
+            t.add_column("GPU", justify="left")
     rows, hidden = pick_rows(a)
     for r in rows:
         mark = " ◀" if r.rank == a.straggler and a.persistent else ""
+        gpu = [] if models is None else [as_text(models.get(r.rank, "?"), one_line=True)]
         t.add_row(
             f"{r.rank}{mark}",
             as_text(r.host or "?", one_line=True),
+            *gpu,
             _ms(r.step_s),
             f"{_ms(r.data_s)} ({_share(r.data_s, r.step_s)})",
             f"{_ms(r.compute_s)} ({_share(r.compute_s, r.step_s)})",

@@ -15,6 +15,7 @@ from rich.text import Text
 from pitstop.core.findings import Finding
 from pitstop.core.vocabulary import Device, Phase, Source
 from pitstop.diagnose import Diagnosis, counting_line, step_line
+from pitstop.diagnose.gpu_models import gpu_by_rank, gpu_models_line, mixed_models_words
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.savings import context_line, describe, first_saving
 from pitstop.report.untrusted import as_text
@@ -214,7 +215,7 @@ def _headline(d: Diagnosis) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
-    device = env.gpu_name or env.device or "unknown device"
+    device = mixed_models_words(p) or env.gpu_name or env.device or "unknown device"  # a mix: every model
     if env.device == Device.CPU and env.cpu_count:
         device += f" ({env.cpu_count} cores)"
     ranks = f" · {p.world_size} ranks" if p.world_size > 1 else ""
@@ -358,13 +359,16 @@ def _finding_panel(i: int, f: Finding) -> Panel:
 def _ranks_table(d: Diagnosis) -> Table:
     if d.ranks_analysis is not None:
         from pitstop.report import ranks_view
+    models = gpu_by_rank(d.profile) if mixed_models_words(d.profile) else None  # a mix: each rank's card
 
-        return ranks_view.table(d)
+        return ranks_view.table(d, models)
     table = Table(title="Per rank", title_justify="left", show_edge=False)
     for col in ("rank", "steps", "s/step", "data wait", "tokens/s", "real tokens/s"):
         table.add_column(col, justify="right")
     for rm in d.results.ranks:  # in numeric rank order
         table.add_row(
+    if models is not None:
+        table.add_column("GPU", justify="left")
             str(rm.rank),
             str(rm.steps),
             _num(rm.step_time_s, ".3f"),
@@ -373,6 +377,7 @@ def _ranks_table(d: Diagnosis) -> Table:
             _num(rm.real_tokens_per_s),
         )
     return table
+            *([] if models is None else [as_text(models.get(rm.rank, "?"), one_line=True)]),
 
 
 def _title(diagnosis: Diagnosis) -> str:
@@ -393,6 +398,9 @@ def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
         console.print(_ranks_table(diagnosis))
     if diagnosis.findings:
         console.print(Text("Findings, ranked by estimated time saved", style="bold"))
+    gpus = gpu_models_line(diagnosis.profile)
+    if gpus is not None:  # every multi-rank run: the model per rank, grouped ("8× ..."; a mix shows plainly)
+        console.print(as_text(f"GPUs: {gpus}"))
         saving = first_saving(diagnosis.findings)
         if saving is not None:
             console.print(as_text(context_line(saving), style="dim"))

@@ -159,11 +159,11 @@ def cross_rank(summaries: list[RankSummary]) -> list[str]:
         note += f"; the latest rank is {rank}, {worst:.2f} ms after the median rank on average"
     notes.append(note)
     if unaligned:
-        notes.append(f"ranks {_ranges(unaligned)} share no collective with the others: not aligned")
+        notes.append(f"ranks {rank_ranges(unaligned)} share no collective with the others: not aligned")
     return notes
 
 
-def _ranges(ranks: list[int]) -> str:
+def rank_ranges(ranks: list[int] | tuple[int, ...]) -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (512 ranks stay on one line)."""
     out: list[str] = []
     values = sorted(set(ranks))
@@ -187,7 +187,7 @@ def summarize_ranks(summaries: list[RankSummary]) -> list[str]:
             for limit in s.profile.trace.limitations:
                 by_limit[limit].append(s.rank)
     for limit, ranks in by_limit.items():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
         notes.append(f"{who}: {limit}")
     steps = {
         s.rank: 1000 * mean_s

@@ -12,6 +12,7 @@ from pitstop.core.profile import RankProfile, TraceStats
 from pitstop.core.vocabulary import CauseId, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.causes.gpu_throttled import per_gpu_clocks
+from pitstop.diagnose.causes.mixed_gpus import slow_card_ranks
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.metrics import rank_metrics
 from pitstop.diagnose.ranks import RankComm
@@ -20,11 +21,12 @@ from pitstop.remedies import advise
 CPU_OVERLOADED = 1.25  # runnable threads per allowed core: threads wait for a core
 CPU_PEER_MARGIN = 1.5  # the slow rank's CPU load over its peers' median
 CPU_STEAL = 0.1  # share of CPU time the hypervisor took
+DEFERRED_REASONS = ("compute", "unknown")  # a late rank's reasons a slower GPU model explains (mixed_gpus)
 
 
-def _late_arrival(ctx: RuleContext) -> tuple[int, float, str, str, dict[str, object], str] | None:
+def _late_arrival(ctx: RuleContext) -> tuple[int, float, str, str, str, dict[str, object], str] | None:
     """The rank the others wait for at collectives, from traces of several ranks with aligned clocks:
-    (slow rank, share of the step the others wait, reason, summary, evidence, basis)."""
+    (slow rank, share of the step the others wait, reason's kind, reason, summary, evidence, basis)."""
     rows = {
         r.rank: _Traced(r, t, 1000 * r.mean_step_s)
         for r, t in ctx.traced
@@ -38,7 +40,7 @@ def _late_arrival(ctx: RuleContext) -> tuple[int, float, str, str, dict[str, obj
     others = [row for k, row in rows.items() if k != slow_rank]
     waiting = statistics.fmean(min((o.trace.collective_wait_ms or 0.0) / o.step_ms, 1.0) for o in others)
     peer = "the other rank" if len(others) == 1 else "the median rank"
-    reason = _why_late(slow_row, others, peer)
+    kind, reason = _why_late(slow_row, others, peer)
     late = slow.arrival_late_ms or 0.0
     summary = (
         f"Rank {slow_rank} holds every rank back: the others wait {waiting:.0%} of the step for it at "
@@ -59,7 +61,7 @@ def _late_arrival(ctx: RuleContext) -> tuple[int, float, str, str, dict[str, obj
         "time the other ranks' collectives wait for the last rank to arrive (traces, clocks aligned on the "
         "ends of matching collectives); all of it is lost by every rank"
     )
-    return slow_rank, waiting, reason, summary, evidence, basis
+    return slow_rank, waiting, kind, reason, summary, evidence, basis
 
 
 @dataclass
@@ -81,9 +83,9 @@ def _loader_ms(row: _Traced) -> float | None:
     return None if total is None else 1000 * total / len(row.rank.steps)
 
 
-def _why_late(slow: _Traced, others: list[_Traced], peer: str) -> str:
+def _why_late(slow: _Traced, others: list[_Traced], peer: str) -> tuple[str, str]:
     """The late rank's own breakdown against the others': longer kernels (its GPU) or longer host gaps (its
-    input pipeline or CPU)."""
+    input pipeline or CPU), as (kind: "compute", "host" or "unknown", the reason in words)."""
 
     def excess(of: Callable[[_Traced], float | None]) -> float:
         mine = of(slow)
@@ -93,14 +95,14 @@ def _why_late(slow: _Traced, others: list[_Traced], peer: str) -> str:
     kernel, host = excess(_kernel_ms), excess(lambda row: row.trace.host_wait_ms)
     loader = excess(_loader_ms)
     if max(kernel, host, loader) <= 0.1 * max(slow.trace.arrival_late_ms or 0.0, 1e-3):
-        return f"its own breakdown does not say why (its kernels and host gaps match {peer}'s)"
+        return "unknown", f"its own breakdown does not say why (its kernels and host gaps match {peer}'s)"
     if kernel >= max(host, loader):
-        return (
+        return "compute", (
             f"its GPU kernels take {kernel:.1f} ms more per step than {peer}'s (a slower or throttled GPU, "
             "or more work on this rank)"
         )
     detail = f"; its DataLoader takes {loader:.1f} ms more per step" if loader > 0.1 * max(host, 1e-3) else ""
-    return (
+    return "host", (
         f"its GPU waits {max(host, loader):.1f} ms more per step for the host than {peer}'s (its input "
         f"pipeline or CPU{detail})"
     )
@@ -114,7 +116,8 @@ def _why_late(slow: _Traced, others: list[_Traced], peer: str) -> str:
     fires_when=(
         "the other ranks wait ≥ 5% of a step at collectives for the last rank to arrive (timed collectives "
         "live, or aligned traces); without them, one rank's data wait exceeds the median rank's by ≥ 5% of "
-        "a step"
+        "a step. A rank late for its compute on the slower card of a job that mixes GPU models is left to "
+        "mixed_gpus (one finding for the same seconds)"
     ),
     estimate="1/(1 − the others' waiting share)",
     remedies=(RemedyId.BALANCE_RANKS,),
@@ -179,6 +182,8 @@ def _straggler_by_arrival(ctx: RuleContext) -> Finding | None:
     if waiting < 0.05 or not others:
         return None
     reason, detail = _slowest_part(slow, others)
+    if reason in DEFERRED_REASONS and slow_rank in slow_card_ranks(ctx):
+        return None  # its slower GPU model explains it: mixed_gpus names the card and the same seconds
     extras = _device_reasons(ctx, slow_rank)
     if extras:
         detail += ("; " if detail else "") + "; ".join(extras)
@@ -285,9 +290,11 @@ def _starved_cpu(ctx: RuleContext, slow_rank: int) -> str | None:
 def _straggler_from_traces_or_data_wait(ctx: RuleContext) -> Finding | None:
     arrival = _late_arrival(ctx)
     if arrival is not None:
-        slow_rank, gap, reason, summary, evidence, basis = arrival
+        slow_rank, gap, kind, reason, summary, evidence, basis = arrival
         if gap < 0.05:
             return None
+        if kind in DEFERRED_REASONS and slow_rank in slow_card_ranks(ctx):
+            return None  # its slower GPU model explains it: mixed_gpus names the card and the same seconds
     else:
         ranks = [r for r in ctx.profile.ranks if r.steps]
         if len(ranks) < 2:

@@ -12,6 +12,7 @@ from html import escape
 from pitstop.core.profile import RankProfile, TraceStats
 from pitstop.core.vocabulary import Phase
 from pitstop.diagnose import Diagnosis
+from pitstop.diagnose.gpu_models import gpu_models_line, mixed_models_words
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.html import svg
 from pitstop.report.html.page import num, section, snippet, stat, table
@@ -20,7 +21,9 @@ from pitstop.report.savings import context_line, describe, first_saving
 
 def _where(d: Diagnosis) -> str:
     env = d.profile.environment
-    return f"{env.framework or 'a run'} on {env.gpu_name or env.device or 'unknown device'}"
+    # a mix of GPU models: every model, not the lowest rank's
+    device = mixed_models_words(d.profile) or env.gpu_name or env.device or "unknown device"
+    return f"{env.framework or 'a run'} on {device}"
 
 
 def verdict(d: Diagnosis) -> str:
@@ -196,7 +199,11 @@ def rank_plots(d: Diagnosis) -> list[str]:
     if len(per_rank) < 2:
         return []
     labels = [f"rank {r.rank}" for r in per_rank]
-    out = [
+    gpus = gpu_models_line(d.profile)
+    out = (
+        [] if gpus is None else [f'<p class="meta" data-figure="gpu-models"><b>GPUs:</b> {escape(gpus)}</p>']
+    )
+    out += [
         svg.hbars(
             "per-rank-step",
             "Step time per rank",
@@ -310,6 +317,9 @@ def environment(d: Diagnosis) -> str:
             rows.append([escape(key), escape(_cell(env[key]))])
     model = d.profile.environment.model
     if model.model_type:
+    gpus = gpu_models_line(d.profile)
+    if gpus is not None:  # the model per rank, grouped (the run's gpu_name is the lowest rank's)
+        rows.append(["GPUs per rank", escape(gpus)])
         params = model.params_total
         rows.append(["model", escape(f"{model.model_type}" + (f", {params:,} parameters" if params else ""))])
     shown = {k: v for k, v in vars(d.profile.environment.dataloader).items() if v is not None}
@@ -332,5 +342,5 @@ def run_sections(d: Diagnosis) -> list[str]:
 
 def run_subtitle(d: Diagnosis) -> str:
     env = d.profile.environment
-    device = env.gpu_name or env.device or "unknown device"
+    device = mixed_models_words(d.profile) or env.gpu_name or env.device or "unknown device"
     return f"{d.profile.source or 'run'} · {env.framework or 'unknown framework'} on {device}"
