@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.artifacts import IngestError, read_text
-from pitstop.core.profile import Environment
+from pitstop.core.profile import Environment, QuantizedBase, RlSettings
 from pitstop.core.vocabulary import Sharding
 from pitstop.ds_config import hpz_from_deepspeed, offload_from_deepspeed
 from pitstop.ingest.documents import load_document
@@ -404,6 +404,31 @@ def _trainer_settings(facts: ConfigFacts, data: dict[str, Any], source: str) -> 
     _tokens_seen(env, "include_num_input_tokens_seen", data.get("include_num_input_tokens_seen"), source)
     _empty_cache(env, data, source)
     _debug_notes(data, source, facts.notes)
+    _rl_settings(env, data, source)
+
+
+def _rl_settings(env: Environment, data: dict[str, Any], source: str) -> None:
+    """An online RL trainer's rollout settings (GRPOConfig / RLOOConfig / OnlineDPOConfig, saved as the run's
+    arguments): every such config has ``use_vllm``, which no other trainer's has."""
+    use_vllm = _bool(data.get("use_vllm"))
+    if use_vllm is None:
+        return
+    memory = data.get("vllm_gpu_memory_utilization")
+    batching = _bool(data.get("use_transformers_continuous_batching")) or _bool(
+        data.get("use_transformers_paged")
+    )
+    env.rl = RlSettings(
+        use_vllm=use_vllm,
+        vllm_mode=str(data["vllm_mode"]) if use_vllm and data.get("vllm_mode") else None,
+        vllm_gpu_memory_utilization=float(memory) if use_vllm and isinstance(memory, int | float) else None,
+        continuous_batching=batching,
+        num_generations=_int(data.get("num_generations")),
+        generation_batch_size=_int(data.get("generation_batch_size")),
+        steps_per_generation=_int(data.get("steps_per_generation")),
+        num_iterations=_int(data.get("num_iterations")),
+        max_completion_length=_int(data.get("max_completion_length")) or _int(data.get("max_new_tokens")),
+    )
+    _say(env, "rl", source, _setting("use_vllm", use_vllm))
 
 
 def _llama_factory_settings(facts: ConfigFacts, data: dict[str, Any], source: str) -> None:
@@ -769,6 +794,96 @@ def _axolotl_keys(facts: ConfigFacts, data: dict[str, Any], base: Path, others: 
     _fsdp(env, data)
 
 
+def _dtype_word(value: Any) -> str | None:
+    """A dtype as a config writes it ("bfloat16", "torch.bfloat16", "bf16") as torch names it."""
+    word = str(value or "").replace("torch.", "").lower()
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16"}.get(
+        word, word or None
+    )
+
+
+def quantization_from_hf(config: dict[str, Any], set_by: str) -> QuantizedBase | None:
+    """A Hugging Face ``quantization_config`` (``BitsAndBytesConfig.to_dict()``, a config.json's, a torchao one)
+    as a QuantizedBase without layers or timing; None when it quantizes nothing. The live probe reads a
+    model's own config with it too."""
+    method = str(config.get("quant_method") or "").lower()
+    four = bool(_bool(config.get("load_in_4bit")) or _bool(config.get("_load_in_4bit")))
+    eight = bool(_bool(config.get("load_in_8bit")) or _bool(config.get("_load_in_8bit")))
+    if method == "torchao":
+        quant = config.get("quant_type")
+        name = quant.get("default", quant) if isinstance(quant, dict) else quant
+        return QuantizedBase(library="torchao", quant_type=str(name) if name else None, set_by=set_by)
+    if not (four or eight):
+        return None
+    return QuantizedBase(
+        library="bitsandbytes",
+        quant_type=str(config.get("bnb_4bit_quant_type") or "fp4") if four else "int8",  # fp4: bnb's default
+        bits=4 if four else 8,
+        double_quant=bool(_bool(config.get("bnb_4bit_use_double_quant"))) if four else None,
+        compute_dtype=_dtype_word(config.get("bnb_4bit_compute_dtype")) if four else None,
+        set_by=set_by,
+    )
+
+
+def checkpoint_quantization(data: Any, source: str) -> QuantizedBase | None:
+    """A quantized checkpoint's config.json: its ``quantization_config``, where it has one."""
+    config = data.get("quantization_config") if isinstance(data, dict) else None
+    if not isinstance(config, dict):
+        return None
+    return quantization_from_hf(config, f"{source}: quantization_config")
+
+
+def _quantization(data: dict[str, Any], kind: str, source: str) -> QuantizedBase | None:
+    """The quantized base a training config asks for, by each framework's keys and defaults: TRL's
+    ModelConfig (``load_in_4bit``, ``bnb_4bit_quant_type`` nf4, ``use_bnb_nested_quant``, compute in ``dtype``)
+    or ``model_init_kwargs.quantization_config``; axolotl's ``load_in_4bit`` / ``load_in_8bit`` (nf4, double
+    quantization, compute in the training dtype); LLaMA-Factory's ``quantization_bit`` (bnb, nf4, double
+    quantization by default)."""
+    init = data.get("model_init_kwargs")
+    if isinstance(init, dict) and isinstance(init.get("quantization_config"), dict):
+        return quantization_from_hf(
+            init["quantization_config"], f"{source}: model_init_kwargs.quantization_config"
+        )
+    compute = _dtype_word(data.get("dtype") or data.get("torch_dtype"))
+    if compute in (None, "auto"):
+        compute = "bfloat16" if _bool(data.get("bf16")) else "float16" if _bool(data.get("fp16")) else None
+    if kind == "llama_factory":
+        bits = _int(data.get("quantization_bit"))
+        method = str(data.get("quantization_method") or "bnb").lower()
+        if bits not in (4, 8) or method not in ("bnb", "bitsandbytes"):
+            return None
+        config = {
+            f"load_in_{bits}bit": True,
+            "bnb_4bit_quant_type": data.get("quantization_type") or "nf4",
+            "bnb_4bit_use_double_quant": data.get("double_quantization", True),
+            "bnb_4bit_compute_dtype": compute,
+        }
+        return quantization_from_hf(config, f"{source}: quantization_bit: {bits}")
+    four, eight = _bool(data.get("load_in_4bit")), _bool(data.get("load_in_8bit"))
+    if not (four or eight):
+        return None
+    axolotl = kind == "axolotl"
+    config = {
+        "load_in_4bit": four,
+        "load_in_8bit": eight and not four,
+        "bnb_4bit_quant_type": data.get("bnb_4bit_quant_type") or "nf4",
+        "bnb_4bit_use_double_quant": True if axolotl else data.get("use_bnb_nested_quant", False),
+        "bnb_4bit_compute_dtype": compute,
+    }
+    return quantization_from_hf(config, f"{source}: load_in_{4 if four else 8}bit: true")
+
+
+def _experts_setting(env: Environment, data: dict[str, Any], source: str) -> None:
+    """``experts_implementation`` for a mixture-of-experts model, written at the top (axolotl, LLaMA-Factory) or
+    in TRL's ``model_init_kwargs``: "eager" loops over the experts (moe_experts_loop)."""
+    init = _kwargs(data.get("model_init_kwargs")) or {}
+    value = data.get("experts_implementation", init.get("experts_implementation"))
+    if isinstance(value, str) and value.strip():
+        env.experts_implementation = value.strip()
+        where = "model_init_kwargs: " if "experts_implementation" not in data else ""
+        _say(env, "experts_implementation", source, where + _setting("experts_implementation", value.strip()))
+
+
 def read_config(data: dict[str, Any], kind: str, path: Path, others: Iterable[Path] = ()) -> ConfigFacts:
     env = Environment()
     env.config_sources.append(str(path))
@@ -800,6 +915,7 @@ def read_config(data: dict[str, Any], kind: str, path: Path, others: Iterable[Pa
         _fsdp(env, data)
     else:
         raise ValueError(f"unknown config kind {kind!r}")
+    _experts_setting(env, data, source)
     sft_keys = {
         "packing",
         "dataset_text_field",
@@ -813,6 +929,8 @@ def read_config(data: dict[str, Any], kind: str, path: Path, others: Iterable[Pa
     env.framework = {"accelerate": "accelerate", "deepspeed": "deepspeed", "lightning": "lightning"}.get(
         kind, "trl" if kind == "hf_args" and sft_keys & set(data) else "hf_trainer"
     )
+    if kind in ("axolotl", "llama_factory", "hf_args"):
+        env.quantized_base = _quantization(data, kind, source)
     return facts
 
 
@@ -844,11 +962,14 @@ FIELDS = (
     "ddp_find_unused_parameters",
     "checkpoint_reentrant",
     "anomaly_detection",
+    "experts_implementation",
     "empty_cache_steps",
     "total_steps",
     "total_steps_from",
+    "quantized_base",
+    "rl",
 )
-QUIET = {"total_steps_from"}  # who said it: a disagreement shows on the figure itself
+QUIET = {"total_steps_from", "quantized_base", "rl"}  # who said it: a disagreement shows on the figure itself
 
 
 def merge_into(target: Environment, source: Environment, notes: list[str]) -> None:

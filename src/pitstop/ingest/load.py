@@ -11,19 +11,25 @@ from pitstop.artifacts import IngestError, read_text
 from pitstop.core.profile import Environment, RankProfile, RunProfile, RunTotals, assemble_rank
 from pitstop.core.vocabulary import Device, Source
 from pitstop.hardware import lookup_gpu
-from pitstop.ingest.configs import ConfigFacts, merge_into, read_config, resolve_defaults
+from pitstop.ingest.configs import (
+    ConfigFacts,
+    checkpoint_quantization,
+    merge_into,
+    read_config,
+    resolve_defaults,
+)
 from pitstop.ingest.dcgm import DcgmGpu, activity_ranks, attach_activity, read_dcgm
 from pitstop.ingest.detect import expand, sniff
 from pitstop.ingest.hf_outputs import read_trainer_outputs
 from pitstop.ingest.logs import LogFacts, read_log
 from pitstop.ingest.nvidia_smi import read_smi
+from pitstop.ingest.topology import describe, merge_topology, read_nvlink_status, read_topo_matrix
 from pitstop.plan.model_shape import ModelConfigError, load_model_config, model_info_from_config
 
 CONFIG_KINDS = ("deepspeed", "accelerate", "axolotl", "llama_factory", "lightning", "hf_args")
 MAX_WORLD = 1_000_000
 NOT_ARTIFACTS = {
     "torch_pickle": "a pickle (training_args.bin, optimizer.pt?); pitstop never unpickles",
-from pitstop.ingest.topology import describe, merge_topology, read_nvlink_status, read_topo_matrix
     "binary": "a binary file (weights, arrays)",
 }
 
@@ -150,12 +156,6 @@ def _log_ranks(ranks: list[RankProfile], logs: list[LogFacts], env: Environment)
     return ranks
 
 
-def load_run(
-    inputs: Inputs,
-    on_file: Callable[[Path, str], None] | None = None,
-    on_trace: Callable[[int, int, str], None] | None = None,
-) -> RunProfile:
-    notes: list[str] = []
 def _log_or_links(path: Path, kind: str, env: Environment, notes: list[str], logs: list[LogFacts]) -> None:
     """A run's log (NCCL's init lines read wherever they stand) or nvidia-smi's ``topo -m`` / ``nvlink -s``
     printout: the log's facts into the run's, the links into ``env.links`` (each source adding to the others)."""
@@ -169,6 +169,12 @@ def _log_or_links(path: Path, kind: str, env: Environment, notes: list[str], log
     env.links = merge_topology(env.links, links)
 
 
+def load_run(
+    inputs: Inputs,
+    on_file: Callable[[Path, str], None] | None = None,
+    on_trace: Callable[[int, int, str], None] | None = None,
+) -> RunProfile:
+    notes: list[str] = []
     found = expand(inputs.paths, notes)
     files = [path for path, _ in found]
     env = Environment()
@@ -215,6 +221,7 @@ def _log_or_links(path: Path, kind: str, env: Environment, notes: list[str], log
                 env.model = model_info_from_config(data)
             except ModelConfigError as exc:
                 raise IngestError(f"{path}: {exc}") from None
+            env.quantized_base = checkpoint_quantization(data, path.name)
         elif kind in CONFIG_KINDS:
             configs.append(_config(path, kind, data, files, env, notes))
         elif kind in ("training_log", "nccl_log", "nvidia_smi_topo", "nvidia_smi_nvlink"):
@@ -231,6 +238,7 @@ def _log_or_links(path: Path, kind: str, env: Environment, notes: list[str], log
     ranks = _log_ranks(ranks, logs, env)
     attach_activity(ranks, activity, notes)
     resolve_defaults(env, configs, notes)
+    notes += [describe(env.links, env.gpu_name)] if env.links is not None else []
     profile = RunProfile(
         source=Source.ANALYZE if not inputs.configs_only else Source.CHECK,
         ranks=ranks,
@@ -238,7 +246,6 @@ def _log_or_links(path: Path, kind: str, env: Environment, notes: list[str], log
         run_environment=env,
         notes=notes,
     )
-    notes += [describe(env.links, env.gpu_name)] if env.links is not None else []
     profile.command = [str(p) for p in inputs.paths]
     profile.notes += trace_notes
     return profile
