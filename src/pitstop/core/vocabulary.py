@@ -91,6 +91,7 @@ class CauseId(StrEnum):
     METRIC_SYNC = "metric_sync"
     REENTRANT_CHECKPOINTING = "reentrant_checkpointing"
     SLOW_LINKS = "slow_links"
+    MOE_EXPERTS_LOOP = "moe_experts_loop"
     MIXED_GPUS = "mixed_gpus"
     SHARDING_OVERHEAD = "sharding_overhead"
     LOW_MFU_UNEXPLAINED = "low_mfu_unexplained"
@@ -150,6 +151,7 @@ class RemedyId(StrEnum):
     SYNC_METRICS_LESS = "sync_metrics_less"
     NON_REENTRANT_CHECKPOINTING = "non_reentrant_checkpointing"
     COMMUNICATE_LESS = "communicate_less"
+    GROUPED_EXPERTS = "grouped_experts"
     MATCH_GPUS = "match_gpus"
     PLAIN_DDP = "plain_ddp"
 
