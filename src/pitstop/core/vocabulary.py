@@ -92,6 +92,7 @@ class CauseId(StrEnum):
     REENTRANT_CHECKPOINTING = "reentrant_checkpointing"
     SLOW_LINKS = "slow_links"
     MOE_EXPERTS_LOOP = "moe_experts_loop"
+    QUANTIZED_BASE = "quantized_base"
     MIXED_GPUS = "mixed_gpus"
     SHARDING_OVERHEAD = "sharding_overhead"
     LOW_MFU_UNEXPLAINED = "low_mfu_unexplained"
@@ -152,6 +153,7 @@ class RemedyId(StrEnum):
     NON_REENTRANT_CHECKPOINTING = "non_reentrant_checkpointing"
     COMMUNICATE_LESS = "communicate_less"
     GROUPED_EXPERTS = "grouped_experts"
+    BF16_LORA = "bf16_lora"
     MATCH_GPUS = "match_gpus"
     PLAIN_DDP = "plain_ddp"
 
