@@ -94,6 +94,7 @@ class CauseId(StrEnum):
     MOE_EXPERTS_LOOP = "moe_experts_loop"
     QUANTIZED_BASE = "quantized_base"
     MIXED_GPUS = "mixed_gpus"
+    RL_GENERATION = "rl_generation"
     SHARDING_OVERHEAD = "sharding_overhead"
     LOW_MFU_UNEXPLAINED = "low_mfu_unexplained"
 
@@ -155,6 +156,7 @@ class RemedyId(StrEnum):
     GROUPED_EXPERTS = "grouped_experts"
     BF16_LORA = "bf16_lora"
     MATCH_GPUS = "match_gpus"
+    FASTER_GENERATION = "faster_generation"
     PLAIN_DDP = "plain_ddp"
 
 

@@ -86,6 +86,8 @@ class Metrics:
     samples_per_step: float | None = None
     tokens_per_step: float | None = None
     real_tokens_per_step: float | None = None
+    # share of step time spent generating rollouts (an online RL trainer's Phase.GENERATE); None: not watched
+    generate_frac: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -317,9 +319,8 @@ def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) ->
     windows = gpu_windows(profile) if gpus is None else gpus
     gpu = lookup_gpu(env.gpu_name) if env.on_gpu else None
     seq_lens = [float(s.seq_len) for r in ranks for s in r.steps if s.seq_len]
-    step_s = (
-        statistics.median(step_walls) if step_walls else _ratio(train_s, totals.steps if totals else None)
-    )
+    trainer_step_s = _ratio(train_s, totals.steps if totals else None)
+    step_s = statistics.median(step_walls) if step_walls else trainer_step_s
     energy = energy_of(profile, step_s, real_tps)
     return Metrics(
         steps_measured=min((len(r.steps) for r in ranks), default=0),
@@ -372,6 +373,7 @@ def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) ->
         samples_per_step=sums.per_step_summed("samples"),
         tokens_per_step=sums.per_step_summed("tokens"),
         real_tokens_per_step=sums.per_step_summed("real_tokens"),
+        generate_frac=sums.frac("generate_s"),
     )
 
 

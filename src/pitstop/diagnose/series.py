@@ -29,7 +29,8 @@ class StepSeries:
     steps: list[int] = field(default_factory=list)  # optimizer step numbers (warm-up + position)
     end_s: list[float] = field(default_factory=list)  # end of each step, seconds after the window start
     wall_s: list[float] = field(default_factory=list)
-    phases: dict[str, list[float | None]] = field(default_factory=dict)  # Phase.breakdown()
+    # Phase.breakdown(): GENERATE among them only where a step generated (an online RL trainer's rollouts)
+    phases: dict[str, list[float | None]] = field(default_factory=dict)
     tokens_per_s: list[float | None] = field(default_factory=list)
     real_tokens_per_s: list[float | None] = field(default_factory=list)
     padding_frac: list[float | None] = field(default_factory=list)
@@ -89,7 +90,7 @@ def _padding(s: StepRecord) -> float | None:
 
 def step_series(rank: RankProfile) -> StepSeries:
     ends = list(accumulate(s.wall_s for s in rank.steps))
-    timed = Phase.timed()
+    timed = Phase.timed(generation=any(s.generate_s for s in rank.steps))
     phases: dict[str, list[float | None]] = {name: [getattr(s, name) for s in rank.steps] for name in timed}
     phases[Phase.OTHER] = [max(s.wall_s - sum(getattr(s, n) or 0.0 for n in timed), 0.0) for s in rank.steps]
     return StepSeries(

@@ -111,7 +111,16 @@ class Probe:
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.errors: list[str] = []
-        self.ctx = ProbeContext(config, self.origin, self.hooks, self.errors, self.disable, self._step_index)
+        self.ctx = ProbeContext(
+            config,
+            self.origin,
+            self.hooks,
+            self.errors,
+            self.disable,
+            self._step_index,
+            mark_generation=self.timeline.on_generate,
+            watch_generation=self.timeline.watch_generation,
+        )
         self.collectors: list[Collector] = [kind(self.ctx) for kind in COLLECTORS]
         self._step_ends = [c.step_end for c in self.collectors if overrides(c, "step_end")]
         self._streamers = [c.stream for c in self.collectors if overrides(c, "stream")]

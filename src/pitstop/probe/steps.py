@@ -27,6 +27,8 @@ from pitstop.probe.timeline import (
     DATA,
     FWD_BOUNDARY,
     FWD_START,
+    GEN_END,
+    GEN_START,
     OPT_END,
     OPT_START,
     BatchCounts,
@@ -171,6 +173,21 @@ class StepTimeline:
             # the loop built its batch itself: forward starts here, not where the previous step ended
             self.builder.mark(FWD_START)
             self.builder.model_batch(count_model_inputs(args, kwargs, watch.names, self.pad_token_id))
+
+    def on_generate(self, starting: bool) -> bool:
+        """A rollout generation call began (``starting``) or ended: marks the step's GENERATE phase. Only a
+        training-thread call while the model trains counts (not evaluation's generation); returns whether this
+        one was marked, so its end is marked only if its start was."""
+        if not self.on_train_thread() or (starting and self.forward.evaluating()):
+            return False
+        self.watch_generation()
+        self.builder.mark(GEN_START if starting else GEN_END)
+        return True
+
+    def watch_generation(self) -> None:
+        """Steps from now on carry their generation time (0.0 in a step without a call): a generating trainer
+        was recognised, or a call was seen."""
+        self.builder.generation_watched = True
 
     @property
     def _count_source(self) -> CountSource | None:

@@ -27,6 +27,8 @@ START, DATA, BWD_START, BWD_END, OPT_START, OPT_END, FWD_BOUNDARY = (
     "fwd_boundary",  # a step closed at the next forward (no optimizer step delimits the job's steps)
 )
 FWD_START = "fwd_start"  # the outermost forward began (a loop without a DataLoader: its batch is ready)
+# a rollout generation call (an online RL trainer's generate() / vLLM) began / ended: the GENERATE phase
+GEN_START, GEN_END = "gen_start", "gen_end"
 
 
 class Clock(Protocol):
@@ -62,14 +64,23 @@ def phase_spans(kinds: list[str], seconds: list[float]) -> tuple[float, float, f
     """Forward, backward and optimizer time from ordered marks (seconds relative to any origin).
 
     Forward is everything from the latest of {step start, batch ready, outermost forward start, previous
-    backward end} up to a backward start; with gradient accumulation the micro-batches add up.
+    backward end} up to a backward start; with gradient accumulation the micro-batches add up. A generation
+    call inside that span (a trainer that generates after its batch arrived) is not forward: it is the
+    step's GENERATE phase (``generation_span``).
     """
     forward = backward = optimizer = 0.0
     anchor: float | None = None
     bwd_start: float | None = None
     opt_start: float | None = None
+    gen_start: float | None = None
     for kind, t in zip(kinds, seconds, strict=True):
-        if kind in (START, DATA, FWD_START):
+        if kind == GEN_START:
+            gen_start = t
+        elif kind == GEN_END:
+            if gen_start is not None and anchor is not None and bwd_start is None:
+                anchor += max(0.0, t - max(anchor, gen_start))  # the part inside the forward span
+            gen_start = None
+        elif kind in (START, DATA, FWD_START):
             if bwd_start is None:
                 anchor = t
         elif kind == BWD_START:
@@ -89,6 +100,19 @@ def phase_spans(kinds: list[str], seconds: list[float]) -> tuple[float, float, f
             opt_start = None
             anchor = t
     return forward, backward, optimizer
+
+
+def generation_span(kinds: list[str], seconds: list[float]) -> float:
+    """Seconds between each generation call's start and end mark (the step's GENERATE phase)."""
+    total = 0.0
+    start: float | None = None
+    for kind, t in zip(kinds, seconds, strict=True):
+        if kind == GEN_START:
+            start = t
+        elif kind == GEN_END and start is not None:
+            total += max(0.0, t - start)
+            start = None
+    return total
 
 
 @dataclass
@@ -163,6 +187,9 @@ class StepBuilder:
         self._lazy_rows: list[tuple[StepRecord, list[Any]]] = []  # packed rows from device lengths
         self.resolved: list[StepRecord] = []  # steps whose device spans are known, not yet taken (streamed)
         self.count_sources: dict[int, CountSource] = {}  # step index -> where its counts came from
+        self.generation_watched = (
+            False  # steps carry generate_s (0.0 without a call) once generation is watched
+        )
 
     def switch_clock(self, clock: Clock) -> None:
         """Use another clock from the next step on (the probe learns at step 1 that the run is on a GPU)."""
@@ -210,6 +237,7 @@ class StepBuilder:
             micro_batches=step.micro_batches,
             syncs=step.syncs,
             sync_s=step.sync_s,
+            generate_s=0.0 if self.generation_watched else None,
         )
         source, batches = chosen_counts(step.batches, step.model_batches)
         self.count_sources[record.index] = source
@@ -253,6 +281,8 @@ class StepBuilder:
         kinds = [k for k, _ in marks]
         seconds = [self.clock.seconds_between(origin, h) for _, h in marks]
         record.forward_s, record.backward_s, record.optimizer_s = phase_spans(kinds, seconds)
+        if GEN_START in kinds:
+            record.generate_s = generation_span(kinds, seconds)
 
     def _fill_counts(self, record: StepRecord, batches: list[BatchCounts]) -> None:
         record.samples = _add([b.samples for b in batches])

@@ -26,6 +26,7 @@ SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 # colour-vision deficiencies
 BREAKDOWN = (
     (Phase.DATA_WAIT, "data_wait_frac", "#E69F00"),
+    (Phase.GENERATE, "generate_frac", "#CC79A7"),  # only a run whose steps generate rollouts has it
     (Phase.FORWARD, "forward_frac", "#56B4E9"),
     (Phase.BACKWARD, "backward_frac", "#0072B2"),
     (Phase.OPTIMIZER, "optimizer_frac", "#009E73"),
@@ -41,9 +42,10 @@ def breakdown_bar(diagnosis: Diagnosis, width: int = 48) -> Text:
     m = diagnosis.metrics
     text = Text()
     legend = Text()
+    shown = Phase.breakdown(generation=bool(m.generate_frac))
     for phase, attr, colour in BREAKDOWN:
         frac = getattr(m, attr)
-        if frac is None:
+        if frac is None or phase not in shown:
             continue
         cells = round(frac * width)
         text.append("█" * cells, style=colour)
@@ -357,27 +359,27 @@ def _finding_panel(i: int, f: Finding) -> Panel:
 
 
 def _ranks_table(d: Diagnosis) -> Table:
+    models = gpu_by_rank(d.profile) if mixed_models_words(d.profile) else None  # a mix: each rank's card
     if d.ranks_analysis is not None:
         from pitstop.report import ranks_view
-    models = gpu_by_rank(d.profile) if mixed_models_words(d.profile) else None  # a mix: each rank's card
 
         return ranks_view.table(d, models)
     table = Table(title="Per rank", title_justify="left", show_edge=False)
     for col in ("rank", "steps", "s/step", "data wait", "tokens/s", "real tokens/s"):
         table.add_column(col, justify="right")
-    for rm in d.results.ranks:  # in numeric rank order
-        table.add_row(
     if models is not None:
         table.add_column("GPU", justify="left")
+    for rm in d.results.ranks:  # in numeric rank order
+        table.add_row(
             str(rm.rank),
             str(rm.steps),
             _num(rm.step_time_s, ".3f"),
             _num(rm.data_wait_frac, ".0%"),
             _num(rm.tokens_per_s),
             _num(rm.real_tokens_per_s),
+            *([] if models is None else [as_text(models.get(rm.rank, "?"), one_line=True)]),
         )
     return table
-            *([] if models is None else [as_text(models.get(rm.rank, "?"), one_line=True)]),
 
 
 def _title(diagnosis: Diagnosis) -> str:
@@ -396,11 +398,11 @@ def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
     )
     if len([r for r in diagnosis.profile.ranks if r.steps]) > 1:
         console.print(_ranks_table(diagnosis))
-    if diagnosis.findings:
-        console.print(Text("Findings, ranked by estimated time saved", style="bold"))
     gpus = gpu_models_line(diagnosis.profile)
     if gpus is not None:  # every multi-rank run: the model per rank, grouped ("8× ..."; a mix shows plainly)
         console.print(as_text(f"GPUs: {gpus}"))
+    if diagnosis.findings:
+        console.print(Text("Findings, ranked by estimated time saved", style="bold"))
         saving = first_saving(diagnosis.findings)
         if saving is not None:
             console.print(as_text(context_line(saving), style="dim"))

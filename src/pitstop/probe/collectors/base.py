@@ -43,6 +43,11 @@ class ProbeContext:
     errors: list[str]  # the probe's own notes (probe_errors), in the order they came
     disable: Callable[[BaseException], None]  # an internal error: the probe stops, the job goes on
     step_index: Callable[[], int]  # the step now under way (1-based)
+    # the step timeline's GENERATE marks: a rollout generation call began (True) / ended; returns whether it
+    # was marked (the training thread, not evaluation)
+    mark_generation: Callable[[bool], bool] = lambda starting: False
+    # steps carry generate_s from now on (0.0 without a call)
+    watch_generation: Callable[[], None] = lambda: None
     environment: Environment | None = None
     device: Any = None  # torch.device the model computes on
     model: Any = None

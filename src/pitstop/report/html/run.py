@@ -129,7 +129,9 @@ def step_plots(d: Diagnosis) -> list[str]:
     )
     if not series.phases_known:
         return tokens_plot  # only wall times (a trace, a log): a breakdown would be one colour
-    ms = {k.label: [(v or 0.0) * 1000 for v in series.phases.get(k, [])] for k in Phase.breakdown()}
+    # an RL trainer's rollouts, where they were timed
+    shown = Phase.breakdown(generation=Phase.GENERATE in series.phases)
+    ms = {k.label: [(v or 0.0) * 1000 for v in series.phases.get(k, [])] for k in shown}
     out = [
         svg.stacked_bars(
             "step-breakdown",
@@ -315,11 +317,11 @@ def environment(d: Diagnosis) -> str:
     ):  # fmt: skip
         if env.get(key) is not None:
             rows.append([escape(key), escape(_cell(env[key]))])
-    model = d.profile.environment.model
-    if model.model_type:
     gpus = gpu_models_line(d.profile)
     if gpus is not None:  # the model per rank, grouped (the run's gpu_name is the lowest rank's)
         rows.append(["GPUs per rank", escape(gpus)])
+    model = d.profile.environment.model
+    if model.model_type:
         params = model.params_total
         rows.append(["model", escape(f"{model.model_type}" + (f", {params:,} parameters" if params else ""))])
     shown = {k: v for k, v in vars(d.profile.environment.dataloader).items() if v is not None}

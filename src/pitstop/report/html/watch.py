@@ -33,9 +33,10 @@ def watch_section(w: dict[str, Any]) -> str:
             integer_x=True,
         )
     ]
+    generating = any((x.get("parts") or {}).get(Phase.GENERATE) for x in windows)  # an RL trainer's rollouts
     parts = {
         phase.window_label: [1000 * float((x.get("parts") or {}).get(phase, 0.0)) for x in windows]
-        for phase in Phase.breakdown()
+        for phase in Phase.breakdown(generation=generating)
     }
     if windows:
         plots.append(
