@@ -117,6 +117,7 @@ def run_doctor(
         command, None if full else steps, warmup, quiet, "measuring", timeout, rule
     )
     diagnosis = _with_single_rank_reference(diagnosis, outputs)
+    diagnosis = _with_previous_run(diagnosis, outputs)
     diagnosis = _with_calibration(diagnosis, outputs)
     with_savings(diagnosis, price, total)  # from the calibrated estimates
     doc = diagnosis.to_dict()
@@ -149,6 +150,31 @@ def _with_calibration(diagnosis: Diagnosis, outputs: Outputs) -> Diagnosis:
         diagnosis.findings, notes = corrected(diagnosis.findings, known)
         diagnosis.notes.extend(notes)
     return diagnosis
+
+
+def _with_previous_run(diagnosis: Diagnosis, outputs: Outputs) -> Diagnosis:
+    """The newest run of the same workload in the history as the profile's baseline, diagnosed again with it:
+    a run slower than it with other library versions is a library_upgrade finding (history/upgrade.py)."""
+    if not outputs.record:
+        return diagnosis
+    from pitstop.history import HistoryError, resolve_path
+    from pitstop.history.upgrade import previous_run
+    from pitstop.regular import regular_problem
+
+    try:
+        where = resolve_path(outputs.history)
+        if not where.exists() or regular_problem(where) is not None:
+            return diagnosis
+        found = previous_run(diagnosis.to_dict(), "doctor", where)
+    except (HistoryError, OSError, RuntimeError):
+        return diagnosis
+    if found is None:
+        return diagnosis
+    profile = diagnosis.profile
+    profile.baseline = found
+    again = diagnose(profile)
+    again.profile.exit_code = profile.exit_code
+    return again
 
 
 def _with_single_rank_reference(diagnosis: Diagnosis, outputs: Outputs) -> Diagnosis:

@@ -18,6 +18,10 @@ from pitstop.report.untrusted import as_text, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
+
+    from pitstop.core.findings import Finding
+    from pitstop.history.compare import Comparison
 
 history_app = typer.Typer(
     help="Every measured result, kept in SQLite: list, show, compare runs and catch regressions.",
@@ -177,13 +181,13 @@ def compare(
         ),
     ] = None,
 ) -> None:
-    """Two runs side by side: setup fields that differ are highlighted; metrics show the ratio B/A."""
-    from rich.table import Table
-
-    from pitstop.history.compare import METRIC_NAMES, fingerprint_diff, flatten, format_metric, metric_rows
+    """Two runs side by side: setup fields and library versions that differ are highlighted; metrics show the
+    ratio B/A, phases their time per step; a slowdown an upgrade brought is named (library_upgrade)."""
+    from pitstop.history.compare import compare_runs
 
     with _store(history) as store:
         run_a, run_b = _require(store, a), _require(store, b)
+    comparison = compare_runs(run_a, run_b)
     if json_file is not None:
         doc = {"schema": schemas.HISTORY, "runs": [run_a.to_dict(), run_b.to_dict()]}
         from pitstop.cli.outputs import check_target, write_output
@@ -193,9 +197,35 @@ def compare(
             write_output(json_file, json.dumps(doc, indent=1, default=str))
         except UserError as exc:
             raise _fail(str(exc), exc.code) from None
-    differ = fingerprint_diff(run_a.fingerprint_fields, run_b.fingerprint_fields)
-    table = Table(title=f"run #{a} vs run #{b}")
-    for name in ("", f"A  #{a}", f"B  #{b}", "B/A"):
+    table = _comparison_table(comparison)
+    console = _console(stderr=json_file is not None and str(json_file) == "-")
+    console.print(table)
+    if comparison.versions:
+        console.print(
+            as_text("library versions changed (A → B): " + ", ".join(str(c) for c in comparison.versions)),
+            soft_wrap=True,
+        )
+    if comparison.finding is not None:
+        _print_finding(console, comparison.finding)
+    if comparison.differ:
+        typer.secho(
+            f"pitstop: warning: the runs have different setups ({shown(', '.join(comparison.differ))} differ); "
+            "the numbers are not directly comparable",
+            err=True,
+            fg="yellow",
+        )
+
+
+def _comparison_table(comparison: Comparison) -> Table:
+    """Run A and run B: setup fields, library versions (those that changed marked), metrics with B/A, and
+    each phase's time per step (where a slower step grew)."""
+    from rich.table import Table
+
+    from pitstop.history.compare import METRIC_NAMES, flatten, format_metric
+
+    run_a, run_b, differ = comparison.a, comparison.b, comparison.differ
+    table = Table(title=f"run #{run_a.id} vs run #{run_b.id}")
+    for name in ("", f"A  #{run_a.id}", f"B  #{run_b.id}", "B/A"):
         table.add_column(name, justify="left" if not name or name.startswith("A") else "right")
     table.add_row("kind", as_text(run_a.kind), as_text(run_b.kind), "")
     table.add_row("label", as_text(run_a.label or "–"), as_text(run_b.label or "–"), "")
@@ -206,7 +236,17 @@ def compare(
         mark = "≠" if key in differ else ""
         cells = (as_text(f"  {key}"), as_text(flat_a.get(key, "–")), as_text(flat_b.get(key, "–")))
         table.add_row(*cells, mark, style=style)
-    for row in metric_rows(run_a, run_b):
+    versions_a, versions_b = run_a.versions, run_b.versions
+    changed = {c.package for c in comparison.versions}
+    for package in sorted(set(versions_a) | set(versions_b)):
+        cells = (
+            as_text(f"  {package}"),
+            as_text(versions_a.get(package, "–")),
+            as_text(versions_b.get(package, "–")),
+        )
+        mark, style = ("≠", "bold yellow") if package in changed else ("", None)
+        table.add_row(*cells, mark, style=style)
+    for row in comparison.rows:
         ratio = "–" if row.ratio is None else f"×{row.ratio:.2f}"
         table.add_row(
             METRIC_NAMES[row.name],
@@ -214,14 +254,29 @@ def compare(
             as_text(format_metric(row.name, row.b)),
             ratio,
         )
-    _console(stderr=json_file is not None and str(json_file) == "-").print(table)
-    if differ:
-        typer.secho(
-            f"pitstop: warning: the runs have different setups ({shown(', '.join(differ))} differ); "
-            "the numbers are not directly comparable",
-            err=True,
-            fg="yellow",
+    for delta in comparison.phases:
+        ratio = "–" if delta.ratio is None else f"×{delta.ratio:.2f}"
+        table.add_row(
+            as_text(f"{delta.phase.label} / step"),
+            f"{delta.before_s * 1000:,.1f} ms",
+            f"{delta.after_s * 1000:,.1f} ms",
+            ratio,
         )
+    return table
+
+
+def _print_finding(console: Console, finding: Finding) -> None:
+    """A finding of the comparison: its cause, what was seen, the estimate and its basis, the fix."""
+    from rich.text import Text
+
+    estimate = "not estimated" if finding.est_speedup is None else f"×{finding.est_speedup:.2f}"
+    console.print(Text(f"{finding.cause}: {finding.title}", style="bold red"), soft_wrap=True)
+    console.print(as_text(finding.summary), soft_wrap=True)
+    console.print(as_text(f"estimate: {estimate} ({finding.speedup_basis})"), soft_wrap=True)
+    console.print(as_text(f"fix: {finding.fix.text}"), soft_wrap=True)
+    snippet = finding.fix.snippet
+    if snippet:
+        console.print(as_text(snippet), soft_wrap=True)
 
 
 @history_app.command("calibration")
@@ -259,6 +314,29 @@ def calibration_table(
     typer.echo(
         "A later doctor run of a job with the same fingerprint has its estimates scaled by its own pairs."
     )
+
+
+def _versions_said(run: RunRecord, base: RunRecord) -> str:
+    """What changed in the library versions since the baseline, on the verdict's one line; with
+    library_upgrade's finding (slower beyond the noise) the phase that grew and the estimate too."""
+    from pitstop.history.upgrade import upgrade_finding, version_changes_of
+
+    changes = version_changes_of(base, run)
+    if not changes:
+        return ""
+    said = f"; library versions changed since run #{base.id}: {', '.join(str(c) for c in changes)}"
+    finding = upgrade_finding(run, base)
+    if finding is None:
+        return said
+    evidence = finding.evidence
+    phase = evidence.get("slowest_phase")
+    grew = (
+        f", {phase} grew most (+{evidence.get('slowest_phase_delta_ms'):,.1f} ms a step)"
+        if phase and isinstance(evidence.get("slowest_phase_delta_ms"), int | float)
+        else ""
+    )
+    recovers = f"; pinning them back would recover ×{finding.est_speedup:.2f}" if finding.est_speedup else ""
+    return f"{said} ({finding.cause}{grew}{recovers})"
 
 
 @history_app.command("check")
@@ -302,6 +380,7 @@ def check_run(
     if base.fingerprint != run.fingerprint:  # only when asked for by id; said on the same one line
         differ = ", ".join(fingerprint_diff(base.fingerprint_fields, run.fingerprint_fields))
         message += f" (note: baseline run #{base.id} has a different setup: {differ})"
+    message += _versions_said(verdict.run, verdict.baseline)
     if verdict.regression:
         raise _fail(f"regression: {message}", 1)
     typer.echo(f"{'undecided' if verdict.undecided else 'ok'}: {shown(message)}")

@@ -95,6 +95,7 @@ class CauseId(StrEnum):
     QUANTIZED_BASE = "quantized_base"
     MIXED_GPUS = "mixed_gpus"
     RL_GENERATION = "rl_generation"
+    LIBRARY_UPGRADE = "library_upgrade"
     SHARDING_OVERHEAD = "sharding_overhead"
     LOW_MFU_UNEXPLAINED = "low_mfu_unexplained"
 
@@ -157,6 +158,7 @@ class RemedyId(StrEnum):
     BF16_LORA = "bf16_lora"
     MATCH_GPUS = "match_gpus"
     FASTER_GENERATION = "faster_generation"
+    PIN_VERSIONS = "pin_versions"
     PLAIN_DDP = "plain_ddp"
 
 

@@ -1,8 +1,8 @@
 """``pitstop history``: every measured result kept in SQLite, so a slower run is caught.
 
 ``record`` stores a ``pitstop.run/1`` or ``pitstop.tune/1`` document; runs with the same fingerprint (model,
-hardware, sequence length, batch, library versions) are comparable, and ``check`` flags a drop against a
-baseline.
+hardware, sequence length, batch) are comparable whatever their library versions, and ``check`` flags a drop
+against a baseline, naming the versions that changed (``upgrade.py``).
 """
 
 from __future__ import annotations

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from html import escape
+from typing import TYPE_CHECKING, Any
 
 from pitstop.history.documents import METRIC_COLUMNS, STORED_FIGURES, stored_figures
 from pitstop.history.errors import HistoryError
 from pitstop.history.store import HistoryStore, RunRecord
+
+if TYPE_CHECKING:
+    from pitstop.core.findings import Finding
+    from pitstop.diagnose.causes.library_upgrade import PhaseDelta, VersionChange
 
 METRIC_NAMES = {
     "real_tokens_per_s": "real tokens/s",
@@ -109,13 +114,17 @@ def metric_rows(a: RunRecord, b: RunRecord) -> list[MetricRow]:
 
 @dataclass
 class Comparison:
-    """Two stored runs side by side: their metrics (B / A) and the setup fields that differ. Displays itself
-    as a table in a notebook."""
+    """Two stored runs side by side: their metrics (B / A), the setup fields that differ, the library versions
+    that changed, each phase's time per step, and library_upgrade's finding when B is slower beyond the noise
+    with other versions. Displays itself as a table in a notebook."""
 
     a: RunRecord
     b: RunRecord
     rows: list[MetricRow] = field(default_factory=list)
     differ: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    versions: list[VersionChange] = field(default_factory=list)
+    phases: list[PhaseDelta] = field(default_factory=list)
+    finding: Finding | None = None
 
     def _repr_html_(self) -> str:
         from pitstop.history.display import html_table
@@ -144,12 +153,32 @@ class Comparison:
             out += html_table(["setup field that differs", "A", "B"], setup, right_from=3)
         else:
             out += "<p>Same setup (fingerprint): the runs are comparable.</p>"
+        if self.versions:
+            changed = [[c.package, c.old, c.new] for c in self.versions]
+            out += html_table(["library version that changed", "A", "B"], changed, right_from=3)
+        if self.phases:
+            phases = [[d.phase.label, f"{d.before_s * 1000:,.1f} ms", f"{d.after_s * 1000:,.1f} ms",
+                       f"{d.delta_s * 1000:+,.1f} ms"] for d in self.phases]  # fmt: skip
+            out += html_table(["phase (per step)", "A", "B", "B − A"], phases)
+        if self.finding is not None:
+            out += f"<p><b>{escape(self.finding.title)}</b>: {escape(self.finding.summary)}</p>"
         return out
 
 
 def compare_runs(a: RunRecord, b: RunRecord) -> Comparison:
-    """What ``pitstop history compare A B`` shows, as an object (a table in notebooks)."""
-    return Comparison(a, b, metric_rows(a, b), fingerprint_diff(a.fingerprint_fields, b.fingerprint_fields))
+    """What ``pitstop history compare A B`` shows, as an object (a table in notebooks). Both records are
+    loaded with their documents (``store.get``) for the versions and phases."""
+    from pitstop.history.upgrade import phase_changes_of, upgrade_finding, version_changes_of
+
+    return Comparison(
+        a,
+        b,
+        metric_rows(a, b),
+        fingerprint_diff(a.fingerprint_fields, b.fingerprint_fields),
+        version_changes_of(a, b),
+        phase_changes_of(a, b),
+        upgrade_finding(b, a),
+    )
 
 
 def slowdown(baseline: float, value: float, metric: str) -> float:
@@ -209,14 +238,14 @@ class Verdict:
 def resolvable_drop(run: RunRecord, baseline: RunRecord) -> float | None:
     """Two standard errors of the difference of the runs' rates, from each run's measured spread (the
     relative standard error of its real tokens/s); None when either run did not measure one."""
-    spreads = []
+    from pitstop.diagnose.causes.library_upgrade import resolvable_drop as drop_resolved
+
+    spreads: list[float | None] = []
     for record in (run, baseline):
         metrics = (record.result or {}).get("metrics") or {}
         spread = metrics.get("throughput_spread") if isinstance(metrics, dict) else None
-        if not isinstance(spread, (int, float)) or spread < 0:
-            return None
-        spreads.append(float(spread))
-    return 2.0 * (spreads[0] ** 2 + spreads[1] ** 2) ** 0.5
+        spreads.append(float(spread) if isinstance(spread, (int, float)) and spread >= 0 else None)
+    return drop_resolved(*spreads)
 
 
 def check(run: RunRecord, baseline: RunRecord, metric: str, max_drop: float) -> Verdict:

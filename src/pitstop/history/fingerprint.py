@@ -1,10 +1,13 @@
-"""What makes two runs comparable: the same model, hardware, sequence length, batch and libraries.
+"""What makes two runs comparable: the same model, hardware, sequence length and batch.
 
 Only the *workload and platform* enter the fingerprint. Settings that a fix changes (attention path,
 dtype, DataLoader workers, packing) stay out on purpose: a run that lost FlashAttention must land next to
-its baseline and show up as a regression, not start a new history. Library versions enter as
-``major.minor``, so a patch release does not split history but a minor upgrade (which does change kernels)
-does.
+its baseline and show up as a regression, not start a new history. Library versions stay out for the same
+reason: a run after an upgrade lands next to the run before it, so a regression the upgrade brought is seen
+(``versions_of`` reads them from the stored document; ``history compare`` / ``check`` name what changed).
+
+Histories written before kept the versions (``major.minor``) in the fingerprint. Such a row is matched by the
+fingerprint of its fields without them (``matching_fingerprint``), so an old history reads on as one.
 """
 
 from __future__ import annotations
@@ -12,17 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from typing import Any
 
 MODEL_FIELDS = ("model_type", "params_total", "n_layers", "hidden_size")
-_VERSION = re.compile(r"^(\d+)\.(\d+)")
-
-
-def minor_version(version: str) -> str:
-    """``"2.5.1+cu124"`` → ``"2.5"``; a version without a dotted number is kept whole."""
-    match = _VERSION.match(version.strip())
-    return f"{match[1]}.{match[2]}" if match else version.strip()
+OLD_VERSIONS_FIELD = "versions"  # a field of fingerprints written before versions left them
 
 
 def _power_of_two_ceil(value: float) -> int:
@@ -63,7 +59,6 @@ def fingerprint_fields(doc: dict[str, Any]) -> dict[str, Any]:
     """The fields of a ``pitstop.run/1`` document that decide what it may be compared with."""
     env = doc.get("environment") or {}
     model = env.get("model") or {}
-    versions = env.get("versions") or {}
     fields: dict[str, Any] = {name: model.get(name) for name in MODEL_FIELDS}
     fields.update(
         device=env.get("device"),
@@ -73,9 +68,32 @@ def fingerprint_fields(doc: dict[str, Any]) -> dict[str, Any]:
         seq_len=sequence_length(doc),
         micro_batch_size=env.get("micro_batch_size"),
         grad_accum_steps=env.get("grad_accum_steps"),
-        versions={str(k): minor_version(str(v)) for k, v in sorted(versions.items()) if v},
     )
     return fields
+
+
+def versions_of(doc: Any) -> dict[str, str]:
+    """The library versions a run or tune document recorded (a tune's: its baseline run's), as written."""
+    if isinstance(doc, dict) and isinstance(doc.get("baseline_run"), dict):
+        doc = doc["baseline_run"]
+    env = doc.get("environment") if isinstance(doc, dict) else None
+    versions = env.get("versions") if isinstance(env, dict) else None
+    if not isinstance(versions, dict):
+        return {}
+    return {str(k): str(v) for k, v in sorted(versions.items()) if v}
+
+
+def current_fields(stored: dict[str, Any]) -> dict[str, Any]:
+    """Stored fingerprint fields as this pitstop fingerprints: an older row's ``versions`` left out."""
+    return {k: v for k, v in stored.items() if k != OLD_VERSIONS_FIELD}
+
+
+def matching_fingerprint(stored_fingerprint: str, stored: dict[str, Any]) -> str:
+    """The fingerprint a stored row is matched by: its own, or for a row written while versions were part
+    of the fingerprint, the fingerprint of its fields without them."""
+    if OLD_VERSIONS_FIELD not in stored:
+        return stored_fingerprint
+    return fingerprint_of(current_fields(stored))
 
 
 def canonical_json(fields: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """A one-rank reference for a multi-rank run's scaling efficiency, from the history.
 
 The reference is the newest ``doctor`` run whose fingerprint equals this run's with ``world_size`` set to 1:
-the same model, device, sequence length, per-rank micro-batch, accumulation and library versions, on one rank.
+the same model, device, sequence length, per-rank micro-batch and accumulation, on one rank.
 """
 
 from __future__ import annotations

@@ -27,7 +27,14 @@ from typing import Any, TypeVar
 from pitstop import schemas
 from pitstop.history.documents import METRIC_COLUMNS, summarize
 from pitstop.history.errors import HistoryError
-from pitstop.history.fingerprint import canonical_json, fingerprint_of
+from pitstop.history.fingerprint import (
+    OLD_VERSIONS_FIELD,
+    canonical_json,
+    current_fields,
+    fingerprint_of,
+    matching_fingerprint,
+    versions_of,
+)
 from pitstop.history.gitinfo import git_head, resolve_label
 from pitstop.history.paths import resolve_path
 from pitstop.regular import regular_problem
@@ -94,9 +101,15 @@ class RunRecord:
             out["result"] = self.result
         return out
 
+    @property
+    def versions(self) -> dict[str, str]:
+        """The library versions the run recorded (from its document: empty for a record listed without it)."""
+        return versions_of(self.result)
+
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> RunRecord:
-        """The record of one row; a row whose JSON is damaged raises ``HistoryError`` naming it."""
+        """The record of one row; a row whose JSON is damaged raises ``HistoryError`` naming it. A row written
+        while versions were part of the fingerprint reads with the fingerprint it is matched by now."""
         keys = row.keys()
         fields = _json_object(row, "fingerprint_json")
         result = _json_object(row, "result_json") if "result_json" in keys else None
@@ -107,8 +120,8 @@ class RunRecord:
             label=row["label"],
             git_commit=row["git_commit"],
             command=row["command"],
-            fingerprint=row["fingerprint"],
-            fingerprint_fields=fields,
+            fingerprint=matching_fingerprint(row["fingerprint"], fields),
+            fingerprint_fields=current_fields(fields),
             real_tokens_per_s=row["real_tokens_per_s"],
             tokens_per_s=row["tokens_per_s"],
             step_time_s=row["step_time_s"],
@@ -474,13 +487,35 @@ class HistoryStore:
         fingerprint: str | None = None,
         exclude: int | None = None,
     ) -> RunRecord | None:
-        """The most recent run matching every given filter (with its document), or ``None``."""
-        where, params = self._filters(kind=kind, label=label, fingerprint=fingerprint)
+        """The most recent run matching every given filter (with its document), or ``None``. A row written
+        while versions were part of the fingerprint matches by its fields without them."""
+        where, params = self._filters(kind=kind, label=label)
         if exclude is not None:
             where += (" AND" if where else " WHERE") + " id != ?"
             params += (exclude,)
-        rows = self._query(f"SELECT id FROM runs{where} ORDER BY id DESC LIMIT 1", params)
-        return self.get(rows[0]["id"]) if rows else None
+        if fingerprint is None:
+            rows = self._query(f"SELECT id FROM runs{where} ORDER BY id DESC LIMIT 1", params)
+            return self.get(rows[0]["id"]) if rows else None
+        joiner = " AND" if where else " WHERE"
+        rows = self._query(
+            f"SELECT id FROM runs{where}{joiner} fingerprint = ? ORDER BY id DESC LIMIT 1",
+            (*params, fingerprint),
+        )
+        newest = rows[0]["id"] if rows else None
+        # rows of the older format, newer than the newest match of the new one (few: only an old history has them)
+        old = f"{joiner} instr(fingerprint_json, ?) > 0" + ("" if newest is None else " AND id > ?")
+        old_params = (*params, f'"{OLD_VERSIONS_FIELD}":', *(() if newest is None else (newest,)))
+        for row in self._query(
+            f"SELECT id, fingerprint, fingerprint_json FROM runs{where}{old} ORDER BY id DESC", old_params
+        ):
+            try:
+                stored = json.loads(row["fingerprint_json"])
+            except ValueError:
+                continue  # a damaged row matches nothing; reading it by id names it
+            if isinstance(stored, dict) and matching_fingerprint(row["fingerprint"], stored) == fingerprint:
+                newest = row["id"]
+                break
+        return None if newest is None else self.get(newest)
 
     def count(self) -> int:
         rows = self._query("SELECT count(*) FROM runs")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.metadata
 import os
 import socket
 import sys
@@ -36,6 +37,8 @@ _VERSIONED = (
     "pytorch_lightning",
     "flash_attn",
     "bitsandbytes",
+    "xformers",
+    "liger_kernel",
 )
 
 
@@ -571,6 +574,9 @@ def versions() -> dict[str, str]:
     for name in _VERSIONED:
         module = sys.modules.get(name)
         version = getattr(module, "__version__", None) if module is not None else None
+        if module is not None and not version:  # liger_kernel has no __version__: its distribution says
+            with contextlib.suppress(Exception):
+                version = importlib.metadata.version(name.replace("_", "-"))
         if version:
             found[name] = str(version)
     return found
