@@ -231,6 +231,37 @@ CASES = [
         ("debug_off",),
         (str(Path(__file__).parents[1] / "tests" / "scripts" / "anomaly_loop.py"), "--steps", "100000"),
     ),
+    Case(  # 64 small blocks, each its own FSDP2 unit, on two gloo ranks: 194 collectives a step; the twin is DDP
+        "fsdp-small-tensors",
+        "sharding_overhead",
+        ("plain_ddp",),
+        (*TORCHRUN, str(Path(__file__).parents[1] / "tests" / "scripts" / "fsdp_small_tensors.py")),
+        fixed=(
+            *TORCHRUN,
+            str(Path(__file__).parents[1] / "tests" / "scripts" / "fsdp_small_tensors.py"),
+            *("--wrap", "ddp"),
+        ),
+        env=(("OMP_NUM_THREADS", "1"),),
+    ),
+    Case(  # a QLoRA loop: BitsAndBytesConfig 4-bit NF4 base + LoRA, 64 tokens a step; the twin loads it dense
+        "qlora-4bit",
+        "quantized_base",
+        ("bf16_lora",),
+        (str(Path(__file__).parents[1] / "tests" / "scripts" / "qlora_loop.py"), "--steps", "100000"),
+        fixed=(
+            str(Path(__file__).parents[1] / "tests" / "scripts" / "qlora_loop.py"),
+            *("--steps", "100000", "--base", "dense"),
+        ),
+    ),
+    Case(  # a tiny Transformers Mixtral (32 experts, top-2) loaded with experts_implementation="eager"
+        "moe-eager-32",
+        "moe_experts_loop",
+        ("grouped_experts",),
+        (
+            str(Path(__file__).parents[1] / "tests" / "scripts" / "moe_eager.py"),
+            *("--experts", "eager", "--steps", "100000"),
+        ),
+    ),
     # the held-out kind of job: TRL's SFTTrainer with its defaults (checkpointing on), unpacked data
     # padded to each batch's longest, a small Llama on CPU
     Case(
