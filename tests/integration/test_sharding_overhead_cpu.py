@@ -37,9 +37,9 @@ def test_fsdp_units_of_small_tensors_where_ddp_fits_are_named(tmp_path: Path, wr
     assert ev["collectives_per_step"] == 194 and ev["ddp_buckets_est"] == 1
     assert ev["hook_ms_per_step"] > 0 and ev["saved_ms_per_step_est"] > 0
     assert ev["fit_basis"] == "model states only (shape unknown)"
-    assert ev["plan_gib_per_rank"]["ddp"] < 0.01 and str(ev["ddp_link"]).startswith(
-        "the job's own collectives"
-    )
+    assert ev["plan_gib_per_rank"]["ddp"] < 0.01
+    # gloo has no link reference: DDP's one bucket is priced at the job's own cost of a collective
+    assert str(ev["ddp_link"]).startswith("the job's own ") and "a collective" in str(ev["ddp_link"])
     assert f["est_speedup"] > 1.0 and f["confidence"] == 0.75
     assert f["fix"]["remedies"][0]["id"] == "plain_ddp"
     assert "DistributedDataParallel(model" in f["fix"]["snippets"]["pytorch"]
