@@ -10,6 +10,7 @@ tracker (tests/unit/test_light_import.py).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -528,9 +529,16 @@ app.add_typer(history_app, name="history")
 app.add_typer(data_app, name="data")
 
 
+# libraries pitstop's own process imports (transformers pulls in peft, peft bitsandbytes) that log at import
+# time about optional parts they could not load: a warning of theirs is not pitstop's output
+QUIET_ON_IMPORT = ("bitsandbytes",)
+
+
 def main() -> None:
     from pitstop.report.untrusted import shown
 
+    for name in QUIET_ON_IMPORT:  # this process is pitstop's; the job's own process is left as it is
+        logging.getLogger(name).setLevel(logging.ERROR)
     try:
         app()
     except KeyboardInterrupt:
