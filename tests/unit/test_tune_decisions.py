@@ -156,7 +156,8 @@ def test_budget_plan_says_what_it_covers_and_each_fix_meets_its_nearest_baseline
     proposals = [Proposal(remedy(f), "x", 2.0) for f in ("trim_padding", "attention", "workers", "pack")]
     scout = window(1000.0)
     scout.seconds = 100.0
-    plan = budget_plan(proposals, scout, left_s=320.0)
+    # the first fix and the baseline again after it (A/B/A), then two more fixes and a closing baseline
+    plan = budget_plan(proposals, scout, left_s=520.0)
     assert plan.tried == ["trim_padding", "attention", "workers"] and plan.left_out == ["pack"]
     assert "need --budget" in plan.text and "pack" in plan.text
     assert candidate_precision(proposals[0]) == 0.08  # a ×2 fix is seen with ±8%

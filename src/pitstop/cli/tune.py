@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 from rich.console import Console
 from rich.progress import TaskID
@@ -16,6 +17,7 @@ from pitstop.report.untrusted import markup
 from pitstop.tune.conclusion import no_gain_verdict
 from pitstop.tune.proposals import tunable, unknown_fixes
 from pitstop.tune.session import TuneError, TuneOptions, TuneResult, tune
+from pitstop.tune.verdict import LOSSES_UNDECIDED, SINGLE_POINT
 from pitstop.tune.window import Window
 
 
@@ -47,14 +49,24 @@ def parse_fixes(option: str, values: list[str]) -> list[str]:
     return names
 
 
+HEARTBEAT_S = 10.0  # the longest tune stays silent while a window runs, where no live bar shows
+
+
 class RichProgress:
-    """One bar per window, counting its optimizer steps, and a line per finished window."""
+    """A line per phase ("measuring the baseline (1 of 2) ...", "trying pack_batch (cause padding_waste)
+    ..."), with the seconds since tune started, each on its own line (the job's own output goes to a log file,
+    never here); a bar per window in a terminal, and a line every ``HEARTBEAT_S`` seconds elsewhere."""
 
     def __init__(self, console: Console, total_steps: int | None) -> None:
         self.console = console
         self.total_steps = total_steps
         self.bar = steps_bar(console)
         self.task: TaskID | None = None
+        self.started = time.monotonic()
+        self.window_started = self.started
+        self.last_line = self.started
+        self.label = ""
+        self.latest_step = 0
 
     def __enter__(self) -> RichProgress:
         self.bar.start()
@@ -63,17 +75,36 @@ class RichProgress:
     def __exit__(self, *exc: object) -> None:
         self.bar.stop()
 
+    def line(self, text: str) -> None:
+        """One line of pitstop's own, with the seconds since tune started."""
+        self.last_line = time.monotonic()
+        elapsed = self.last_line - self.started
+        self.console.print(f"  [dim]\\[{elapsed:4.0f} s][/dim] {text}", soft_wrap=True)
+
     def window(self, label: str, index: int, total: int) -> None:
         if self.task is not None:
             self.bar.remove_task(self.task)
+        self.label, self.latest_step = label, 0
+        self.window_started = time.monotonic()
+        self.line(f"{markup(label)} ...")
         self.task = self.bar.add_task(f"window {index}/{total}: {markup(label)}", total=self.total_steps)
 
     def step(self, step: int) -> None:
+        self.latest_step = step
         if self.task is not None:
             self.bar.update(self.task, completed=min(step, self.total_steps) if self.total_steps else step)
 
+    def waiting(self) -> None:
+        """Called while a window runs: where no live bar shows, say what is going on every few seconds."""
+        if self.console.is_terminal or time.monotonic() - self.last_line < HEARTBEAT_S:
+            return
+        into = time.monotonic() - self.window_started
+        where = f"step {self.latest_step}" if self.latest_step else "the job is starting"
+        self.line(f"  ... still {markup(self.label)}: {into:.0f} s in, {where}")
+
     def note(self, text: str) -> None:
         """The budget plan, said once the first window has shown the job's pace."""
+        self.last_line = time.monotonic()
         self.console.print(f"  [bold]plan:[/bold] {markup(text)}", soft_wrap=True)
 
     def done(self, label: str, window: Window) -> None:
@@ -82,7 +113,7 @@ class RichProgress:
             text = f"{window.real_tokens_per_s:,.0f} real tokens/s{spread} ({window.seconds:.0f} s)"
         else:
             text = f"[red]{markup(window.error or '')}[/red]"
-        self.console.print(f"  {markup(label)}: {text}", soft_wrap=True)
+        self.line(f"{markup(label)}: {text}")
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -100,10 +131,13 @@ def result_table(result: TuneResult) -> Table:
         ("verdict", "left"),
     ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    drift = f"drift {b.drift:+.1%}" if b.drift is not None else "measured once"
+    repeats = f"measured {b.windows}×" if b.windows > 1 else "measured once"
+    drift = f"{repeats}, drift {b.drift:+.1%}" if b.drift is not None else repeats
     table.add_row("baseline", "", f"{b.real_tokens_per_s:,.0f}", f"±{b.spread:.1%}", drift)
     for v in result.verdicts:
         speed = "–" if v.speedup is None else f"×{v.speedup:.2f} ±{(v.spread or 0):.0%}"
+        if v.speedup is not None and v.gain_basis == SINGLE_POINT:
+            speed += " (1 baseline)"
         verdict = "[green]kept[/green]" if v.kept else f"[red]{v.status}[/red]"
         table.add_row(
             v.fix,
@@ -114,14 +148,15 @@ def result_table(result: TuneResult) -> Table:
         )
     for fix, _why in result.not_tried:
         table.add_row(fix, "", "–", "–", "not tried")
-    if result.best is not None and len(result.best.fixes) > 1:
-        best = result.best
+    together = result.combined
+    if together is not None:
+        speed = "–" if together.speedup is None else f"×{together.speedup:.2f} ±{(together.spread or 0):.0%}"
         table.add_row(
-            "[bold]" + " + ".join(best.fixes) + "[/bold]",
+            "[bold]" + " + ".join(together.fixes) + "[/bold]",
             "",
-            f"[bold]{best.real_tokens_per_s:,.0f}[/bold]",
-            f"[bold]×{best.speedup:.2f}[/bold]",
-            "together, measured" if best.verified else "best single fix",
+            _num(together.real_tokens_per_s, ",.0f"),
+            f"[bold]{speed}[/bold]",
+            "together: [green]kept[/green]" if together.kept else f"together: {together.status}",
         )
     return table
 
@@ -130,7 +165,7 @@ def render(result: TuneResult, console: Console | None = None) -> None:
     out = console or Console()
     out.print(result_table(result))
     for v in result.verdicts:
-        if not v.kept and v.speedup is None:
+        if not v.kept and (v.speedup is None or v.status == LOSSES_UNDECIDED):
             out.print(f"  [dim]{v.fix}: {v.status}: {markup(v.reason)}[/dim]", soft_wrap=True)
     for fix, why in result.not_tried:
         out.print(f"  [dim]{fix}: not tried: {markup(why)}[/dim]", soft_wrap=True)

@@ -3,9 +3,11 @@ baselines a candidate is compared with.
 
 A window stops once its step time is known to ``precision`` (``probe.stopping``). Baselines need the
 tightest figure; a candidate whose finding predicts a large gain can be told from noise with a looser one
-(sequential testing: a ×1.5 fix does not need ±2.5% to be seen). Drift is followed by a baseline after every
-``BASELINE_EVERY`` candidates and one at the end; each candidate is judged against the baselines measured
-right before and after it.
+(sequential testing: a ×1.5 fix does not need ±2.5% to be seen). The baseline is measured again right after
+the first candidate (A/B/A: whether the job repeats its own losses and speed is known before any fix is
+judged), then after every ``BASELINE_EVERY`` candidates and once at the end; each candidate is judged against
+the mean of the baselines measured right before and after it, or, where the budget ran out before a
+re-measure, against the single one before it with its band widened by the drift.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pitstop.tune.proposals import Proposal
-from pitstop.tune.verdict import Baseline, make_baseline
+from pitstop.tune.verdict import UNMEASURED_DRIFT, Baseline, make_baseline, widened
 from pitstop.tune.window import Window
 
 BASELINE_PRECISION = 0.025  # ±2.5% (95%) on the baseline's mean step time
 LOOSEST_PRECISION = 0.08
-BASELINE_EVERY = 3  # candidates between two baselines
+BASELINE_EVERY = 2  # candidates between two baselines, after the first (which a baseline follows at once)
 
 
 def candidate_precision(proposal: Proposal) -> float:
@@ -43,17 +45,27 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
+def baseline_due(trials_done: int) -> bool:
+    """Whether a baseline follows the ``trials_done``-th candidate: the first (the job's repeatability), then
+    every ``BASELINE_EVERY``."""
+    return trials_done == 1 or (trials_done > 1 and (trials_done - 1) % BASELINE_EVERY == 0)
+
+
+def baselines_after(candidates: int) -> int:
+    """Baseline windows among and after ``candidates`` candidates, the closing one included."""
+    due = [i for i in range(1, candidates + 1) if baseline_due(i)]
+    return len(due) + (1 if candidates and candidates not in due else 0)
+
+
 def windows_cost(candidates: int, window_s: float) -> float:
-    """Candidates and the baselines between them, at one window's length each. The closing baseline comes
-    only from what is left: a fix measured against the first baseline is worth more than a drift figure."""
-    between = max(candidates - 1, 0) // BASELINE_EVERY
-    return (candidates + between) * window_s
+    """Candidates and the baselines around them (the closing one included), at one window's length each."""
+    return (candidates + baselines_after(candidates)) * window_s
 
 
 def budget_for(candidates: int, window_s: float, first_s: float) -> float:
     """The budget that measures ``candidates`` fixes: the first window, the candidates with the baselines
-    between them, a closing baseline, and a tenth for starting each."""
-    return (first_s + windows_cost(candidates, window_s) + window_s) * 1.1
+    around them, and a tenth for starting each."""
+    return (first_s + windows_cost(candidates, window_s)) * 1.1
 
 
 def budget_plan(proposals: Sequence[Proposal], scout: Window, left_s: float) -> BudgetPlan:
@@ -71,14 +83,15 @@ def budget_plan(proposals: Sequence[Proposal], scout: Window, left_s: float) -> 
         if step
         else f"a window takes ~{_duration(window_s)}"
     )
+    again = "the baseline measured again after the first fix and every " + f"{BASELINE_EVERY} after it"
     if not names:
         text = "no fix to try: the diagnosis proposed none"
     elif not left_out:
-        text = f"{pace}: the budget covers all {len(names)} fixes ({', '.join(tried)})"
+        text = f"{pace}: the budget covers all {len(names)} fixes ({', '.join(tried)}), {again}"
     else:
         covered = ", ".join(tried) if tried else "none of them"
         text = (
-            f"{pace}: the {_duration(left_s + scout.seconds)} budget tries {covered}; the other "
+            f"{pace}: the {_duration(left_s + scout.seconds)} budget tries {covered}, {again}; the other "
             f"{len(left_out)} ({', '.join(left_out)}) need --budget {_duration(needed)}"
         )
     return BudgetPlan(tried, left_out, window_s, needed, text)
@@ -92,14 +105,21 @@ def _step_s(window: Window) -> float | None:
 
 
 def bracketing(baselines: list[tuple[int, Window]], position: int, overall: Baseline, tol: float) -> Baseline:
-    """The baseline a candidate at ``position`` is compared with: the baseline windows right before and
-    after it (drift between them counts as uncertainty), else the overall one."""
+    """The baseline a candidate at ``position`` is compared with: the mean of the baseline windows right
+    before and after it (the drift between them counts as uncertainty); with only one of them (the budget ran
+    out before a re-measure), that single point with its band widened by the drift the baselines showed (or
+    ``UNMEASURED_DRIFT`` when the baseline ran once); else the overall one."""
     before = [w for p, w in baselines if p < position and w.ok]
     after = [w for p, w in baselines if p > position and w.ok]
     near = ([before[-1]] if before else []) + ([after[0]] if after else [])
     if not near:
         return overall
     local = make_baseline(near, tol)
+    if len(near) == 1:
+        drift = overall.disagreement if overall.disagreement is not None else UNMEASURED_DRIFT
+        local = widened(local, drift)
     local.losses = overall.losses
     local.losses_reproducible = overall.losses_reproducible
+    local.losses_spread = overall.losses_spread
+    local.loss_runs = overall.loss_runs
     return local

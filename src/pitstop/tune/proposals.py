@@ -94,6 +94,22 @@ def propose(
     return [p for p in chosen if p.fix not in (skip or [])]
 
 
+def by_cause_first(proposals: list[Proposal]) -> list[Proposal]:
+    """The trial order: each cause's best-ranked fix first, causes in the order of their findings; then each
+    cause's second variant, and so on. A budget that runs out has then measured one fix of every cause rather
+    than three variants of one (a proposal no finding made is a cause of its own)."""
+    groups: dict[str, list[Proposal]] = {}
+    for proposal in proposals:
+        groups.setdefault(str(proposal.cause or proposal.fix), []).append(proposal)
+    rounds = max((len(g) for g in groups.values()), default=0)
+    return [g[i] for i in range(rounds) for g in groups.values() if i < len(g)]
+
+
+def is_variant(proposal: Proposal, before: list[Proposal]) -> bool:
+    """Whether a fix of the same cause was tried before it (a second variant, not a new cause)."""
+    return proposal.cause is not None and any(p.cause == proposal.cause for p in before)
+
+
 def exclusive(a: str, b: str) -> bool:
     """Whether two remedies cannot go together (either one says so)."""
     return RemedyId(b) in remedy(a).exclusive_with or RemedyId(a) in remedy(b).exclusive_with

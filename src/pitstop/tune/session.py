@@ -1,4 +1,6 @@
-"""The tune loop: baseline, each candidate alone, baseline again (drift), then the kept fixes together.
+"""The tune loop: the baseline, the first fix, the baseline again (A/B/A: whether the job repeats its own
+first losses and speed), then one fix per cause before any second variant, a baseline after every
+``BASELINE_EVERY`` fixes, the kept fixes together last and a closing baseline.
 
 Every window is the user's own command, unchanged, with fixes applied from outside by the trial process.
 Time is bounded: a window that would not fit in what is left of the budget is not started.
@@ -22,24 +24,34 @@ from pitstop.probe.stopping import WindowRule
 from pitstop.remedies import remedy
 from pitstop.trials.request import FixRequest
 from pitstop.tune.budget import (
-    BASELINE_EVERY,
     BASELINE_PRECISION,
     BudgetPlan,
+    baseline_due,
+    baselines_after,
     bracketing,
     budget_plan,
     candidate_precision,
 )
 from pitstop.tune.conclusion import Undecided, undecided
-from pitstop.tune.proposals import Change, Proposal, exclusive, kept_change, propose
+from pitstop.tune.proposals import (
+    Change,
+    Proposal,
+    by_cause_first,
+    exclusive,
+    is_variant,
+    kept_change,
+    propose,
+)
 from pitstop.tune.verdict import (
     LOSS_RTOL,
     LOSS_RTOL_GPU,
-    MIN_GAIN,
-    UNDECIDED,
+    LOSS_SPREAD_FACTOR,
+    SINGLE_POINT,
     Baseline,
+    Combined,
     Verdict,
     judge,
-    losses_match,
+    judge_combined,
     make_baseline,
 )
 from pitstop.tune.window import Window, run_window
@@ -78,6 +90,7 @@ class Best:
     spread: float | None
     changes: list[Change]
     verified: bool  # measured as a whole (every fix of it together, in one window)
+    gain_basis: str | None = None  # the baselines its speed-up is against (verdict.BRACKETED, SINGLE_POINT)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +98,7 @@ class Best:
             "real_tokens_per_s": self.real_tokens_per_s,
             "speedup": self.speedup,
             "spread": self.spread,
+            "gain_basis": self.gain_basis,
             "verified": self.verified,
             "changes": [{"fix": c.fix, "text": c.text, "snippet": c.snippet} for c in self.changes],
         }
@@ -129,6 +143,8 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     plan: str = ""  # what the budget was planned to cover, said after the first window
     undecided: Undecided | None = None  # fixes a noisy machine left undecided, and what a rerun needs
+    combined: Combined | None = None  # the kept fixes measured together, when two or more were kept
+    sequence: list[dict[str, Any]] = field(default_factory=list)  # every window, in the order it ran
 
     def _repr_html_(self) -> str | None:
         """In a notebook, a tune result shows itself as the HTML report."""
@@ -152,10 +168,15 @@ class TuneResult:
                 "drift": b.drift,
                 "losses": b.losses,
                 "losses_reproducible": b.losses_reproducible,
+                "losses_spread": b.losses_spread,  # largest relative difference between baseline runs
+                "windows": b.windows,
                 "rate_of": self.baseline_window.rate_of,  # what its rate counts: real tokens, tokens, …, steps
                 "counted_from": counted_from(self.baseline_window),
             },
             "candidates": [v.to_dict() for v in self.verdicts],
+            "combined": None if self.combined is None else self.combined.to_dict(),
+            "baseline_repeats": [w for w in self.sequence if w["kind"] == "baseline"],
+            "windows": self.sequence,
             "not_tried": [{"fix": f, "reason": r} for f, r in self.not_tried],
             "best": None if self.best is None else self.best.to_dict(),
             "redirected_outputs": self.redirected,
@@ -178,6 +199,7 @@ def predicted_vs_measured(verdicts: list[Verdict]) -> list[dict[str, Any]]:
             "measured": v.speedup,
             "spread": v.spread,
             "status": v.status,
+            "gain_basis": v.gain_basis,
         }
         for v in verdicts
         if v.cause and v.predicted and v.speedup and v.status in ("kept", "within noise", "slower")
@@ -190,9 +212,17 @@ def baseline_notes(baseline: Baseline, noise: Undecided | None) -> list[str]:
     notes: list[str] = []
     if not baseline.losses:
         notes.append("the job's losses could not be read: fixes meant to preserve them were not checked")
-    if baseline.losses_reproducible is False:
+    if baseline.losses_reproducible is False and baseline.losses_spread is not None:
         notes.append(
-            "the job's first losses differ between two identical runs (unseeded?): losses were not compared"
+            f"the job's first losses differ between two identical baseline runs by up to "
+            f"{baseline.losses_spread:.1e} (not seeded before the model is built?): tune did not seed it; a fix "
+            "meant to preserve the computation was judged against that spread (up to "
+            f"{LOSS_SPREAD_FACTOR:.0f}× it is the job's own variation, not the fix's doing)"
+        )
+    elif baseline.losses_reproducible is None and baseline.losses:
+        notes.append(
+            "the baseline ran once: whether the job repeats its own first losses is unknown, so no fix was "
+            "blamed for changing them"
         )
     if baseline.drift is not None and abs(baseline.drift) > 0.05:
         notes.append(
@@ -219,6 +249,9 @@ class Session:
         self.total = 0
         self.combination_notes: list[str] = []
         self.tol = LOSS_RTOL
+        self.baselines_run = 0
+        self.baselines_planned = 2  # the job's repeatability needs two, with a trial between them
+        self.sequence: list[dict[str, Any]] = []  # every window in the order it ran: what the JSON shows
 
     def left_s(self) -> float:
         return self.options.budget_s - (time.monotonic() - self.started)
@@ -242,6 +275,7 @@ class Session:
         if self.options.steps is None:  # the window ends when its step time is precise enough
             longest = min(timeout * 0.8, max(self.options.budget_s / 6, 10.0))
             rule = WindowRule(precision=precision, max_seconds=longest, max_warmup_seconds=longest / 2)
+        waiting = getattr(self.progress, "waiting", None)
         window = run_window(
             self.command,
             request,
@@ -250,12 +284,33 @@ class Session:
             timeout,
             self.progress.step,
             rule,
+            waiting if callable(waiting) else None,
         )
         for line in window.redirected:
             if line not in self.redirected:
                 self.redirected.append(line)
         self.progress.done(label, window)
+        self.sequence.append(
+            {
+                "position": len(self.sequence),
+                "kind": "baseline" if not fixes else "trial",
+                "fixes": list(fixes),
+                "label": label,
+                "real_tokens_per_s": window.real_tokens_per_s,
+                "spread": window.spread,
+                "first_losses": window.losses,
+                "seconds": round(window.seconds, 1),
+                "error": window.error,
+            }
+        )
         return window
+
+    def baseline(self, scout: bool = False) -> Window:
+        """The job as it is, once more: ``measuring the baseline (2 of 3)``."""
+        self.baselines_run += 1
+        self.baselines_planned = max(self.baselines_planned, self.baselines_run)
+        label = f"measuring the baseline ({self.baselines_run} of {self.baselines_planned})"
+        return self.run(label + (" and diagnosing the job" if scout else ""), precision=BASELINE_PRECISION)
 
     def tune(self) -> TuneResult:
         opts = self.options
@@ -270,7 +325,7 @@ class Session:
     def _tune(self, opts: TuneOptions) -> TuneResult:
         self.total = 2
         # the first window diagnoses the job and is the first baseline too: nothing differs between them
-        scout = self.run("diagnosis (baseline)", precision=BASELINE_PRECISION)
+        scout = self.baseline(scout=True)
         if not scout.ok or scout.diagnosis is None:
             raise TuneError(f"the job's first window did not run: {scout.error}")
         self.window_s = scout.seconds
@@ -282,40 +337,33 @@ class Session:
         proposals = propose(diagnosis, opts.also, opts.only, opts.skip)
         # steps/s (a job whose tokens and rows are unknown) compares only windows of the same batch shape
         unfit = [p for p in proposals if scout.rate_of == "steps" and p.remedy.changes_batch_shape]
-        proposals = [p for p in proposals if p not in unfit]
+        proposals = by_cause_first([p for p in proposals if p not in unfit])
         plan = self._plan(proposals, scout)
-        self.total = 2 + len(plan.tried) + len(plan.tried) // BASELINE_EVERY
+        self.baselines_planned = max(2, 1 + baselines_after(len(plan.tried)))
+        self.total = len(plan.tried) + self.baselines_planned
         baselines: list[tuple[int, Window]] = [(0, scout)]  # (position among the windows, window)
         windows: list[tuple[Proposal, Window, int]] = []
         not_tried = [
             (str(p.fix), "it changes the batch shape, and this job's windows compare on steps/s")
             for p in unfit
         ]
-        for proposal in proposals:
-            # a candidate before a closing baseline: drift is measured only with what is left
-            if self.left_s() < self.window_s:
-                not_tried.append((str(proposal.fix), "the time budget ran out"))
-                continue
-            position = len(windows) + len(baselines)
-            window = self.run(
-                str(proposal.fix), (str(proposal.fix),), precision=candidate_precision(proposal)
-            )
-            windows.append((proposal, window, position))
-            more = len(windows) < len(proposals)
-            if len(windows) % BASELINE_EVERY == 0 and more and self.left_s() > self.window_s * 3:
-                baselines.append((position + 1, self.run("baseline", precision=BASELINE_PRECISION)))
-        if self.left_s() > self.window_s:
-            baselines.append(
-                (len(windows) + len(baselines), self.run("baseline again", precision=BASELINE_PRECISION))
-            )
+        self._trials(proposals, baselines, windows, not_tried, tol)
+        verdicts = self._judge(windows, baselines, tol)
+        combined = self._together(verdicts, baselines, tol)
+        if self.sequence[-1]["kind"] != "baseline" and self.left_s() > self.window_s:
+            baselines.append((len(self.sequence), self.baseline()))  # the closing baseline
         baseline = make_baseline([w for _, w in baselines], tol)
-        verdicts = [
-            judge(p.remedy, p.why, w, bracketing(baselines, position, baseline, tol), tol)
-            for p, w, position in windows
-        ]
-        for (proposal, _, _), verdict in zip(windows, verdicts, strict=True):
-            verdict.cause, verdict.predicted = proposal.cause, proposal.expected
-        best = self._best(verdicts, baseline, env.framework)
+        verdicts = self._judge(windows, baselines, tol)
+        combined_verdict = None
+        if combined is not None:
+            window, position = combined
+            fixes = list(window.fixes)
+            ordered = [v.fix for v in sorted(verdicts, key=lambda v: -(v.speedup or 0.0)) if v.fix in fixes]
+            best_alone = next(v for v in verdicts if v.fix == ordered[0])
+            preserving = all(remedy(f).preserves_computation for f in fixes)
+            near = bracketing(baselines, position, baseline, tol)
+            combined_verdict = judge_combined(ordered, preserving, window, near, tol, best_alone)
+        best = self._best(verdicts, combined_verdict, baseline, env.framework)
         rates = [w.real_tokens_per_s for _, w in baselines if w.ok and w.real_tokens_per_s]
         noise = undecided(verdicts, baseline, rates, self.window_s, scout.seconds)
         result = TuneResult(
@@ -331,9 +379,83 @@ class Session:
             redirected=self.redirected,
             plan=plan.text,
             undecided=noise,
+            combined=combined_verdict,
+            sequence=self.sequence,
         )
         result.notes += self.combination_notes + rate_notes(scout) + baseline_notes(baseline, noise)
+        result.notes += basis_notes(verdicts, baseline)
         return result
+
+    def _trials(
+        self,
+        proposals: list[Proposal],
+        baselines: list[tuple[int, Window]],
+        windows: list[tuple[Proposal, Window, int]],
+        not_tried: list[tuple[str, str]],
+        tol: float,
+    ) -> None:
+        """Each fix alone, in ``by_cause_first`` order, with the baselines between them."""
+        for proposal in proposals:
+            # a second variant of a cause leaves room for the kept fixes together (and a baseline after them)
+            together = is_variant(proposal, [p for p, _, _ in windows]) and self._combination(
+                self._judge(windows, baselines, tol)
+            )
+            reserve = 2 * self.window_s if together else 0.0
+            if self.left_s() < self.window_s + reserve:
+                why = "the time budget ran out" + (
+                    " (what was left tried the kept fixes together)" if together else ""
+                )
+                not_tried.append((str(proposal.fix), why))
+                continue
+            label = f"trying {proposal.fix} " + (
+                f"(cause {proposal.cause})" if proposal.cause else f"({proposal.why})"
+            )
+            window = self.run(label, (str(proposal.fix),), precision=candidate_precision(proposal))
+            windows.append((proposal, window, len(self.sequence) - 1))
+            # right after the first trial (A/B/A: does the job repeat its own losses and speed?), then every
+            # BASELINE_EVERY trials: each fix meets a baseline on both sides
+            if baseline_due(len(windows)) and self.left_s() > self.window_s:
+                baselines.append((len(self.sequence), self.baseline()))
+
+    def _judge(
+        self, windows: list[tuple[Proposal, Window, int]], baselines: list[tuple[int, Window]], tol: float
+    ) -> list[Verdict]:
+        """Each trial against the mean of the baselines around it, those measured so far."""
+        overall = make_baseline([w for _, w in baselines], tol)
+        verdicts = []
+        for proposal, window, position in windows:
+            verdict = judge(
+                proposal.remedy, proposal.why, window, bracketing(baselines, position, overall, tol), tol
+            )
+            verdict.cause, verdict.predicted = proposal.cause, proposal.expected
+            verdicts.append(verdict)
+        return verdicts
+
+    def _combination(self, verdicts: list[Verdict]) -> list[str]:
+        """The kept fixes that go together, fastest first; fewer than two: nothing to combine."""
+        chosen: list[str] = []
+        for v in sorted((v for v in verdicts if v.kept), key=lambda v: -(v.speedup or 0.0)):
+            needs = remedy(v.fix).helps_with
+            if any(exclusive(v.fix, other) for other in chosen):
+                continue
+            if needs and not any(h in chosen for h in needs):
+                continue
+            chosen.append(v.fix)
+        return chosen if len(chosen) >= 2 else []
+
+    def _together(
+        self, verdicts: list[Verdict], baselines: list[tuple[int, Window]], tol: float
+    ) -> tuple[Window, int] | None:
+        """The best kept fixes measured together in one window, last, with a baseline before it (the last
+        window, when that was one, or a new one)."""
+        fixes = self._combination(verdicts)
+        if not fixes:
+            return None
+        if self.left_s() < self.window_s:
+            self.combination_notes.append(f"{' + '.join(fixes)} not tried together: the time budget ran out")
+            return None
+        window = self.run(f"trying {' + '.join(fixes)} together", tuple(fixes))
+        return window, len(self.sequence) - 1
 
     def _plan(self, proposals: list[Proposal], scout: Window) -> BudgetPlan:
         """What the budget covers at this job's window length, said before the first candidate runs."""
@@ -343,68 +465,33 @@ class Session:
             note(plan.text)
         return plan
 
-    def _best(self, verdicts: list[Verdict], baseline: Baseline, framework: str | None) -> Best | None:
-        """Greedy, from the fastest kept fix: add the next candidate while the combination measurably beats
-        the one before. Fixes too small to show alone are tried on top too (once a larger cost is gone,
-        theirs is a larger share of the step), and so are those whose gain needs another fix first.
-        Every accepted combination has been measured as a whole."""
+    def _best(
+        self, verdicts: list[Verdict], combined: Combined | None, baseline: Baseline, framework: str | None
+    ) -> Best | None:
+        """The kept fixes measured together when that window beat the fastest one alone; else that one."""
         kept = sorted((v for v in verdicts if v.kept), key=lambda v: -(v.speedup or 0.0))
         if not kept:
             return None
         first = kept[0]
-        fixes = [first.fix]
-        rate, spread = first.real_tokens_per_s or 0.0, first.window_spread or 0.0
-        # the speed-up is chained: the best fix's against the baseline, times each accepted step's gain
-        # over the window right before it, so drift between distant windows does not enter
-        speedup, variance = first.speedup or 1.0, (first.spread or 0.0) ** 2
-        maybe = sorted(
-            (
-                v
-                for v in verdicts
-                if v.status in ("within noise", UNDECIDED)
-                or (v.status == "slower" and remedy(v.fix).helps_with)
-            ),
-            key=lambda v: -(v.speedup or 0.0),
-        )
         details: dict[str, dict[str, Any]] = {v.fix: dict(v.applied_params) for v in verdicts}
-        remeasured = False
-        for v in kept[1:] + maybe:
-            candidate = remedy(v.fix)
-            if any(exclusive(v.fix, other) for other in fixes):
-                continue
-            if candidate.helps_with and not any(h in fixes for h in candidate.helps_with):
-                continue
-            if not remeasured and self.left_s() > self.window_s * 3:
-                # the best fix again, right before what it is compared with: the machine drifts
-                again = self.run(f"{first.fix} again", (first.fix,))
-                if again.ok and again.real_tokens_per_s:
-                    rate, spread = again.real_tokens_per_s, again.spread or 0.0
-                remeasured = True
-            if self.left_s() < self.window_s * 1.5:
-                self.combination_notes.append(f"{v.fix} not tried together with {' + '.join(fixes)}: budget")
-                continue
-            together = (*fixes, v.fix)
-            trial = self.run(" + ".join(together), together)
-            problem = self._combination_problem(trial, together, baseline)
-            if problem:
-                self.combination_notes.append(f"adding {v.fix} to {' + '.join(fixes)}: {problem}, left out")
-                continue
-            gain = (trial.real_tokens_per_s or 0.0) / rate - 1.0 if trial.ok else None
-            uncertainty = ((trial.spread or 0.0) ** 2 + spread**2) ** 0.5
-            if gain is None or gain <= max(MIN_GAIN, 2.0 * uncertainty):
-                outcome = trial.error if gain is None else f"{gain:+.1%}"
-                self.combination_notes.append(f"adding {v.fix} to {' + '.join(fixes)}: {outcome}, left out")
-                continue
-            fixes.append(v.fix)
-            speedup *= 1.0 + gain
-            variance += uncertainty**2
-            rate = trial.real_tokens_per_s or rate
-            spread = trial.spread or 0.0
-            details.update(trial.applied_params)
+        if combined is not None and combined.kept and combined.speedup:
+            fixes, speedup, spread, basis = (
+                combined.fixes,
+                combined.speedup,
+                combined.spread,
+                combined.gain_basis,
+            )
+            details.update(combined.applied_params)
+        else:
+            if combined is not None:
+                self.combination_notes.append(
+                    f"{' + '.join(combined.fixes)} together: {combined.status}: {combined.reason}; "
+                    f"kept {first.fix} alone"
+                )
+            fixes, speedup, spread, basis = [first.fix], first.speedup or 1.0, first.spread, first.gain_basis
         target = flash_or_sdpa(self.attn_target, tuple(fixes))
         changes = [kept_change(f, framework, self._kept_params(f, details.get(f), target)) for f in fixes]
-        best_rate = baseline.real_tokens_per_s * speedup
-        return Best(fixes, best_rate, speedup, variance**0.5, changes, True)
+        return Best(fixes, baseline.real_tokens_per_s * speedup, speedup, spread, changes, True, basis)
 
     def _kept_params(self, fix: str, params: dict[str, Any] | None, attention: str) -> dict[str, Any]:
         """What the kept change's advice is written with: the trial's own parameters, and for attention
@@ -414,20 +501,18 @@ class Session:
             kept.update(target=attention, hf_model=True)
         return kept
 
-    def _combination_problem(self, trial: Window, fixes: tuple[str, ...], baseline: Baseline) -> str | None:
-        """Why a combination's window cannot count: a fix that did not apply in it, or losses changed by
-        fixes that each should have preserved them."""
-        if not trial.ok:
-            return None  # its error is reported with the gain check
-        missing = [f for f in fixes if f not in trial.applied]
-        if missing:
-            return f"{', '.join(missing)} did not apply together with the others"
-        preserving = all(remedy(f).preserves_computation for f in fixes)
-        if preserving and baseline.losses_reproducible is not False and trial.losses and baseline.losses:
-            same, worst = losses_match(baseline.losses, trial.losses, self.tol)
-            if not same:
-                return f"together they changed the first losses by up to {worst:.1e}"
-        return None
+
+def basis_notes(verdicts: list[Verdict], baseline: Baseline) -> list[str]:
+    """Which gains rest on one baseline point (the budget ran out before the baseline was measured again)."""
+    single = [v.fix for v in verdicts if v.gain_basis == SINGLE_POINT]
+    if not single:
+        return []
+    drift = baseline.disagreement
+    widened_by = f"{drift:.0%}, the baselines' own disagreement" if drift is not None else "an assumed 10%"
+    return [
+        f"{', '.join(single)}: the gain is against a single baseline point (the budget ran out before the "
+        f"baseline was measured again after it); its band was widened by {widened_by}"
+    ]
 
 
 def attention_target(on_gpu: bool, param_dtype: str | None = None, autocast_dtype: str | None = None) -> str:

@@ -86,9 +86,11 @@ def run_window(
     timeout_s: float | None,
     on_step: Callable[[int], None] | None = None,
     rule: WindowRule | None = None,
+    on_wait: Callable[[], None] | None = None,
 ) -> Window:
     """One window of the job with the requested fixes. With a ``rule`` the window ends when its step time is
-    precise enough (``steps`` and ``warmup`` then apply only to a job of several ranks)."""
+    precise enough (``steps`` and ``warmup`` then apply only to a job of several ranks). ``on_wait`` is called
+    every few tenths of a second while the job runs, before its first step too (tune's heartbeat)."""
     window = Window(fixes=tuple(sorted(request.fixes)))
     out = Path(tempfile.mkdtemp(prefix="pitstop-tune-"))
     request.report_dir = out / "fixes"
@@ -99,6 +101,7 @@ def run_window(
             command,
             StepWindow(steps=steps, warmup=warmup, rule=rule),
             on_step=on_step,
+            on_tick=None if on_wait is None else (lambda _folder: on_wait()),
             timeout_s=timeout_s,
             extra_env=request.to_env(),
             out_dir=out,
