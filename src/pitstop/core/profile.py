@@ -164,6 +164,11 @@ class DataLoaderInfo:
     # pinned source, non_blocking=False: staged but still blocking
     h2d_copies_pinned_blocking: int | None = None
     h2d_copies_non_blocking: int | None = None
+    # a tokenizer call of the job that padded every example to a fixed length (padding="max_length"), before
+    # any collator: the length it padded to, the job's line ("path:line") and that line's code; None = not seen
+    tokenizer_pads_to: int | None = None
+    tokenizer_padding_site: str | None = None
+    tokenizer_padding_code: str | None = None
 
 
 @dataclass

@@ -36,6 +36,11 @@ class Framework(StrEnum):
         """The arguments class a Trainer-style job sets (SFTConfig for TRL)."""
         return "SFTConfig" if self is Framework.TRL else "TrainingArguments"
 
+    @property
+    def trainer_class(self) -> str:
+        """The trainer class a Trainer-style job builds (SFTTrainer for TRL)."""
+        return "SFTTrainer" if self is Framework.TRL else "Trainer"
+
     @classmethod
     def of(cls, value: str | None) -> Framework:
         """The framework named by ``value``; plain PyTorch when unknown."""

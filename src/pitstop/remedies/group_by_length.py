@@ -57,16 +57,20 @@ class GroupByLength(Remedy):
     helps_with = (RemedyId.TRIM_PADDING,)  # padded to a fixed length, grouping saves nothing until trimmed
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
+        """``batch_size``: the job's loader's (a trial's)."""
         text = "Batch examples of similar length together."
         if framework.is_trainer:
             return Advice(
                 text, f'args = {framework.args_class}(..., train_sampling_strategy="group_by_length")'
             )
+        batch = int(params.get("batch_size") or 8)
         return Advice(
             text,
-            code("""
+            code(f"""
                 from pitstop.data import LengthGroupedBatchSampler
-                loader = DataLoader(dataset, batch_sampler=LengthGroupedBatchSampler(lengths, batch_size=8))
+                lengths = [sum(r["attention_mask"]) for r in dataset]  # each example's real tokens
+                batches = LengthGroupedBatchSampler(lengths, batch_size={batch})
+                loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate)  # collate: the job's own
             """),
         )
 
@@ -109,4 +113,5 @@ class GroupByLength(Remedy):
         )
         for key, default in (("batch_size", 1), ("shuffle", None), ("sampler", None), ("drop_last", False)):
             params[key] = default
-        report.apply(self.id, f"length-grouped batches of {params['batch_sampler'].batch_size}")
+        size = params["batch_sampler"].batch_size
+        report.apply(self.id, f"length-grouped batches of {size}", batch_size=size)

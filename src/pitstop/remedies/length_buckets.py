@@ -18,6 +18,7 @@ from typing import Any
 
 from pitstop.core.vocabulary import Framework, RemedyId
 from pitstop.remedies.base import Advice, LoaderParams, Remedy, TrialFacts, code, register
+from pitstop.remedies.trim_padding import SEQ2SEQ_COLLATOR
 from pitstop.trials.request import FixReport, FixRequest
 
 
@@ -34,21 +35,37 @@ class LengthBuckets(Remedy):
     helps_with = ()
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
-        """``multiple``: the step a Trainer's collator pads to (None: 64)."""
+        """``multiple``: the step a Trainer's collator pads to (None: 64); ``collate_fn``: the job's collator
+        (a ``DataCollatorForSeq2Seq`` is kept: its rows carry labels; any other gets the causal-LM one)."""
         multiple = int(params.get("multiple") or 64)
         text = (
             "Pad each batch to one of a few lengths, not to its own longest example, so the compiled model "
             "sees a few shapes: round the length up to the next bucket (powers of two and 1.5 times them: "
             f"under 50% more columns) or to a multiple of {multiple}."
         )
+        if framework is Framework.TRL and not params.get(
+            "collate_fn"
+        ):  # TRL's own collator takes the multiple
+            return Advice(text, f"config = SFTConfig(..., pad_to_multiple_of={multiple})")
         if framework.is_trainer:
+            if str(params.get("collate_fn") or "").endswith(SEQ2SEQ_COLLATOR):  # rows with their own labels
+                return Advice(
+                    text,
+                    code(f"""
+                        from transformers import DataCollatorForSeq2Seq
+                        collator = DataCollatorForSeq2Seq(tokenizer, padding="longest", pad_to_multiple_of={multiple})
+                        trainer = TRAINER(..., data_collator=collator)
+                    """).replace("TRAINER", framework.trainer_class),
+                )
+            # a causal-LM dataset has no labels: DataCollatorForSeq2Seq would leave the model without a loss
             return Advice(
                 text,
                 code(f"""
-                    from transformers import DataCollatorForSeq2Seq
-                    collator = DataCollatorForSeq2Seq(tokenizer, padding="longest", pad_to_multiple_of={multiple})
-                    trainer = Trainer(..., data_collator=collator)
-                """),
+                    from transformers import DataCollatorForLanguageModeling
+                    # rows with their own labels: DataCollatorForSeq2Seq(tokenizer, pad_to_multiple_of={multiple})
+                    collator = DataCollatorForLanguageModeling(tokenizer, mlm=False, pad_to_multiple_of={multiple})
+                    trainer = TRAINER(..., data_collator=collator)
+                """).replace("TRAINER", framework.trainer_class),
             )
         return Advice(
             text,

@@ -29,36 +29,58 @@ class Pack(Remedy):
     )
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
-        """``done``: what a trial measured doing it (rows, seconds, mask kind)."""
+        """``max_len``: the row length (a trial's, or the job's padded width); ``done``: what a trial measured
+        doing it (examples, rows, seconds, masks); ``labels``: "own" when the job's rows carry labels other
+        than their input ids; ``batch_size``: the job's loader's."""
         done = params.get("done")
+        max_len = params.get("max_len")
+        length = str(max_len) if max_len else "<the job's row length>"
         text = (
             "Pack whole examples into full rows, with positions restarting and attention kept inside each "
-            "example" + (f" ({done})." if done else ".")
+            "example"
+            + (f" ({done})" if done else "")
+            + (
+                f": the job's own tokenized rows, padding dropped, packed into rows of {max_len} tokens"
+                if max_len
+                else ""
+            )
+            + "."
         )
         if framework is Framework.TRL:
             return Advice(
-                text,
-                code("""
-                    config = SFTConfig(..., packing=True, packing_strategy="bfd", max_length=2048)
-                    # or padding-free batches: SFTConfig(..., padding_free=True) with flash_attention_2
-                """),
+                text
+                + " TRL packs with its own padding-free collator (pass no data_collator) and keeps the packed "
+                "examples apart by their position_ids.",
+                f'config = SFTConfig(..., packing=True, packing_strategy="bfd", max_length={length})',
             )
-        head = code("""
-            # once: pitstop data cache train.jsonl --tokenizer tok.json --out cache/
-            from pitstop.data import PackedDataset, PackingCollator, build_cache
-            cache = build_cache("train.jsonl", tokenizer="tok.json", out="cache/")
+        own = params.get("labels") == "own"
+        rows = code("""
+            from pitstop.data import PackingCollator, plan_packing
+
+            # train: the tokenized dataset the job trains on; padding dropped, packed best-fit decreasing
+            rows = [[t for t, m in zip(r["input_ids"], r["attention_mask"]) if m] for r in train]
         """)
-        if framework is Framework.HF_TRAINER:
+        if own:
+            rows += (
+                "\n" + 'labels = [[y for y, m in zip(r["labels"], r["attention_mask"]) if m] for r in train]'
+            )
+        label_item = ', "labels": [y for j in row for y in labels[j]]' if own else ""
+        rows += "\n" + code(f"""
+            packed = [
+                {{"input_ids": [t for j in row for t in rows[j]]{label_item}, "seq_lens": [len(rows[j]) for j in row]}}
+                for row in plan_packing([len(r) for r in rows], max_len={length}).bins
+            ]
+            collator = PackingCollator(model.config._attn_implementation, tokenizer.pad_token_id)
+        """)
+        if framework.is_trainer:
             tail = code("""
-                trainer = Trainer(..., train_dataset=PackedDataset(cache, max_len=2048),
-                                  data_collator=PackingCollator(model.config._attn_implementation))
+                args = TrainingArguments(..., remove_unused_columns=False)  # the collator reads seq_lens
+                trainer = Trainer(..., args=args, train_dataset=packed, data_collator=collator)
             """)
         else:
-            tail = code("""
-                loader = DataLoader(PackedDataset(cache, max_len=2048), batch_size=8, shuffle=True,
-                                    collate_fn=PackingCollator(model.config._attn_implementation))
-            """)
-        return Advice(text, head + "\n" + tail)
+            batch = params.get("batch_size") or 8
+            tail = f"loader = DataLoader(packed, batch_size={batch}, shuffle=True, collate_fn=collator)"
+        return Advice(text, rows + "\n" + tail)
 
     def frameworks(self) -> tuple[Framework, ...]:
         return (Framework.HF_TRAINER, Framework.TRL, Framework.PYTORCH)
@@ -102,7 +124,15 @@ class Pack(Remedy):
         done = (
             f"{len(dataset):,} examples packed into {len(packed):,} rows, in {seconds:.1f} s ({attn} masks)"
         )
-        report.apply(self.id, done, done=done)
+        own = any(not torch.equal(i, y) for i, y in zip(packed.ids, packed.labels, strict=True))
+        report.apply(
+            self.id,
+            done,
+            done=done,
+            max_len=int(packed.max_len),
+            labels="own" if own else "input_ids",
+            batch_size=int(params.get("batch_size") or 1),
+        )
 
 
 def _same_sampler_over(params: LoaderParams) -> None:

@@ -149,6 +149,7 @@ class PackedExamples:
 
         self.ids, self.labels = ids, labels
         self.pad_token_id = pad_token_id
+        self.max_len = max_len  # the row length the examples were packed into (the change tune keeps says it)
         self.bins = plan_packing([len(x) for x in ids], max_len).bins
 
     def __len__(self) -> int:

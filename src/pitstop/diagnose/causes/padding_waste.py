@@ -4,10 +4,11 @@ the batches' examples would save."""
 from __future__ import annotations
 
 from pitstop.core.findings import Finding, Use, use
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, RemedyId, Severity, Source
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
+from pitstop.remedies.trim_padding import pads_per_batch
 
 PADDING_MIN = 0.10
 
@@ -38,6 +39,7 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
         kept, kept_basis = _packed_rows(ctx)
     rows = [s.seq_len for r in ctx.profile.ranks for s in r.steps if s.seq_len]
     fixed_length = bool(rows) and len(set(rows)) == 1 and len(rows) > 2
+    source = _padding_source(ctx, rows[0] if fixed_length else None)
     evidence = {
         "padding_frac": round(p, 3),
         "padded_row_len": round(m.seq_len, 1) if m.seq_len else None,
@@ -45,12 +47,23 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
         "tokens_per_s": round(m.tokens_per_s, 1) if m.tokens_per_s else None,
         "real_tokens_per_s": round(m.real_tokens_per_s, 1) if m.real_tokens_per_s else None,
         "fixed_row_length": fixed_length,
+        "collate_fn": ctx.env.dataloader.collate_fn,
+        **{k: v for k, v in source.items() if k != "code"},
     }
     summary = f"{p:.0%} of the tokens in each batch are padding"
     if fixed_length and m.seq_len:
         summary += f": every row is padded to {int(m.seq_len)} tokens"
         if m.mean_example_len:
             summary += f" while examples average {m.mean_example_len:.0f}"
+    if source.get("padded_by") == "tokenizer":
+        summary += ', by the job\'s tokenizer call (padding="max_length")' + (
+            f" at {source['site']}" if source.get("site") else ""
+        )
+        summary += (
+            f"; the collator ({ctx.env.dataloader.collate_fn}) pads nothing more"
+            if source.get("collator_pads_per_batch")
+            else ""
+        )
     summary += "."
     return Finding(
         cause=CauseId.PADDING_WASTE,
@@ -63,8 +76,33 @@ def padding_waste(ctx: RuleContext) -> Finding | None:
             f"pad tokens are {p:.1%} of all tokens (measured from attention masks); {share_basis}: "
             + (kept_basis if kept is not None else "1/(1 − share·pad); attention's quadratic part gains more")
         ),
-        fix=advise(ctx.framework, *_padding_uses(fixed_length)),
+        fix=advise(
+            ctx.framework,
+            *_padding_uses(
+                fixed_length, source, ctx.env.dataloader.collate_fn, rows[0] if fixed_length else None
+            ),
+        ),
     )
+
+
+def _padding_source(ctx: RuleContext, width: int | None) -> dict[str, object]:
+    """Who pads every row to one width before the collator: a tokenizer call of the job seen padding to
+    ``max_length`` (the probe names its line) that the batches' width confirms, or, unseen, rows all one
+    width handed to a collator that pads each batch to its longest row (it had nothing left to pad)."""
+    loader = ctx.env.dataloader
+    per_batch = pads_per_batch(loader.collate_fn)
+    pads_to = loader.tokenizer_pads_to
+    if pads_to is not None and (width is None or width == pads_to):
+        return {
+            "padded_by": "tokenizer",
+            "padded_to": pads_to,
+            "site": loader.tokenizer_padding_site,
+            "code": loader.tokenizer_padding_code,
+            "collator_pads_per_batch": per_batch,
+        }
+    if width is not None and per_batch:
+        return {"padded_by": "before the collator", "padded_to": width, "collator_pads_per_batch": True}
+    return {}
 
 
 UNPADDED = ("flash_attention_2", "flash_attention_3")  # attend per example already: padding costs dense work
@@ -143,7 +181,7 @@ def _token_share(ctx: RuleContext) -> tuple[float, str]:
 
 def _padding_in_config(ctx: RuleContext) -> Finding | None:
     env = ctx.env
-    if env.packing is not False or env.group_by_length or ctx.measured:
+    if env.packing is not False or env.group_by_length or (ctx.measured and not _sampled(ctx)):
         return None
     return Finding(
         cause=CauseId.PADDING_WASTE,
@@ -162,14 +200,35 @@ def _padding_in_config(ctx: RuleContext) -> Finding | None:
         },
         est_speedup=None,
         speedup_basis="config only: `pitstop data stats` or `pitstop doctor` measures the pad share",
-        fix=advise(ctx.framework, *_padding_uses(False)),
+        fix=advise(
+            ctx.framework, *_padding_uses(False, _padding_source(ctx, None), env.dataloader.collate_fn)
+        ),
     )
 
 
-def _padding_uses(fixed_length: bool) -> list[Use]:
-    """Packing first (no pad token left), else padding each batch to its longest example."""
-    return [
-        use(RemedyId.PACK),
-        use(RemedyId.TRIM_PADDING, fixed_length=fixed_length),
-        use(RemedyId.GROUP_BY_LENGTH),
-    ]
+def _sampled(ctx: RuleContext) -> bool:
+    """``pitstop attach``'s sampled view: its steps are from stacks, which hold no tokens, so what the job's
+    code shows of padding (``attach/evidence.py``) stands as a config's would."""
+    return ctx.profile.source == Source.ATTACH and any(
+        (r.step_boundary_reason or "").startswith("sampled: ") for r in ctx.profile.ranks
+    )
+
+
+def _padding_uses(
+    fixed_length: bool, source: dict[str, object], collate_fn: str | None, width: int | None = None
+) -> list[Use]:
+    """Rows all padded to one width: padding per batch first (the simplest change, often one argument in the
+    job's own code), then packing into rows of that width. Otherwise packing first (no pad token left), then
+    padding per batch."""
+    trim = use(
+        RemedyId.TRIM_PADDING,
+        fixed_length=fixed_length,
+        collate_fn=collate_fn,
+        **{k: v for k, v in source.items() if k in ("padded_by", "padded_to", "site", "code")},
+    )
+    padded_to = source.get("padded_to")
+    width = width or (padded_to if isinstance(padded_to, int) else None)
+    pack = use(RemedyId.PACK, max_len=width) if width else use(RemedyId.PACK)
+    if fixed_length or source.get("padded_by") == "tokenizer":
+        return [trim, pack, use(RemedyId.GROUP_BY_LENGTH)]
+    return [pack, trim, use(RemedyId.GROUP_BY_LENGTH)]

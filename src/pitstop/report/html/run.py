@@ -89,8 +89,7 @@ def findings(d: Diagnosis) -> str:
             f"{(' — ' + escape(f.speedup_basis)) if f.speedup_basis else ''}</p>"
             f"<p>{escape(f.summary)}</p>"
             + (f"<p><b>Saves:</b> {escape(describe(f.saving))}</p>" if f.saving else "")
-            + f"<p><b>Fix:</b> {escape(f.fix.text)}</p>"
-            + (snippet(code) if code else "")
+            + fix_blocks(f.fix, code)
             + f'<details class="evidence"><summary>evidence</summary><pre>{escape(evidence)}</pre></details></div>'
         )
     return section("findings", "Findings, ranked by estimated time saved", "".join(cards) or "<p>None.</p>")
@@ -99,6 +98,28 @@ def findings(d: Diagnosis) -> str:
 def _who(d: Diagnosis) -> str:
     shown = d.results.shown
     return f" (rank {shown.rank}: {shown.why})" if d.profile.world_size > 1 else ""  # as the terminal says
+
+
+def fix_blocks(fix: Fix, code: str) -> str:
+    """A fix's words and code, one block per remedy it lists: they are alternatives or separate changes, and
+    one Copy block holding them all would paste conflicting ``Trainer(...)`` lines into the job."""
+    from pitstop.core.vocabulary import Framework
+    from pitstop.remedies import remedy
+
+    whole = f"<p><b>Fix:</b> {escape(fix.text)}</p>" + (snippet(code) if code else "")
+    if len(fix.uses) < 2:
+        return whole
+    try:
+        framework = Framework.of(fix.framework)
+        advices = [remedy(u.remedy).advice(framework, u.params) for u in fix.uses]
+    except (KeyError, ValueError):  # a remedy this pitstop does not know (a newer one wrote the document)
+        return whole
+    return "<p><b>Fix</b>, one change per block:</p>" + "".join(
+        f'<div class="alternative" data-remedy="{escape(str(u.remedy))}"><p><b>{i}.</b> {escape(a.text)}</p>'
+        + (snippet(a.snippet) if a.snippet else "")
+        + "</div>"
+        for i, (u, a) in enumerate(zip(fix.uses, advices, strict=True), 1)
+    )
 
 
 def step_plots(d: Diagnosis) -> list[str]:
