@@ -38,7 +38,9 @@ class BalanceRanks(Remedy):
             return Advice(text, "config = SFTConfig(..., packing=True)")
         if framework is Framework.HF_TRAINER:
             return Advice(text, 'args = TrainingArguments(..., train_sampling_strategy="group_by_length")')
-        return Advice(text, "loader = DataLoader(train, sampler=DistributedSampler(train), pin_memory=True)")
+        return Advice(
+            text, "loader = DataLoader(train, ..., sampler=DistributedSampler(train), pin_memory=True)"
+        )
 
     def frameworks(self) -> tuple[Framework, ...]:
         return (Framework.HF_TRAINER, Framework.TRL, Framework.PYTORCH)

@@ -18,7 +18,8 @@ def mixed_precision_advice(framework: Framework, low: str, text: str) -> Advice:
         Framework.HF_TRAINER: f"args = TrainingArguments(..., {low}=True)",
         Framework.TRL: f"config = SFTConfig(..., {low}=True)",
         Framework.ACCELERATE: f'accelerator = Accelerator(mixed_precision="{low}")',
-        Framework.LIGHTNING: f'trainer = L.Trainer(..., precision="{low}-mixed")',
+        # Lightning names fp16 "16-mixed" ("fp16-mixed" is no precision it takes)
+        Framework.LIGHTNING: f'trainer = L.Trainer(..., precision="{"bf16" if low == "bf16" else "16"}-mixed")',
         Framework.DEEPSPEED: f'"{low}": {{"enabled": true}}',
     }
     if framework in snippets:

@@ -91,7 +91,7 @@ class Bf16Lora(Remedy):
             )
         else:
             quantized += (
-                "\nloader = DataLoader(dataset, batch_size=<larger>, ...)  # fewer accumulation steps"
+                "\nloader = DataLoader(dataset, ..., batch_size=<larger>)  # fewer accumulation steps"
             )
         return quantized if fits is False else f"{bf16}\n{quantized}"
 

@@ -28,7 +28,7 @@ class BiggerBuckets(Remedy):
             Framework.TRL: f"config = SFTConfig(..., ddp_bucket_cap_mb={mb})",
             Framework.ACCELERATE: "from accelerate import DistributedDataParallelKwargs\n"
             f"accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(bucket_cap_mb={mb})])",
-            Framework.LIGHTNING: f"L.Trainer(strategy=DDPStrategy(bucket_cap_mb={mb}))",
+            Framework.LIGHTNING: f"L.Trainer(..., strategy=DDPStrategy(bucket_cap_mb={mb}))",
             Framework.DEEPSPEED: '"zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8, '
             '"overlap_comm": true}',
         }

@@ -34,12 +34,13 @@ SNIPPETS = {
     ),
     Framework.LIGHTNING: (
         "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
-        "L.Trainer(accumulate_grad_batches=8, strategy=DDPStrategy(bucket_cap_mb=200,\n"
+        "L.Trainer(..., accumulate_grad_batches=8, strategy=DDPStrategy(bucket_cap_mb=200,\n"
         "          ddp_comm_hook=default_hooks.bf16_compress_hook))"
     ),
     Framework.DEEPSPEED: (
+        "# ZeRO++: hpZ keeps the backward's gathers inside the node, quantized weights and gradients\n"
         '"gradient_accumulation_steps": 8,\n'
-        '"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8,   # ZeRO++: backward gathers in the node\n'
+        '"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8,\n'
         '                      "zero_quantized_weights": true, "zero_quantized_gradients": true,\n'
         '                      "reduce_bucket_size": 5e8, "overlap_comm": true}'
     ),

@@ -14,6 +14,7 @@ detection and deterministic algorithms are still off (a mode switched on some ot
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from types import ModuleType
@@ -24,6 +25,7 @@ from pitstop.frames import job_line
 from pitstop.remedies.base import Advice, Remedy, TrialFacts, at_first_optimizer_step, code, register
 from pitstop.trials.request import FixReport, FixRequest
 
+ENV_SETTING = re.compile(r"[A-Z_][A-Z0-9_]*=")  # a setting that is an environment variable
 # the debugging variables a trial unsets, and the values that already mean "off"
 DEBUG_ENV = {"CUDA_LAUNCH_BLOCKING": ("", "0"), "TORCH_DISTRIBUTED_DEBUG": ("", "OFF")}
 
@@ -51,9 +53,13 @@ class DebugOff(Remedy):
                 f"{where}: it records a stack for every operation and checks every gradient, every step. "
                 "Turn it on again only to find where a NaN starts."
             )
-        env = [s.split("=", 1)[0] for s in settings if "=" in s]
+        # environment variables only ("CUDA_LAUNCH_BLOCKING=1"), not "TrainingArguments(full_determinism=True)"
+        env = [s.split("=", 1)[0] for s in settings if ENV_SETTING.match(s)]
         if env:
-            parts.append(f"Unset {', '.join(env)} in the job's environment: both are for debugging.")
+            parts.append(
+                f"Unset {', '.join(env)} in the job's environment: "
+                f"{'they are' if len(env) > 1 else 'it is'} for debugging."
+            )
         if any(s.startswith("torch.use_deterministic_algorithms") for s in settings):
             parts.append(
                 "Drop torch.use_deterministic_algorithms(True) unless bit-exact reruns are required."

@@ -38,7 +38,9 @@ class EvalLessOften(Remedy):
         snippets = {
             Framework.HF_TRAINER: f"args = TrainingArguments(..., eval_steps={e}, save_steps={s}, per_device_eval_batch_size=16)",
             Framework.TRL: f"config = SFTConfig(..., eval_steps={e}, save_steps={s})",
-            Framework.LIGHTNING: "L.Trainer(..., val_check_interval=1000, limit_val_batches=0.1)",
+            # an int interval longer than an epoch needs check_val_every_n_epoch=None (Lightning raises otherwise)
+            Framework.LIGHTNING: f"L.Trainer(..., val_check_interval={eval_to or 1000}, check_val_every_n_epoch=None, "
+            "limit_val_batches=0.1)",
         }
         return Advice(
             text, snippets.get(framework, f"if step % {e} == 0: evaluate()  # and a sampled eval set")

@@ -87,7 +87,9 @@ class LighterSharding(Remedy):
                 return "# accelerate config, deepspeed_config:\n  zero_stage: 2"
             if framework is Framework.LIGHTNING:
                 return (
-                    'L.Trainer(strategy="deepspeed_stage_2")' if target == "zero2" else "# ds_config:\n" + ds
+                    'L.Trainer(..., strategy="deepspeed_stage_2")'
+                    if target == "zero2"
+                    else "# ds_config:\n" + ds
                 )
             return "# ds_config.json:\n" + ds
         if framework.is_trainer:
@@ -104,5 +106,5 @@ class LighterSharding(Remedy):
                 # or in code: FullyShardedDataParallelPlugin(sharding_strategy="{member.lstrip("_")}")
             """)
         if framework is Framework.LIGHTNING:
-            return f'L.Trainer(strategy=FSDPStrategy(sharding_strategy="{member.lstrip("_")}"))'
+            return f'L.Trainer(..., strategy=FSDPStrategy(sharding_strategy="{member.lstrip("_")}"))'
         return _fsdp_pytorch(target, g)

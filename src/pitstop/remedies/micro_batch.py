@@ -64,7 +64,7 @@ class MicroBatch(Remedy):
             Framework.LIGHTNING: f"trainer = L.Trainer(..., accumulate_grad_batches={acc})  # DataLoader(batch_size={mb})",
             Framework.DEEPSPEED: f'"train_micro_batch_size_per_gpu": {mb}, "gradient_accumulation_steps": {acc}',
         }
-        pytorch = f"loader = DataLoader(train, batch_size={mb}, ...)   # and accumulate {acc} micro-batches"
+        pytorch = f"loader = DataLoader(train, ..., batch_size={mb})   # and accumulate {acc} micro-batches"
         return Advice(text, snippets.get(framework, pytorch))
 
     def cannot_try(self, facts: TrialFacts) -> str | None:

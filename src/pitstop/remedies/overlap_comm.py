@@ -34,7 +34,7 @@ class OverlapComm(Remedy):
             Framework.HF_TRAINER: "args = TrainingArguments(..., ddp_bucket_cap_mb=100)  # or overlap_comm in the ds_config",
             Framework.TRL: "config = SFTConfig(..., ddp_bucket_cap_mb=100)",
             Framework.ACCELERATE: "DistributedDataParallelKwargs(bucket_cap_mb=100, gradient_as_bucket_view=True)",
-            Framework.LIGHTNING: "L.Trainer(strategy=DDPStrategy(bucket_cap_mb=100, gradient_as_bucket_view=True))",
+            Framework.LIGHTNING: "L.Trainer(..., strategy=DDPStrategy(bucket_cap_mb=100, gradient_as_bucket_view=True))",
         }
         pytorch = "model = DDP(model, bucket_cap_mb=100, gradient_as_bucket_view=True, static_graph=True)"
         return Advice(text, snippets.get(framework, pytorch))

@@ -58,7 +58,7 @@ class PlainDdp(Remedy):
                 distributed_type: MULTI_GPU   # instead of DEEPSPEED / FSDP; drop deepspeed_config / fsdp_config
             """)
         if framework is Framework.LIGHTNING:
-            return 'L.Trainer(strategy="ddp")  # instead of "deepspeed_stage_*" / FSDPStrategy(...)'
+            return 'L.Trainer(..., strategy="ddp")  # instead of "deepspeed_stage_*" / FSDPStrategy(...)'
         if framework is Framework.DEEPSPEED or deepspeed:
             return code("""
                 # ds_config.json: no partitioning (the engine all-reduces the gradients, as DDP does)

@@ -24,14 +24,23 @@ class Pretokenize(Remedy):
         done = params.get("done")
         text = "Tokenize every example once, before training (and cache it), not in the collate function on every step"
         text += f" ({done})." if done else "."
+        tokenized = (
+            "train = raw.map(tokenize, batched=True, num_proc=8, remove_columns=raw.column_names)  # cached"
+        )
+        if framework is Framework.TRL:  # SFTTrainer pads the token ids and builds the labels itself
+            return Advice(text, f"{tokenized}\ntrainer = SFTTrainer(..., train_dataset=train)")
         if framework.is_trainer:
-            collator = 'DataCollatorForSeq2Seq(tokenizer, padding="longest")'
+            # a collator that makes the labels: the tokenized rows of a causal LM carry none (a Seq2Seq
+            # collator would pad no labels, and the model would return no loss)
             return Advice(
                 text,
                 code(f"""
-                    train = raw.map(tokenize, batched=True, num_proc=8, remove_columns=raw.column_names)  # cached
-                    trainer = Trainer(..., train_dataset=train, data_collator={collator})
-                """).replace("Trainer(", "SFTTrainer(" if framework is Framework.TRL else "Trainer("),
+                    from transformers import DataCollatorForLanguageModeling
+                    {tokenized}
+                    trainer = Trainer(..., train_dataset=train,
+                                      data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False))
+                    # rows with their own labels (the prompt masked): DataCollatorForSeq2Seq(tokenizer, padding="longest")
+                """),
             )
         return Advice(
             text,
@@ -39,7 +48,7 @@ class Pretokenize(Remedy):
                 # once, for every run: pitstop data cache train.jsonl --tokenizer tok.json --out cache/
                 from pitstop.data import CachedExamples, build_cache
                 cache = build_cache("train.jsonl", tokenizer="tok.json", out="cache/")
-                loader = DataLoader(CachedExamples(cache), batch_size=8, collate_fn=pad_batch)  # your collate only pads
+                loader = DataLoader(CachedExamples(cache), batch_size=8, collate_fn=collate)  # your collate, now it only pads
             """),
         )
 

@@ -49,8 +49,9 @@ class SaveLessOften(Remedy):
         return Advice(
             text,
             code(f"""
+                import torch.distributed.checkpoint as dcp  # `import torch` alone does not load it
                 if step % {n} == 0:
-                    torch.distributed.checkpoint.async_save(state_dict, checkpoint_id=path)  # torch >= 2.3
+                    dcp.async_save(state_dict, checkpoint_id=path)  # torch >= 2.3; wait on the last before exit
             """),
         )
 
