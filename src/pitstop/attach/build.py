@@ -1,6 +1,7 @@
 """A JobView -> the RunProfile the rules read. Per-step records come from the samples between step starts
 (each time is samples × the sampling interval); what samples cannot know (tokens, padding, the model, the
-dtype) stays None, unless a trainer_state.json in the job's folder says it."""
+dtype) stays None, unless a trainer_state.json in the job's folder says it; the attention path and padding
+without packing are set where the stacks show them (``evidence.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from pitstop.attach import procs
 from pitstop.attach.classify import Phase
-from pitstop.attach.evidence import Sources, env_settings, rank_evidence, with_log
+from pitstop.attach.evidence import RankEvidence, Sources, env_settings, rank_evidence, with_log
 from pitstop.attach.view import JobView, RankView
 from pitstop.core.profile import (
     CpuThreads,
@@ -174,11 +175,33 @@ def _rank_profile(rank: RankView, view: JobView) -> RankProfile:
     profile.compile = evidence.compile
     profile.debug_modes = evidence.debug_modes
     profile.ddp = evidence.ddp
+    _seen_settings(profile.environment, evidence)
     profile.steps_delimited_by = StepBoundary.OPTIMIZER_STEP
     # "sampled: " marks a sampled rank for the report's counting line (diagnose.counting_line)
     bound = "" if rank.steps.resolved else ", a lower bound"
     profile.step_boundary_reason = f"sampled: {rank.steps.method}{bound}"
     return profile
+
+
+def _seen_settings(env: Environment, evidence: RankEvidence) -> None:
+    """What the samples show of the settings the rules read from the environment: the eager attention path
+    (a transformers model when its ``eager_attention_forward`` ran, so the fix is a loading argument), and
+    batches padded without packing (the collate, ``padding="max_length"`` in the job's code). The pad share
+    stays unknown: tokens are in no stack."""
+    if evidence.attention is not None:
+        env.attention = evidence.attention
+        if evidence.attention_library is not None:
+            env.model.library = evidence.attention_library
+    padding = evidence.padding
+    if padding is None:
+        return
+    if env.packing is None and env.framework != "trl":
+        env.packing = False  # TRL's collator may pack; transformers' collators and max_length padding do not
+    env.dataloader.collate_fn = env.dataloader.collate_fn or padding.collate
+    if padding.max_length_lines:  # as the probe's tokenizer watch names the call (probe/collectors)
+        loader = env.dataloader
+        loader.tokenizer_padding_site, loader.tokenizer_padding_code = padding.max_length_lines[0]
+        loader.tokenizer_pads_to = padding.pads_to
 
 
 def _environment(rank: RankView, view: JobView) -> Environment:

@@ -14,6 +14,14 @@ consecutive samples (a lower bound: a call shorter than one interval can fall be
   makes, through ``torch/fx/traceback.py``'s ``format_stack``: a sample there is anomaly mode at work. The
   debug environment variables (``CUDA_LAUNCH_BLOCKING``, ``TORCH_DISTRIBUTED_DEBUG``) are read from
   ``/proc/PID/environ`` (the process's start-up environment).
+* **eager attention** (``AttentionInfo.implementation = "eager"``): transformers' unfused path is a Python
+  function, ``eager_attention_forward`` (each model's modeling file has its own copy); a model's own
+  ``softmax(Q·Kᵀ)`` shows as a sample of the job's code on a line that calls ``softmax(`` with the scores'
+  matmul (``@``, ``matmul``, ``bmm``, ``einsum``) a few lines above. Only the forward is seen: the backward
+  runs in autograd's C++ engine, below ``loss.backward()``.
+* **padding** (``Environment.packing = False``): a stack holds no tokens, so the pad share is not counted; what
+  shows that batches are padded is the collate (transformers' ``data_collator.py``, a tokenizer's ``pad``) in
+  the samples and, in the job's own files that the samples name, a ``padding="max_length"`` argument.
 * **DDP's unused-parameter search** (``DdpSettings``): DDP runs it after each forward, on the line of
   ``torch/nn/parallel/distributed.py`` that calls ``prepare_for_backward(list(_find_tensors(output)))``,
   reached only with ``find_unused_parameters=True`` and no static graph. A sample on that line (or in
@@ -31,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pitstop.attach.stacks import Frame, Stack
-from pitstop.core.profile import CompileStats, DdpSettings, DebugModes, JobCall
+from pitstop.core.profile import AttentionInfo, CompileStats, DdpSettings, DebugModes, JobCall
 from pitstop.regular import regular_problem
 
 SOURCE_LIMIT = 4 * 2**20  # a Python source file is far smaller; a larger one is not read
@@ -48,6 +56,17 @@ DDP_SEARCH = "_find_tensors"  # on the search's line, and its own function
 LIBRARY_PATHS = ("/site-packages/", "/dist-packages/")
 TRAINER_STEP = "training_step"  # the Trainer empties the cache there on torch_empty_cache_steps
 STDLIB = re.compile(r"/lib/python\d+\.\d+/")
+EAGER_ATTENTION = "eager_attention_forward"  # transformers' unfused attention, one copy per modeling file
+SOFTMAX_CALL = re.compile(r"\bsoftmax\s*\(")
+SCORES_MATMUL = re.compile(
+    r"[\w)\]]\s*@\s*[\w(]|\b(?:matmul|bmm|baddbmm|einsum)\s*\("
+)  # Q·Kᵀ, not a decorator
+SCORES_ABOVE = 6  # lines above a softmax call searched for the scores' matmul (a scale, a mask between)
+FUNCTION_START = re.compile(r"\s*(?:async\s+)?(?:def|class)\s")
+COLLATE_FILE = "transformers/data/data_collator.py"
+TOKENIZER_PAD = ("transformers/tokenization_utils_base.py", "pad")  # tokenizer.pad: a collate that pads
+MAX_LENGTH_PADDING = re.compile(r"""\bpadding\s*=\s*(["'])max_length\1""")
+PADS_TO = re.compile(r"\bmax_length\s*=\s*(\d+)\b")
 ANOMALY_ALL_STEPS = 0.5  # anomaly seen in at least this share of the steps that sampled compute: on in all
 
 
@@ -99,6 +118,12 @@ class Sources:
             return ""
         return lines[frame.line - 1]
 
+    def lines(self, name: str) -> list[str]:
+        """All the lines of one of the job's files (empty when it cannot be read, or is too large)."""
+        if name not in self._files:
+            self._files[name] = self._read(name)
+        return self._files[name] or []
+
     def _read(self, name: str) -> list[str] | None:
         candidates = [Path(name)]
         if self.pid is not None and name.startswith("/"):  # the job may see another root (a container)
@@ -118,6 +143,22 @@ class Sources:
 
 
 @dataclass
+class PaddingSeen:
+    """What samples and the job's files show of padding: no tokens, so no pad share."""
+
+    collate: str | None = None  # the padding collate seen ("DataCollatorForLanguageModeling")
+    collate_samples: int = 0
+    # the job's lines with padding="max_length": ("path:line", the line's code)
+    max_length_lines: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def pads_to(self) -> int | None:
+        """The length the first such line pads to, where it says it as a number (``max_length=256``)."""
+        found = PADS_TO.search(self.max_length_lines[0][1]) if self.max_length_lines else None
+        return int(found.group(1)) if found else None
+
+
+@dataclass
 class RankEvidence:
     """One rank's records from its samples; None where the samples show nothing of it."""
 
@@ -125,6 +166,9 @@ class RankEvidence:
     compile: CompileStats | None = None
     debug_modes: DebugModes | None = None
     ddp: DdpSettings | None = None
+    attention: AttentionInfo | None = None
+    attention_library: str | None = None  # "transformers" when its eager_attention_forward ran
+    padding: PaddingSeen | None = None
 
 
 def _step_of(starts: Sequence[int], n: int) -> list[int]:
@@ -283,6 +327,79 @@ def ddp_search(
     )
 
 
+def eager_attention(stack: Stack, sources: Sources) -> Frame | None:
+    """The frame that shows one sample inside an unfused attention: transformers' ``eager_attention_forward``,
+    or the innermost frame of the job's own code on a ``softmax(`` line with the scores' matmul just above (a
+    model's own ``softmax(Q·Kᵀ)``); None for any other sample."""
+    for frame in stack:
+        if _short(frame.name) == EAGER_ATTENTION:
+            return frame
+    own = next((f for f in reversed(stack) if not is_library(f)), None)
+    if own is None or own.line <= 0 or not SOFTMAX_CALL.search(sources.line(own)):
+        return None
+    lines = sources.lines(own.file)
+    for text in reversed(lines[max(0, own.line - 1 - SCORES_ABOVE) : own.line - 1]):
+        if SCORES_MATMUL.search(text):
+            return own
+        if FUNCTION_START.match(text):  # the scores are the same function's
+            return None
+    return None
+
+
+def attention_sites(stacks: Sequence[Stack], sources: Sources) -> Counter[str]:
+    """Where the samples saw the unfused attention (``where`` of each frame, without its line: one site per
+    function), with how many samples each."""
+    seen: Counter[str] = Counter()
+    for stack in stacks:
+        frame = eager_attention(stack, sources)
+        if frame is not None:
+            seen[where(Frame(frame.name, frame.file))] += 1
+    return seen
+
+
+def seen_attention(stacks: Sequence[Stack], sources: Sources) -> tuple[AttentionInfo | None, str | None]:
+    """The eager path as the record the live probe fills, where samples caught it (None: not seen, which
+    does not say it is not eager: an attention shorter than the interval falls between samples), and
+    "transformers" when its own function ran (the model is a transformers model)."""
+    sites = attention_sites(stacks, sources)
+    if not sites:
+        return None, None
+    library = "transformers" if any(s.startswith("transformers/") for s in sites) else None
+    return AttentionInfo(implementation="eager"), library
+
+
+def padding_collate(stack: Stack) -> str | None:
+    """The padding collate a sample is in: one of transformers' data collators that pad each batch (not
+    ``DefaultDataCollator``, nor ``DataCollatorWithFlattening``, which packs), or a tokenizer's ``pad``."""
+    from pitstop.remedies.trim_padding import pads_per_batch
+
+    for frame in stack:
+        path = _path(frame)
+        owner = frame.name.split(".", 1)[0]
+        if COLLATE_FILE in path and "." in frame.name and pads_per_batch(owner):
+            return owner
+        if path.endswith(TOKENIZER_PAD[0]) and _short(frame.name) == TOKENIZER_PAD[1]:
+            return f"{frame.name.rsplit('.', 1)[0]}.pad"
+    return None
+
+
+def padding_seen(stacks: Sequence[Stack], sources: Sources) -> PaddingSeen | None:
+    """The collate in the samples, and ``padding="max_length"`` in the job's own files the samples name (a
+    dataset tokenized before the window pads in no sample, but its line is in the job's script)."""
+    collates = Counter(c for c in map(padding_collate, stacks) if c is not None)
+    own = sorted({f.file for stack in stacks for f in stack if not is_library(f)})
+    lines = [
+        (f"{name}:{number}", text.strip())
+        for name in own
+        for number, text in enumerate(sources.lines(name), 1)
+        if MAX_LENGTH_PADDING.search(text) and not text.lstrip().startswith("#")
+    ]
+    if not collates and not lines:
+        return None
+    collate, count = collates.most_common(1)[0] if collates else (None, 0)
+    return PaddingSeen(collate=collate, collate_samples=count, max_length_lines=lines)
+
+
 def rank_evidence(
     stacks: Sequence[Stack],
     starts: Sequence[int],
@@ -295,11 +412,15 @@ def rank_evidence(
     """All of a rank's records from its main thread's samples (``starts``: the sample index of each counted
     step's start; ``computing``: the samples in forward or backward)."""
     steps = _step_of(starts, len(stacks))
+    attention, library = seen_attention(stacks, sources)
     return RankEvidence(
         job_calls=job_calls(stacks, steps, dt, sources),
         compile=compile_stats(stacks, steps, dt),
         debug_modes=debug_modes(stacks, steps, computing, n_steps, settings),
         ddp=ddp_search(stacks, steps, dt, sources),
+        attention=attention,
+        attention_library=library,
+        padding=padding_seen(stacks, sources),
     )
 
 

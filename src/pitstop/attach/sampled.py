@@ -27,9 +27,11 @@ STACK_EVIDENCE: dict[CauseId, Callable[[Stack, evidence.Sources], bool]] = {
     CauseId.RECOMPILES: lambda stack, _: evidence.compiling(stack),
     CauseId.DEBUG_MODES: lambda stack, _: evidence.anomaly(stack),
     CauseId.DDP_FIND_UNUSED: evidence.in_ddp_search,
+    CauseId.SLOW_ATTENTION: lambda stack, sources: evidence.eager_attention(stack, sources) is not None,
 }
 STEP_COUNT_KEYS = {"steps", "steps_per_save"}  # evidence that rests on how many steps were counted
 SAMPLED_CONFIDENCE = 0.85  # a share counted from samples, not timed
+SAMPLED_CAVEAT = "Sampled, not timed"  # said in the summary of a finding that rests on what stacks showed
 BELOW_THRESHOLD = 0.6  # ... whose interval reaches below where the rule would stay quiet
 
 
@@ -50,7 +52,11 @@ def annotate(diagnosis: Diagnosis, view: JobView) -> Diagnosis:
                     "left out and an estimate that uses them is an upper bound"
                 )
         if finding.cause in STACK_EVIDENCE and view.ranks:
-            _stack_share(finding, view, STACK_EVIDENCE[finding.cause])
+            seen = _stack_share(finding, view, STACK_EVIDENCE[finding.cause])
+            if finding.cause is CauseId.SLOW_ATTENTION and seen is not None:
+                _eager_attention(finding, *seen)
+        if finding.cause is CauseId.PADDING_WASTE and view.ranks:
+            _padding(finding, view)
         if finding.cause not in SAMPLED or not view.ranks:
             continue
         phase, threshold = SAMPLED[finding.cause]
@@ -71,10 +77,13 @@ def annotate(diagnosis: Diagnosis, view: JobView) -> Diagnosis:
     return diagnosis
 
 
-def _stack_share(finding: Finding, view: JobView, seen: Callable[[Stack, evidence.Sources], bool]) -> None:
+def _stack_share(
+    finding: Finding, view: JobView, seen: Callable[[Stack, evidence.Sources], bool]
+) -> tuple[Share, RankView] | None:
     """A finding whose records were read from the samples: the share of its rank's samples that show it, with
     its interval, and the confidence of a share counted from samples, not timed. Where the samples show none
-    (the finding rests on a setting, an environment variable), only the confidence of the view is kept."""
+    (the finding rests on a setting, an environment variable), only the confidence of the view is kept.
+    Returns the share and its rank (None: not seen)."""
     best: tuple[int, RankView] | None = None
     for rank in view.ranks:
         sources = evidence.Sources(rank.pid)
@@ -92,6 +101,82 @@ def _stack_share(finding: Finding, view: JobView, seen: Callable[[Stack, evidenc
             "sampled_rank": rank.rank,
         }
         finding.speedup_basis += f"; sampled: {share.text()} on rank {rank.rank}"
+    finding.confidence = round(finding.confidence * SAMPLED_CONFIDENCE, 3)
+    finding.severity = capped_by_confidence(finding.severity, finding.confidence)
+    return None if best is None else (share, best[1])
+
+
+def _eager_attention(finding: Finding, share: Share, rank: RankView) -> None:
+    """The eager-attention finding says what the samples saw (the functions, their share of the samples and
+    of the forward's) and that it was sampled, not timed, in its summary: the config sentence of the rule is
+    not what this view knows."""
+    sources = evidence.Sources(rank.pid)
+    sites = evidence.attention_sites(rank.main.stacks, sources)
+    forward = sum(1 for p in rank.phases if p is Phase.FORWARD)
+    in_forward = sum(
+        1
+        for stack, phase in zip(rank.main.stacks, rank.phases, strict=True)
+        if phase is Phase.FORWARD and evidence.eager_attention(stack, sources) is not None
+    )
+    forward_share = Share(in_forward, forward)
+    finding.evidence |= {
+        "eager_attention_frames": [site for site, _ in sites.most_common(5)],
+        "forward_share": round(forward_share.value, 3) if forward else None,
+    }
+    shown = [f"`{site}`" for site, _ in sites.most_common(2)]
+    names = " and ".join(shown) + (" is" if len(shown) == 1 else " are")
+    _, _, rest = finding.summary.partition(". ")
+    lo, hi = share.interval
+    finding.summary = (
+        f"Attention runs the eager (unfused) path: {names} in {share.value:.0%} of the sampled stacks "
+        f"(95% CI {lo:.0%}–{hi:.0%}, {share.hits}/{share.n} samples"
+        + (f"; {forward_share.value:.0%} of the forward's" if forward else "")
+        + f") of rank {rank.rank}. {SAMPLED_CAVEAT}: its backward runs in autograd's C++ engine, in no stack."
+        + (f" {rest}" if rest else "")
+    )
+    if finding.est_speedup is None:
+        finding.speedup_basis += (
+            "; not estimated from samples: a stack times no kernel (`pitstop doctor` times eager against "
+            "SDPA at the job's shapes)"
+        )
+
+
+def _padding(finding: Finding, view: JobView) -> None:
+    """The padding finding of a sampled view says what showed the padding (the collate's share of the
+    samples, the job's ``padding="max_length"`` lines) and that the pad share itself is not known: a stack
+    holds no tokens; ``pitstop doctor`` counts it from the batches' masks."""
+    found = [(r, evidence.padding_seen(r.main.stacks, evidence.Sources(r.pid))) for r in view.ranks]
+    seen = [(r, p) for r, p in found if p is not None]
+    if not seen:
+        return
+    rank, padding = max(seen, key=lambda rp: rp[1].collate_samples)
+    collate = Share(padding.collate_samples, len(rank.main.stacks))
+    lo, hi = collate.interval
+    finding.evidence |= {
+        "padding_frac": None,
+        "collate": padding.collate,
+        "collate_share": round(collate.value, 3) if padding.collate else None,
+        "collate_ci95": [round(lo, 3), round(hi, 3)] if padding.collate else None,
+        "max_length_padding": [site for site, _ in padding.max_length_lines[:3]],
+        "samples": collate.n,
+        "sampled_rank": rank.rank,
+    }
+    said = []
+    if padding.max_length_lines:
+        site, code = padding.max_length_lines[0]
+        said.append(f"the job's code pads every example to max_length (`{code}` at {site})")
+    if padding.collate:
+        said.append(
+            f"`{padding.collate}` collates the batches (in {collate.value:.0%} of the sampled stacks, 95% CI "
+            f"{lo:.0%}–{hi:.0%}, {collate.hits}/{collate.n} samples)"
+        )
+    finding.summary = (
+        f"Batches are padded and not packed: {' and '.join(said)}. {SAMPLED_CAVEAT}, and a stack holds no "
+        "tokens: the pad share is not known; `pitstop doctor` counts it from the batches' masks."
+    )
+    finding.speedup_basis = (
+        "not estimated: the pad share is in no stack (`pitstop doctor` or `pitstop data stats` counts it)"
+    )
     finding.confidence = round(finding.confidence * SAMPLED_CONFIDENCE, 3)
     finding.severity = capped_by_confidence(finding.severity, finding.confidence)
 
@@ -123,9 +208,10 @@ def notes_of(view: JobView) -> list[str]:
             f"ranks of a data-parallel job step together: its step rate is at least {max(rates):.2f}/s, the "
             "highest rank's estimate"
         )
+    eager = any(evidence.attention_sites(r.main.stacks, evidence.Sources(r.pid)) for r in view.ranks)
     notes.append(
-        "not seen by sampling: tokens and padding (unless a trainer_state.json logs them), the model's "
-        "size and dtype, attention path"
+        "not seen by sampling: tokens and the pad share (unless a trainer_state.json logs them), the model's "
+        "size and dtype" + ("" if eager else ", the attention path (unless its eager function runs)")
     )
     notes += view.window.gpu.notes
     if not view.ranks:
