@@ -224,6 +224,24 @@ class AttentionTiming:
     head_dim: int
     dtype: str
     rows_timed: int  # fewer than ``rows`` when one layer's scores would have been too large to time at once
+    spread: TimingSpread | None = None  # eager over fused, timed in interleaved pairs (None: older profiles)
+
+
+@dataclass(frozen=True)
+class TimingSpread:
+    """How far a comparison pitstop timed itself can be trusted (``probe/timing.py``): two paths timed in
+    interleaved pairs until the per-pair ratios' interquartile range was small or time ran out; the median
+    ratio (first path over second), its range, the pairs timed, and the machine's load meanwhile."""
+
+    ratio: float
+    ratio_low: float  # the per-pair ratios' lower quartile where stable, their lowest where not
+    ratio_high: float  # their upper quartile where stable, their highest where not
+    repeats: int  # pairs timed
+    stable: bool  # the quartiles close enough (and, on a CPU, the machine not busy with other work)
+    under_load: bool = False  # other processes kept a large share of this process's cores busy meanwhile
+    others_cores: float | None = None  # cores other processes kept busy during the timing (/proc/stat)
+    load_per_core: float | None = None  # the 1-minute load average over the cores this process may use
+    cores: int | None = None  # the cores this process may use
 
 
 @dataclass
@@ -251,6 +269,7 @@ class QuantizedBase:
     passes: int | None = None  # dequantizations per layer per micro-batch: 2, 3 with activation checkpointing
     micro_batches: int | None = None  # micro-batches per optimizer step
     dequant_s_per_step: float | None = None  # (quantized − dense) × micro-batches: what dense weights save
+    spread: TimingSpread | None = None  # quantized over dense linears, timed in interleaved pairs
 
 
 @dataclass
@@ -591,6 +610,7 @@ class ExpertsInfo:
     grouped_s: float | None = None
     timed_tokens: int | None = None
     timed_dtype: str | None = None
+    switch_spread: TimingSpread | None = None  # the loop over grouped_mm, timed in interleaved pairs
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pitstop.core.profile import ExpertsInfo, RankProfile
 from pitstop.core.vocabulary import CauseId, RemedyId, Severity, Source
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
+from pitstop.diagnose.timed import estimate_band, how_timed, noisy, spread_evidence
 from pitstop.remedies import advise
 
 MIN_SHARE = 0.10  # the experts' share of the measured step below which the loop is not worth a finding
@@ -31,6 +32,7 @@ MAX_SHARE = 0.95  # a share is capped here: the step always has more than its ex
 # launch per expert besides. A conservative x3
 GROUPED_SPEEDUP = 3.0  # grouped over looped experts where not timed: a tiny Mixtral on a CPU gave x7 a call
 LIVE_CONFIDENCE = 0.9  # the implementation read off the model, the experts and the switch timed in the job
+NOISY_CONFIDENCE = 0.7  # as LIVE, but the switch's timing did not settle (or ran beside other work)
 ASSUMED_CONFIDENCE = 0.75  # the loop seen and the experts timed in the job; the gain of grouping assumed
 UNTIMED_CONFIDENCE = 0.6  # the loop seen in the job, the experts not timed (a compiled model)
 CONFIG_CONFIDENCE = 0.4  # a config or a version says the experts loop; whether they cost the step not known
@@ -76,7 +78,9 @@ def _share(rank: RankProfile) -> float | None:
     estimate=(
         "the experts' share of the step, timed around the expert modules (forward hooks, and the backward "
         "from the output's gradient to the input's) in the measured steps, made faster by the ratio of one "
-        "expert module's loop to grouped_mm, timed after the window at the job's tokens on its device; where "
+        "expert module's loop to grouped_mm, timed after the window at the job's tokens on its device in "
+        "interleaved pairs until stable (severity from the range's lower end; noisy: confidence "
+        "{NOISY_CONFIDENCE}); where "
         "that could not be timed, grouped GEMMs taken as ×{GROUPED_SPEEDUP:.0f} faster. From a config: not "
         "estimated"
     ),
@@ -107,6 +111,16 @@ def _live(ctx: RuleContext, watched: list[RankProfile]) -> Finding | None:
     confidence, est, ratio, basis = _estimate(info, share, step_s, timing)
     if est is not None and est < MIN_SPEEDUP:
         return None
+    # the conservative end of a timed switch's range grades the severity; a noisy one lowers the confidence
+    est_low, spread_facts, noisy_clause = est, {}, ""
+    if timing is not None and share is not None and est is not None and ratio is not None:
+        spread = timing.switch_spread
+        est_low, est_high = estimate_band(ratio, spread, lambda r: amdahl(share, r))
+        spread_facts = spread_evidence(spread, est_low, est_high, "grouped_speedup")
+        said = how_timed(spread, est_low, est_high)
+        basis += f"; {said}" if said else ""
+        if noisy(spread):
+            confidence, noisy_clause = min(confidence, NOISY_CONFIDENCE), said
     evidence: dict[str, object] = {
         "implementation": info.implementation,
         "fallback": info.fallback,
@@ -123,15 +137,18 @@ def _live(ctx: RuleContext, watched: list[RankProfile]) -> Finding | None:
         "site": info.site,
         "transformers_version": info.transformers_version,
         "available": list(info.available),
+        **spread_facts,
     }
     how = _how(info)
     cost = f": {share:.0%} of each step goes to the experts" if share is not None else ""
     summary = f"The model's {info.layers} mixture-of-experts layers run their {info.experts or 'N'} experts {how}{cost}."
     if info.recomputed:
         summary += " (Activation checkpointing runs them again in the backward; that time is in the share.)"
+    if noisy_clause:
+        summary += f" The switch's gain was {noisy_clause}."
     return Finding(
         cause=CauseId.MOE_EXPERTS_LOOP,
-        severity=severity_for(1 - 1 / est, 0.20, 0.10) if est is not None else Severity.MEDIUM,
+        severity=severity_for(1 - 1 / est_low, 0.20, 0.10) if est_low is not None else Severity.MEDIUM,
         confidence=confidence,
         summary=summary,
         evidence=evidence,

@@ -24,6 +24,7 @@ from pitstop.core.profile import QuantizedBase, RankProfile
 from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity, Source
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl
+from pitstop.diagnose.timed import estimate_band, how_timed, noisy, spread_evidence
 from pitstop.plan.from_run import has_shape, setup_for_run
 from pitstop.plan.memory import GIB, memory
 from pitstop.plan.params import _analytic
@@ -31,6 +32,7 @@ from pitstop.plan.planner import largest_micro_batch
 from pitstop.remedies import advise
 
 TIMED_CONFIDENCE = 0.85  # the probe found the quantized linears and timed them against dense ones in the job
+NOISY_CONFIDENCE = 0.7  # as TIMED, but the timing did not settle (or ran beside other work)
 UNTIMED_CONFIDENCE = 0.6  # the quantized linears found; their cost not timed (no closing window)
 CONFIG_CONFIDENCE = 0.4  # a config asks for a quantized base; nothing measured it
 MEDIUM_SHARE = 0.15  # the dequantization's share of the step from which the trade is worth a look (medium)
@@ -154,7 +156,9 @@ def _described(base: QuantizedBase) -> str:
         "under `doctor` and `tune`: one quantized linear of each weight shape timed after the window on the job's "
         "device at its tokens per micro-batch, forward and backward of the input gradient (and the recompute "
         "with activation checkpointing), as the job runs it and as a dense linear in the compute dtype; the "
-        "difference × layers × micro-batches is removed from the step (step / (step − dequantization)). The "
+        "difference × layers × micro-batches is removed from the step (step / (step − dequantization)), the "
+        "paths timed in interleaved pairs until stable (severity from the range's lower end; noisy: "
+        "confidence {NOISY_CONFIDENCE}). The "
         "planner says whether bf16 LoRA fits under {FIT_SHARE:.0%} of the GPU at the same micro-batch and the "
         "largest micro-batch the 4-bit base fits. From a config alone: not estimated"
     ),
@@ -186,11 +190,13 @@ def _found(ctx: RuleContext, rank: RankProfile | None, base: QuantizedBase) -> F
     timed = _timed(rank, base)
     est: float | None = None
     share: float | None = None
+    share_low: float | None = None  # the conservative end of the timed share's range: it grades the severity
+    noisy_clause = ""
     if timed is not None:
-        share, basis, measured = timed
+        share, share_low, basis, measured, noisy_clause = timed
         est = amdahl(share, float("inf"))
         evidence.update(measured)
-        confidence = TIMED_CONFIDENCE
+        confidence = NOISY_CONFIDENCE if noisy_clause else TIMED_CONFIDENCE
     elif rank is not None and base.layers:
         basis = "not estimated: the quantized linears were found but not timed (only doctor's and tune's windows time them)"
         confidence = UNTIMED_CONFIDENCE
@@ -210,7 +216,9 @@ def _found(ctx: RuleContext, rank: RankProfile | None, base: QuantizedBase) -> F
         f"You trade speed for memory: the base model's {layers} hold {_described(base)} weights{where}, "
         f"dequantized at every matmul, forward and backward{cost}. {plan.sentence(base.bits or 4)}"
     )
-    severity = Severity.MEDIUM if share is not None and share >= MEDIUM_SHARE else Severity.LOW
+    if noisy_clause:
+        summary += f" Its cost was {noisy_clause}."
+    severity = Severity.MEDIUM if share_low is not None and share_low >= MEDIUM_SHARE else Severity.LOW
     if plan.bf16_fits is False and not (
         plan.micro_batch_fits and plan.micro_batch_fits > (plan.micro_batch or 0)
     ):
@@ -240,8 +248,11 @@ def _found(ctx: RuleContext, rank: RankProfile | None, base: QuantizedBase) -> F
     )
 
 
-def _timed(rank: RankProfile | None, base: QuantizedBase) -> tuple[float, str, dict[str, object]] | None:
-    """The dequantization's share of the step from the probe's timing, its basis and its evidence."""
+def _timed(
+    rank: RankProfile | None, base: QuantizedBase
+) -> tuple[float, float, str, dict[str, object], str] | None:
+    """The dequantization's share of the step from the probe's timing, its range's lower end (the timed pairs'
+    quartiles), its basis, its evidence, and the clause that says the timing was noisy ("" if stable)."""
     if rank is None or not rank.steps or base.dequant_s_per_step is None or base.quantized_s is None:
         return None
     step_s = rank.wall_s / len(rank.steps)
@@ -254,6 +265,16 @@ def _timed(rank: RankProfile | None, base: QuantizedBase) -> tuple[float, str, d
         " and the checkpointed recompute" if (base.passes or 2) > 2 else ""
     )
     micro = base.micro_batches or 1
+
+    def share_at(ratio: float) -> float:
+        """The share if the quantized linears took ``ratio`` × the dense ones' time."""
+        return min(max(0.0, ratio - 1.0) * dense_s * micro / step_s, MAX_SHARE)
+
+    point = base.quantized_s / dense_s if dense_s > 0 else None
+    low, high = (share, share) if point is None else estimate_band(point, base.spread, share_at)
+    low, high = min(low, share), max(high, share)
+    est_low, est_high = amdahl(low, float("inf")), amdahl(high, float("inf"))
+    said = how_timed(base.spread, est_low, est_high) if point is not None else ""
     basis = (
         f"the {base.layers} quantized linears timed on this {where} after the window at the job's "
         f"{base.tokens_timed} tokens per micro-batch ({base.compute_dtype}, {passes}): "
@@ -261,6 +282,7 @@ def _timed(rank: RankProfile | None, base: QuantizedBase) -> tuple[float, str, d
         + (f" × {micro} micro-batches" if micro > 1 else "")
         + f" = {base.dequant_s_per_step * 1000:.1f} ms of the {step_s * 1000:.0f} ms step; step / (step − that)"
         + ("" if base.quantized_s > dense_s else " (the quantized linears were not slower here)")
+        + (f"; {said}" if said else "")
     )
     measured: dict[str, object] = {
         "dequant_ms_per_step": round(base.dequant_s_per_step * 1000, 3),
@@ -272,5 +294,6 @@ def _timed(rank: RankProfile | None, base: QuantizedBase) -> tuple[float, str, d
         else round(base.dequant_s * 1000, 3),
         "timed_on": base.timed_on,
         "tokens_timed": base.tokens_timed,
+        **spread_evidence(base.spread, est_low, est_high, "quantized_over_dense"),
     }
-    return share, basis, measured
+    return share, low, basis, measured, said if noisy(base.spread) else ""

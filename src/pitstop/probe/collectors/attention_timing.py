@@ -10,8 +10,10 @@ at long ones). A fixed factor cannot say it; a few forward-and-backward passes o
 Eager is what a Transformers model's eager path computes: ``q·kᵀ`` scaled, a causal mask added, softmax in
 fp32, ``·v``. Fused is ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``, what the
 SDPA path calls for causal rows. Both run on the inputs of a private generator (the job's random state is
-untouched), forward and backward, and the median of a few timed passes after a warm-up is kept. The rows are
-the job's micro-batch, fewer when one layer's scores would pass ``MAX_SCORES_BYTES`` (the job's own
+untouched), forward and backward, timed against each other in interleaved pairs until their ratio is stable
+or ``MAX_SECONDS`` has passed (``probe/timing.py``): the medians, the ratio's quartiles, the pairs and the
+machine's load meanwhile are kept, so a timing run beside other work is reported as noisy, not as a fact. The
+rows are the job's micro-batch, fewer when one layer's scores would pass ``MAX_SCORES_BYTES`` (the job's own
 tensors are still in memory), and the times scaled back to the job's rows.
 """
 
@@ -19,17 +21,16 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from pitstop.core.profile import AttentionTiming, RankProfile
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
+from pitstop.probe.timing import PairTiming, time_pair
 
 MAX_SCORES_BYTES = 256 * 2**20  # one layer's S×S scores over the rows timed at once
 WARMUP = 2  # passes of each path before timing (kernel selection, allocator)
-PASSES = 5  # timed passes of each path; the median is kept
-MAX_SECONDS = 3.0  # the whole measurement stops adding passes past this
+MAX_SECONDS = 4.0  # the interleaved pairs stop past this (at least three are timed), stable or not
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -55,6 +56,13 @@ def rows_timed(shape: AttentionShape) -> int:
 def time_attention(shape: AttentionShape) -> tuple[float, float, int]:
     """(eager seconds, fused seconds) for one layer's forward and backward over the job's rows, and the rows
     actually timed at once. Raises what torch raises (out of memory, no kernel for the dtype)."""
+    timing, rows = measure_attention(shape)
+    return timing.first_s, timing.second_s, rows
+
+
+def measure_attention(shape: AttentionShape) -> tuple[PairTiming, int]:
+    """Eager (first) against fused (second) attention, forward and backward, timed in interleaved pairs over
+    the rows timed at once and scaled to the job's rows; and those rows. Raises what torch raises."""
     import torch
     import torch.nn.functional as F
 
@@ -71,35 +79,26 @@ def time_attention(shape: AttentionShape) -> tuple[float, float, int]:
     mask = torch.full((shape.seq, shape.seq), float("-inf"), device=shape.device, dtype=dtype).triu(1)
     scale = 1.0 / math.sqrt(shape.head_dim)
 
-    def eager() -> Any:
+    def eager() -> None:
         scores = torch.matmul(q, k.transpose(-1, -2)) * scale + mask
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-        return torch.matmul(weights, v)
+        torch.matmul(weights, v).sum().backward()
+        q.grad = k.grad = v.grad = None
 
-    def fused() -> Any:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    def fused() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        q.grad = k.grad = v.grad = None
 
     cuda = shape.device.type == "cuda"
-    started = time.perf_counter()
-
-    def timed(path: Any) -> float:
-        seconds: list[float] = []
-        for i in range(WARMUP + PASSES):
-            if i > WARMUP and time.perf_counter() - started > MAX_SECONDS:
-                break
-            if cuda:
-                torch.cuda.synchronize(shape.device)
-            t0 = time.perf_counter()
-            path().sum().backward()
-            if cuda:
-                torch.cuda.synchronize(shape.device)
-            if i >= WARMUP:
-                seconds.append(time.perf_counter() - t0)
-            q.grad = k.grad = v.grad = None
-        return statistics.median(seconds)
-
-    scale_rows = shape.rows / rows
-    return timed(eager) * scale_rows, timed(fused) * scale_rows, rows
+    timing = time_pair(
+        eager,
+        fused,
+        sync=(lambda: torch.cuda.synchronize(shape.device)) if cuda else None,
+        cpu_bound=not cuda,
+        warmup=WARMUP,
+        max_seconds=MAX_SECONDS,
+    )
+    return timing.scaled(shape.rows / rows), rows
 
 
 def shape_of(draft: RankProfile, device: object) -> AttentionShape | None:
@@ -150,14 +149,15 @@ class AttentionTimingCollector(Collector):
         shape = shape_of(draft, self.ctx.device)
         if shape is None:
             return None
-        eager_s, fused_s, timed = time_attention(shape)
+        timing, timed = measure_attention(shape)
         return AttentionTiming(
-            eager_s=eager_s,
-            fused_s=fused_s,
+            eager_s=timing.first_s,
+            fused_s=timing.second_s,
             rows=shape.rows,
             heads=shape.heads,
             seq=shape.seq,
             head_dim=shape.head_dim,
             dtype=shape.dtype,
             rows_timed=timed,
+            spread=timing.record(),
         )

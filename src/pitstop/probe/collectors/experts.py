@@ -24,20 +24,19 @@ switching is measured on the job's device.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from typing import Any
 
 from pitstop.core.profile import ExpertsInfo, RankProfile
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
+from pitstop.probe.timing import PairTiming, time_pair
 
 LOOPING = ("eager", "loop")  # implementations that run the experts one after another
 MAX_PAIRS = 50_000  # timed forward (and backward) intervals kept in a window; further calls are only counted
 MAX_TIMED_TOKENS = 4096  # tokens of one call timed at once after the window (the time is scaled to the job's)
 WARMUP = 1  # passes of each implementation before timing
-PASSES = 5  # timed passes of each; the median is kept
-MAX_SECONDS = 3.0  # the timing after the window stops adding passes past this
+MAX_SECONDS = 3.0  # the interleaved pairs after the window stop past this (at least three), stable or not
 
 
 def hf_experts(module: Any) -> bool:
@@ -126,11 +125,12 @@ def available_implementations() -> list[str]:
     return ["eager", *sorted(ALL_EXPERTS_FUNCTIONS.keys())]
 
 
-def time_experts(module: Any, tokens: int, top_k: int, hidden: int) -> tuple[float, float, int, str]:
-    """(loop seconds, grouped seconds) of one expert module's forward and backward at ``tokens`` tokens, the
-    tokens timed at once and the dtype: the class's own loop (Transformers' "eager") against the ``grouped_mm``
-    function, on random routing of a private generator. Gradients are returned, never accumulated into the
-    job's ``.grad``. Raises what torch raises (out of memory, no kernel)."""
+def time_experts(module: Any, tokens: int, top_k: int, hidden: int) -> tuple[PairTiming, int, str]:
+    """The loop (first) against grouped (second): one expert module's forward and backward at ``tokens``
+    tokens, timed in interleaved pairs until their ratio is stable (``probe/timing.py``), seconds scaled to
+    ``tokens``; the tokens timed at once and the dtype. The class's own loop (Transformers' "eager") against
+    the ``grouped_mm`` function, on random routing of a private generator. Gradients are returned, never
+    accumulated into the job's ``.grad``. Raises what torch raises (out of memory, no kernel)."""
     import torch
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
@@ -146,27 +146,24 @@ def time_experts(module: Any, tokens: int, top_k: int, hidden: int) -> tuple[flo
     weights = (weights / weights.sum(dim=-1, keepdim=True)).to(dtype).requires_grad_(True)
     wrt = [states, weights, *(p for p in module.parameters() if p.requires_grad)]
     cuda = device.type == "cuda"
-    started = time.perf_counter()
 
-    def seconds(path: Any) -> float:
-        kept: list[float] = []
-        for i in range(WARMUP + PASSES):
-            if i > WARMUP and time.perf_counter() - started > MAX_SECONDS:
-                break
-            if cuda:
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+    def forward_backward(path: Any) -> Any:
+        def run() -> None:
             out = path(module, states, index, weights)
             torch.autograd.grad(out.float().sum(), wrt)
-            if cuda:
-                torch.cuda.synchronize(device)
-            if i >= WARMUP:
-                kept.append(time.perf_counter() - t0)
-        return statistics.median(kept)
 
-    scale = tokens / timed
+        return run
+
+    timing = time_pair(
+        forward_backward(loop),
+        forward_backward(grouped),
+        sync=(lambda: torch.cuda.synchronize(device)) if cuda else None,
+        cpu_bound=not cuda,
+        warmup=WARMUP,
+        max_seconds=MAX_SECONDS,
+    )
     dtype_name = str(dtype).removeprefix("torch.")
-    return seconds(loop) * scale, seconds(grouped) * scale, timed, dtype_name
+    return timing.scaled(tokens / timed), timed, dtype_name
 
 
 class _Clock:
@@ -370,5 +367,11 @@ class ExpertsCollector(Collector):
         if not looping or not dispatched or self._shape is None or "grouped_mm" not in info.available:
             return
         tokens, hidden, top_k = self._shape
-        loop_s, grouped_s, timed, dtype = time_experts(dispatched[0], tokens, top_k, hidden)
-        info.loop_s, info.grouped_s, info.timed_tokens, info.timed_dtype = loop_s, grouped_s, timed, dtype
+        timing, timed, dtype = time_experts(dispatched[0], tokens, top_k, hidden)
+        info.loop_s, info.grouped_s, info.timed_tokens, info.timed_dtype = (
+            timing.first_s,
+            timing.second_s,
+            timed,
+            dtype,
+        )
+        info.switch_spread = timing.record()

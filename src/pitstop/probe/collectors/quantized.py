@@ -13,8 +13,9 @@ shape × the micro-batches of a step, is what a dense base would save per step. 
 dequantization alone (``bitsandbytes.functional.dequantize_4bit``) is timed too, for the evidence.
 
 Inputs come from a private generator (the job's random state is untouched), outside autocast and with grad
-enabled; the median of a few passes after a warm-up is kept, and the tokens are capped at ``MAX_TOKENS``
-(times scaled back to the job's tokens).
+enabled; the quantized and dense paths are timed against each other in interleaved pairs until their ratio
+is stable or time is up (``probe/timing.py``: the spread and the machine's load are kept beside the medians),
+and the tokens are capped at ``MAX_TOKENS`` (times scaled back to the job's tokens).
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from typing import Any
 from pitstop.core.profile import QuantizedBase, RankProfile
 from pitstop.ingest.configs import quantization_from_hf
 from pitstop.probe.collectors.base import Collector, ProbeContext, collector
+from pitstop.probe.timing import PairTiming, combined, time_pair
 
 BNB_4BIT = ("Linear4bit", "LinearFP4", "LinearNF4")  # bitsandbytes.nn's 4-bit linears
 BNB_8BIT = ("Linear8bitLt",)
 MAX_TOKENS = 8192  # tokens timed at once; more are scaled linearly (the matmuls are linear in the tokens)
 WARMUP = 2  # passes of each path before timing (kernel selection, allocator)
-PASSES = 5  # timed passes of each path; the median is kept
-MAX_SECONDS = 4.0  # the whole measurement stops adding passes past this
+PASSES = 5  # timed passes of the dequantization alone; the median is kept
+MAX_SECONDS = 4.0  # the whole measurement stops adding pairs past this (each comparison times at least three)
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -175,6 +177,8 @@ class LayerTiming:
     dense_fwd: float
     dense_fwd_bwd: float
     dequant: float | None
+    fwd_bwd_pairs: PairTiming | None = None  # forward + backward, quantized over dense, in interleaved pairs
+    fwd_pairs: PairTiming | None = None  # the forward alone (the checkpointed recompute)
 
 
 def _four_bit(weight: Any) -> tuple[Any, Any]:
@@ -223,7 +227,10 @@ def time_layer(layer: QuantLinear, tokens: int, dtype_name: str, device: Any, de
     weight = dense_weight(layer, dtype)
     cuda = getattr(device, "type", str(device)) == "cuda"
 
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else None
+
     def timed(run: Callable[[], Any]) -> float:
+        """A path alone (the dequantization, for the evidence): the median of a few passes."""
         seconds: list[float] = []
         for i in range(WARMUP + PASSES):
             if i > WARMUP and time.perf_counter() > deadline:
@@ -239,6 +246,17 @@ def time_layer(layer: QuantLinear, tokens: int, dtype_name: str, device: Any, de
             x.grad = None
         return statistics.median(seconds)
 
+    def paired(quantized: Callable[[], Any], dense: Callable[[], Any]) -> PairTiming:
+        """Quantized (first) against dense (second) in interleaved pairs, until stable or the deadline."""
+        return time_pair(
+            quantized,
+            dense,
+            sync=sync,
+            cpu_bound=not cuda,
+            warmup=WARMUP,
+            max_seconds=max(0.0, deadline - time.perf_counter()),
+        )
+
     # forwards with grad, as in training: an eval-mode forward without grad would have bitsandbytes repack the
     # job's CPU weight in place
     def quantized_fwd() -> Any:
@@ -246,20 +264,26 @@ def time_layer(layer: QuantLinear, tokens: int, dtype_name: str, device: Any, de
 
     def quantized_fwd_bwd() -> None:
         layer.module(x).sum().backward()
+        x.grad = None
 
     def dense_fwd() -> Any:
         return F.linear(x, weight)
 
     def dense_fwd_bwd() -> None:
         F.linear(x, weight).sum().backward()
+        x.grad = None
 
     dequant = dequantizer(layer)
+    fwd_bwd = paired(quantized_fwd_bwd, dense_fwd_bwd)
+    fwd = paired(quantized_fwd, dense_fwd)
     return LayerTiming(
-        quantized_fwd=timed(quantized_fwd),
-        quantized_fwd_bwd=timed(quantized_fwd_bwd),
-        dense_fwd=timed(dense_fwd),
-        dense_fwd_bwd=timed(dense_fwd_bwd),
+        quantized_fwd=fwd.first_s,
+        quantized_fwd_bwd=fwd_bwd.first_s,
+        dense_fwd=fwd.second_s,
+        dense_fwd_bwd=fwd_bwd.second_s,
         dequant=None if dequant is None else timed(dequant),
+        fwd_bwd_pairs=fwd_bwd,
+        fwd_pairs=fwd,
     )
 
 
@@ -284,6 +308,7 @@ def time_quantized(
     deadline = time.perf_counter() + MAX_SECONDS
     quantized = dense = 0.0
     dequant: float | None = 0.0
+    pairs: list[tuple[PairTiming, float]] = []  # each compared path and how often a micro-batch runs it
     with torch.enable_grad(), torch.autocast(device_type=getattr(device, "type", "cpu"), enabled=False):
         for group in by_shape.values():
             t = time_layer(group[0], timed_tokens, dtype, device, deadline)
@@ -291,6 +316,10 @@ def time_quantized(
             # forward + backward of the input gradient; with checkpointing the forward once more
             quantized += n * (t.quantized_fwd_bwd + (t.quantized_fwd if checkpointing else 0.0))
             dense += n * (t.dense_fwd_bwd + (t.dense_fwd if checkpointing else 0.0))
+            if t.fwd_bwd_pairs is not None:
+                pairs.append((t.fwd_bwd_pairs, n))
+            if t.fwd_pairs is not None and checkpointing:
+                pairs.append((t.fwd_pairs, n))
             passes = 3 if checkpointing else 2
             dequant = None if dequant is None or t.dequant is None else dequant + n * passes * t.dequant
     quantized, dense = quantized * scale, dense * scale
@@ -302,6 +331,7 @@ def time_quantized(
     base.passes = 3 if checkpointing else 2
     base.micro_batches = micro_batches
     base.dequant_s_per_step = max(0.0, quantized - dense) * micro_batches
+    base.spread = combined(pairs)
     return base
 
 
