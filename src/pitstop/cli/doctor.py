@@ -21,6 +21,7 @@ from pitstop.report.terminal import render
 from pitstop.report.untrusted import markup
 from pitstop.runner.inject import blind_spot
 from pitstop.runner.measure import Measurement, StepWindow, measure
+from pitstop.runner.relay import lines_before
 from pitstop.wholerun.run import WholeRun
 from pitstop.wholerun.windows import WindowSpec
 
@@ -72,10 +73,13 @@ def measure_live(
     view = make_view(tty, command="doctor", overall="over the window")
     live = isinstance(view, LiveView)
     out = Path(tempfile.mkdtemp(prefix="pitstop-"))
+    kept = Path(tempfile.mkdtemp(prefix="pitstop-doctor-"))  # the job's output, kept when some was held back
+    log = kept / "job-output.log"
     whole = WholeRun(WindowSpec(steps=small_window_steps(window.steps)))
     feed = Feed(whole, view, [], out)
     if live and not quiet:
-        feed.log = out / "command.log"  # the runner keeps the job's output there; the view prints it
+        feed.log = log  # the runner keeps the job's output there; the view prints it
+    held = False
     try:
         result = measure(
             command,
@@ -85,13 +89,37 @@ def measure_live(
             timeout_s=timeout,
             out_dir=out,
             extra_env={"PYTHONUNBUFFERED": "1"} if live and not quiet else None,
+            output_log=log,
         )
+        feed.until = result.launch.output_cut  # the job's reaction to pitstop's stop stays in the log
         feed.tick(out)
         feed.publish(whole.finish()[0])
+        held = _name_held_output(result, log)
         return result
     finally:
         view.close()
         shutil.rmtree(out, ignore_errors=True)
+        if not held:
+            shutil.rmtree(kept, ignore_errors=True)
+
+
+def _name_held_output(result: Measurement, log: Path) -> bool:
+    """Where the job's output after pitstop stopped it went (a note of the report, or the one line when there is
+    no report). Returns whether the log is kept: only when pitstop stopped the job and held some back."""
+    cut = result.launch.output_cut
+    if cut is None or not log.exists():
+        return False
+    line = held_output_line(log, cut)
+    if result.profile is not None:
+        result.profile.notes.append(line)
+    else:
+        result.message = f"{result.message or 'nothing measured'} ({line})"
+    return True
+
+
+def held_output_line(log: Path, cut: int) -> str:
+    """The note that names the log: the job's lines from the stop on are there, not on the terminal."""
+    return f"the job's output after pitstop stopped it: {log} (from line {lines_before(log, cut) + 1})"
 
 
 def run_doctor(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from pitstop.cli.doctor import held_output_line
 from pitstop.cli.errors import UserError
 from pitstop.cli.live import Feed, LiveView, make_view
 from pitstop.cli.money import resolve_price, with_savings
@@ -58,24 +59,37 @@ def run_watch(command: list[str], options: WatchOptions, outputs: Outputs) -> in
     live = isinstance(view, LiveView)
     feed = Feed(whole, view, trackers, out)
     config = ProbeConfig(warmup=options.warmup, steps=None, stop_when_done=False, announce=not live)
+    # the job's whole output, kept when pitstop stopped the job (its --timeout) and held some of it back
+    kept = Path(tempfile.mkdtemp(prefix="pitstop-watch-output-"))
+    log = kept / "job-output.log"
+    held = False
+    quiet = live or outputs.takes_stdout()  # on a terminal the job's lines are printed above the panel
     try:
         launch = run_observed(
             command,
             config,
-            quiet=live or outputs.takes_stdout(),  # on a terminal the job's lines are printed above the panel
+            quiet=quiet,
             on_tick=feed.tick,
             out_dir=out,
             timeout_s=options.timeout,
             extra_env={"PYTHONUNBUFFERED": "1"} if live else None,
+            output_log=log,
         )
-        feed.log = launch.log_path
+        if quiet:  # otherwise the relay showed the job's output as it came
+            feed.log = launch.log_path
+            feed.until = launch.output_cut  # the job's reaction to pitstop's stop (its --timeout) stays there
         feed.tick(out)
         events, report = whole.finish()
         feed.publish(events)
+        held = launch.output_cut is not None and log.exists()
     finally:
         view.close()
+        if not held:
+            shutil.rmtree(kept, ignore_errors=True)
     try:
         diagnosis = _diagnosis(launch, options.warmup, out)
+        if held and launch.output_cut is not None:
+            diagnosis.profile.notes.append(held_output_line(log, launch.output_cut))
         with_savings(diagnosis, price, None)  # a run watched to its end has no steps left
         for t in trackers:
             t.finish(report, diagnosis.findings)

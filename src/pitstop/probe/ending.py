@@ -32,6 +32,9 @@ from pathlib import Path
 from pitstop.probe.config import ENV_OUT
 
 MARKER = "window-done-"  # + the process id: one per rank whose window is written
+# in the run folder: b"0" while the job's output shown on pitstop's stderr ends inside a line (a tqdm bar
+# redrawn with \r), written by the runner's relay (``runner.relay``)
+LINE_STATE = ".job-output-line"
 LOST = "probe-lost-"  # + the process id: one per rank whose probe disabled itself
 WAIT_FOR_RANKS_S = 20.0  # the longest the runner waits for the other ranks once one has written its window
 ALONE_AFTER_S = 60.0  # a rank no runner stopped by then interrupts itself (SIGINT, then SIGTERM)
@@ -41,15 +44,26 @@ ALONE_GRACE_S = 10.0
 def end_the_job(announce: bool, steps: int) -> None:
     """The rank file is complete: say so to the runner, which stops the job like Ctrl-C. Returns at once (the
     job runs on until the runner's SIGINT); a rank no runner stops interrupts itself later."""
+    out = os.environ.get(ENV_OUT)
     if announce:
-        print(f"pitstop: measured {steps} steps; stopping the run", file=sys.stderr)
+        print(f"{fresh_line()}pitstop: measured {steps} steps; stopping the run", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    out = os.environ.get(ENV_OUT)
     if out:
         _leave_marker(Path(out))
     timer = threading.Thread(target=_interrupt_myself, name="pitstop-window-end", daemon=True)
     timer.start()
+
+
+def fresh_line() -> str:
+    """What a line the probe prints on the job's stderr starts with: a newline where the job's output shown so
+    far left its line open (a tqdm bar redrawn with \\r), so the line is not glued onto the bar."""
+    sys.stderr.flush()
+    out = os.environ.get(ENV_OUT)
+    if out:
+        with contextlib.suppress(OSError), open(Path(out) / LINE_STATE, "rb") as f:
+            return "\n" if f.read(1) == b"0" else ""
+    return ""
 
 
 def _leave_marker(out: Path, name: str = MARKER, **extra: str) -> None:

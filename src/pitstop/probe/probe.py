@@ -47,7 +47,7 @@ from pitstop.probe.collectors.recompute import RecomputeCollector
 from pitstop.probe.collectors.saves import trainer_save_steps
 from pitstop.probe.collectors.syncs import SyncCollector
 from pitstop.probe.config import ProbeConfig
-from pitstop.probe.ending import end_the_job, leave_lost_marker
+from pitstop.probe.ending import end_the_job, fresh_line, leave_lost_marker
 from pitstop.probe.hooks import Hooks
 from pitstop.probe.kernels import kernel_facts
 from pitstop.probe.rankfile import Kind, plain_step
@@ -391,7 +391,7 @@ class Probe:
                     f"to ±{self.tracker.rule.precision:.0%}"
                 )
             print(
-                f"pitstop: observing a {framework} run on {env.gpu_name or env.device}: {plan}",
+                f"{fresh_line()}pitstop: observing a {framework} run on {env.gpu_name or env.device}: {plan}",
                 file=sys.stderr,
             )
 

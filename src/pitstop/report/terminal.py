@@ -249,7 +249,11 @@ def _headline(d: Diagnosis) -> Table:
         elif m.real_tokens_per_s is None and m.tokens_per_s is not None:
             thr = f"{_num(m.tokens_per_s)} tokens/s (padding unknown: batches carry no attention mask)"
         if m.step_time_s is not None:
-            thr += f" · {m.step_time_s:.3f} s/step"
+            # the mean is the step time the findings' shares are of (time saved per step over the mean step:
+            # the run's total time); the median and the spread say how steady the steps were
+            mean = _mean_step_s(d)
+            median = f"{m.step_time_s:.3f}"
+            thr += f" · {mean:.3f} s/step mean, {median} median" if mean else f" · {median} s/step median"
             if m.step_time_p10_s is not None and m.step_time_p90_s is not None:
                 thr += f" (p10–p90 {m.step_time_p10_s:.3f}–{m.step_time_p90_s:.3f})"
         grid.add_row("Throughput", as_text(thr))
@@ -270,6 +274,13 @@ def _headline(d: Diagnosis) -> Table:
             grid.add_row(label, as_text(line))
     grid.add_row("Seen", as_text(_seen(d)))
     return grid
+
+
+def _mean_step_s(d: Diagnosis) -> float | None:
+    """The mean step of the rank that paces the job (the slowest, whose steps the median is of): the step time
+    the findings quote (``RankProfile.mean_step_s``)."""
+    ranks = [r for r in d.profile.ranks if r.steps]
+    return max(ranks, key=lambda r: r.wall_s).mean_step_s if ranks else None
 
 
 def _seen(d: Diagnosis) -> str:

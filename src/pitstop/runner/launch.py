@@ -12,6 +12,11 @@ run. Whatever is left of the job when its top process ends is cleaned up. Should
 a chance to clean up (SIGKILL), the job's top process gets SIGINT as its parent-death signal
 (``probe.bootstrap``), and a small reaper process that holds a pipe from pitstop ends the group and every
 process that left it after a grace period: no training process outlives pitstop.
+
+The job's output reaches the terminal through a relay (``runner.relay``) that keeps all of it in a log file:
+once pitstop decides to stop the job (its window is written, its probe is lost, its --timeout is up), nothing
+more of it is shown, so the traceback the stop causes is in the log and not on the terminal
+(``Launch.output_cut``). A quiet run writes to the log file directly, as it always did.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pitstop.probe.config import ENV_RUNNER_PID, ProbeConfig
 from pitstop.probe.ending import ProbeLost, lost_probes, window_written
 from pitstop.runner.inject import blind_spot, child_environment, prepare_injection
 from pitstop.runner.nccl import nccl_log_env, visible_gpus
+from pitstop.runner.relay import Relay
 
 if TYPE_CHECKING:
     import psutil
@@ -57,7 +63,11 @@ class Launch:
     ended_after_window: bool = False
     job_exit_code: int | None = None
     window_forced: bool = False
+    # the job's whole output: a quiet run's, or the relay's copy of what it showed (None: not kept)
     log_path: Path | None = None
+    # bytes of the log shown (or, quiet, written) before pitstop decided to stop the job: what follows is the
+    # job's reaction to the stop, kept out of the terminal; None when pitstop did not stop it so
+    output_cut: int | None = None
     seconds: float = 0.0
     # a rank's probe disabled itself, so no window would come: pitstop stopped the job as it does after a
     # window (exit_code 0, the job's own in job_exit_code), and says why in one line
@@ -246,6 +256,8 @@ class _Job:
         self.subreaper = subreaper
         self.not_ours = not_ours  # pitstop's own children from before the command (and the reaper)
         self.reaper = _Reaper(self.pgid)
+        # called before pitstop's own stop: the job's output from then on goes to the log alone
+        self.hold_output: Callable[[], None] = _nothing_to_hold
         if self.reaper.pid is not None:
             self.not_ours.add(self.reaper.pid)
         self._listed = 0.0
@@ -322,10 +334,13 @@ def run_observed(
     out_dir: Path | None = None,
     timeout_s: float | None = None,
     extra_env: dict[str, str] | None = None,
+    output_log: Path | None = None,
 ) -> Launch:
     """Run ``command`` under the probe and wait for it. Never raises for the command's own failures; raises
     ``BlindSpotError`` (one line, exit 2), before starting anything, for a command pitstop cannot see inside.
-    ``extra_env`` is added to the command's environment (`pitstop tune` passes its fix requests so)."""
+    ``extra_env`` is added to the command's environment (`pitstop tune` passes its fix requests so).
+    ``output_log``: where the job's whole output is kept (default: ``command.log`` in the run folder); quiet,
+    it goes there alone, otherwise it is also shown until pitstop stops the job."""
     out = out_dir or Path(tempfile.mkdtemp(prefix="pitstop-"))
     out.mkdir(parents=True, exist_ok=True)
     config.out_dir = out
@@ -342,25 +357,38 @@ def run_observed(
     env.update(extra_env or {})
     env.update(nccl_log_env(env, out, visible_gpus(env)))  # NCCL's init to a file of ours, on GPUs
     env[ENV_RUNNER_PID] = str(os.getpid())  # the job's top process asks to die with pitstop
+    launch.log_path = output_log or out / "command.log"
     log = None
+    relay = None
     if quiet:
-        launch.log_path = out / "command.log"
         log = launch.log_path.open("wb")
+    else:
+        relay = Relay.start(launch.log_path, out)  # None: pitstop has no stdout / stderr to show it on
+    outputs: dict[str, Any] = {"stdout": log, "stderr": subprocess.STDOUT if log else None}
+    if relay is not None:
+        outputs = {"stdout": relay.stdout, "stderr": relay.stderr}
+    elif not quiet:
+        launch.log_path = None  # the job writes to pitstop's own streams: no copy
     started = time.monotonic()
     subreaper = _subreaper(True)
     not_ours = _children()
+    if relay is not None:
+        not_ours.add(relay.proc.pid)
     try:
-        proc = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None, **_OWN_GROUP
-        )
+        proc = subprocess.Popen(command, env=env, **outputs, **_OWN_GROUP)
     except OSError as exc:
         launch.start_error = f"cannot start `{command[0]}`: {exc.strerror or exc}"
         if log:
             log.close()
+        if relay is not None:
+            relay.finish()
         if subreaper:
             _subreaper(False)
         return launch
+    if relay is not None:
+        relay.job_started()
     job = _Job(proc, subreaper, not_ours)
+    job.hold_output = lambda: _hold_output(launch, log, relay)
     try:
         with terminate_as_interrupt(_Terminated):  # the command's process group ends with pitstop
             _wait(job, launch, started, on_tick, out, timeout_s)
@@ -368,8 +396,26 @@ def run_observed(
         job.end_the_rest()
         if log:
             log.close()
+        if relay is not None:
+            relay.finish()
         launch.seconds = time.monotonic() - started
     return launch
+
+
+def _nothing_to_hold() -> None:
+    return None
+
+
+def _hold_output(launch: Launch, log: Any, relay: Relay | None) -> None:
+    """pitstop is about to stop the job: what it writes from now on stays in the log (``output_cut``)."""
+    if launch.output_cut is not None or launch.log_path is None:
+        return
+    if relay is not None:
+        launch.output_cut = relay.stop_showing()
+    elif log is not None:
+        with contextlib.suppress(OSError, ValueError):
+            log.flush()
+            launch.output_cut = os.fstat(log.fileno()).st_size
 
 
 def _lead_own_group() -> None:
@@ -422,6 +468,7 @@ def _wait(
                     launch.ended_after_window = False
                     break
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
+                    job.hold_output()
                     launch.interrupted = True
                     launch.stopped_by = "timeout"
                     launch.forced = job.stop(((signal.SIGINT, GRACE_S),))
@@ -443,6 +490,7 @@ def _end_after_window(job: _Job, launch: Launch) -> None:
     blocks and ``atexit`` handlers run (ending the servers it started, closing its files). The job did what
     pitstop asked of it, so this is a success whatever code the interrupted job ends with (kept apart)."""
     launch.ended_after_window = True
+    job.hold_output()
     signals = _LIKE_CTRL_C[1:] if _ignores_sigint(job.proc.pid) else _LIKE_CTRL_C
     launch.window_forced = job.stop(signals)
     launch.job_exit_code = job.proc.wait()

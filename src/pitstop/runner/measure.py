@@ -62,12 +62,14 @@ def measure(
     out_dir: Path | None = None,
     source: Source = Source.DOCTOR,
     on_tick: Callable[[Path], None] | None = None,
+    output_log: Path | None = None,
 ) -> Measurement:
     """Run ``command`` under the probe, wait for it, and collect what its processes measured. Never raises
     for the command's own failures. ``on_step`` hears rank 0's latest optimizer step while the job runs.
     ``on_tick`` gets the probe's folder at each tick (the live view reads the rank files there). ``out_dir``,
     when given, is the caller's (it may hold more than the probe's files) and is kept; otherwise a private
-    folder is used and removed."""
+    folder is used and removed. ``output_log``: where the job's whole output is kept (default: in the run
+    folder)."""
     config = ProbeConfig(
         warmup=window.warmup,
         steps=window.steps,
@@ -95,6 +97,7 @@ def measure(
             out_dir=folder,
             timeout_s=timeout_s,
             extra_env=extra_env,
+            output_log=output_log,
         )
         adaptive = (
             window.rule is not None
@@ -109,7 +112,7 @@ def measure(
             outcome.message,
             outcome.exit_code,
             launch,
-            _tail(launch),
+            _tail(launch) if quiet else [],  # shown as it ran otherwise
             how if by_signal else None,
         )
     finally:
