@@ -763,6 +763,36 @@ class SyncSite:
 
 
 @dataclass
+class JobFailure:
+    """How a job failed: its exit as the runner saw it (a code, or the signal that killed it) and the uncaught
+    exception a process of it raised, as the probe recorded it (type, message, the innermost line of the job's
+    own code, the step). A rank holds only its exception; the run holds the whole failure."""
+
+    exit_code: int | None = None  # the job's own exit code; None: killed by a signal, or not known
+    signal: str | None = None  # the signal that killed it ("SIGKILL"); None: it exited by itself
+    exception: str | None = None  # the exception's type ("RuntimeError"); None: none was recorded
+    message: str | None = None  # its message (cut short when long)
+    site: str | None = None  # "path:line" of the innermost frame in the job's own code (not a library's)
+    step: int | None = None  # the optimizer step it ended (1-based); None: before the first step
+    rank: int | None = None  # the process that raised it
+    thread: str | None = None  # the thread that raised it, when not the main one
+    at: float | None = None  # Unix time it was raised: of several ranks, the first is the cause
+
+    def describe(self) -> str:
+        """The exception in one line ("RuntimeError: the callback failed (train.py:78)"), else the exit."""
+        if self.exception is None:
+            if self.signal is not None:
+                return f"killed by {self.signal}"
+            return f"exit code {self.exit_code}" if self.exit_code is not None else "failed"
+        first_line = (self.message or "").strip().splitlines()[0:1]
+        said = f"{self.exception}: {first_line[0]}" if first_line else self.exception
+        if not self.site:
+            return said
+        file, _, line = self.site.rpartition(":")
+        return f"{said} ({Path(file).name}:{line})" if file else f"{said} ({self.site})"
+
+
+@dataclass
 class CollectiveRecord:
     """One torch.distributed collective as one rank saw it. Times are seconds on the rank's own clock
     (host seconds since the probe started, or device seconds since the rank's first CUDA event); ranks are
@@ -827,6 +857,7 @@ class RankProfile:
     generation: GenerationStats | None = None  # None: generation not watched (no generating trainer or call)
     quantized_base: QuantizedBase | None = None  # None: no quantized linear seen, or not watched
     experts: ExpertsInfo | None = None  # None: no expert layers seen, or not watched
+    failure: JobFailure | None = None  # the uncaught exception this process raised; None: none seen
 
     def total(self, name: str) -> float | None:
         """Sum of one StepRecord field over the measured steps (None if any step lacks it)."""
@@ -888,6 +919,7 @@ class RunProfile:
     single_rank_tokens_per_s: float | None = None  # a one-rank reference for scaling efficiency
     single_rank_source: str | None = None  # where that reference came from
     baseline: HistoryRun | None = None  # the previous run of the same workload in the history (history layer)
+    failure: JobFailure | None = None  # how the job failed (pitstop's or the user's stop is none)
 
     @property
     def environment(self) -> Environment:

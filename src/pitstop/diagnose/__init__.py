@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,13 @@ from pitstop.diagnose.results import RunResults, results_of
 from pitstop.diagnose.savings import add_savings
 from pitstop.display import html_of
 from pitstop.version import __version__
+
+# measured steps from which a finding keeps its rule's confidence: fewer scale every finding's confidence by
+# steps / FULL_CONFIDENCE_STEPS (2 steps: × 0.4), since a mean of so few steps can be one odd step
+FULL_CONFIDENCE_STEPS = 5
+# the sources whose evidence is the probe's window of steps; a trace's kernels, a log's totals or attach's
+# stack samples stand on more than the steps they were cut into
+STEP_WINDOW_SOURCES = frozenset({Source.DOCTOR, Source.TUNE, Source.WATCH, Source.CALLBACK})
 
 
 @dataclass
@@ -89,6 +97,7 @@ class Diagnosis:
             "source": self.profile.source,
             "command": self.profile.command,
             "exit_code": self.profile.exit_code,
+            "failure": self._failure(),
             "findings": [f.to_dict() for f in self.findings],
             "metrics": self.metrics.to_dict(),
             "environment": self.environment_table(),
@@ -103,6 +112,13 @@ class Diagnosis:
             "cost": None if self.cost is None else self.cost.to_dict(),
             "profile": self.profile.to_dict(),
         }
+
+    def _failure(self) -> dict[str, Any] | None:
+        """How the job failed (its exit, its exception) and the report's lead line for it; None: it did not."""
+        failure = self.profile.failure
+        if failure is None:
+            return None
+        return {**to_jsonable(failure), "summary": failure_line(self.profile)}
 
     def _ranks(self) -> list[dict[str, Any]]:
         """Per-rank figures; with timed collectives, each rank's waiting, communication and arrival skew."""
@@ -159,9 +175,56 @@ def diagnose(profile: RunProfile) -> Diagnosis:
         notes += [f"rank {rank.rank}: {e}" for e in rank.probe_errors]
     for window in ctx.results.gpus:
         notes += describe_stretches(window)
+    findings, scaled = confidence_by_steps(ctx.earlier, measured_steps(profile))
+    if scaled is not None:
+        notes.append(scaled)
     return Diagnosis(
-        profile, ctx.metrics, rank_findings(ctx.earlier), skipped, notes, ctx.results, ctx.ranks, ctx.scaling
+        profile, ctx.metrics, rank_findings(findings), skipped, notes, ctx.results, ctx.ranks, ctx.scaling
     )
+
+
+def measured_steps(profile: RunProfile) -> int | None:
+    """The steps the diagnosis stands on: the fewest of any rank the probe measured some on; None where the
+    evidence is not a window of steps (a trace, a log, stack samples: ``STEP_WINDOW_SOURCES``)."""
+    if profile.source not in STEP_WINDOW_SOURCES:
+        return None
+    counts = [len(r.steps) for r in profile.ranks if r.steps]
+    return min(counts) if counts else None
+
+
+def confidence_by_steps(findings: list[Finding], steps: int | None) -> tuple[list[Finding], str | None]:
+    """Confidence follows the steps measured: under ``FULL_CONFIDENCE_STEPS`` every finding's confidence is
+    multiplied by steps / FULL_CONFIDENCE_STEPS (its severity capped again by it), and one note says so."""
+    if steps is None or steps >= FULL_CONFIDENCE_STEPS or not findings:
+        return findings, None
+    factor = steps / FULL_CONFIDENCE_STEPS
+    scaled = [dataclasses.replace(f, confidence=f.confidence * factor) for f in findings]
+    note = (
+        f"only {steps} step{'s' if steps != 1 else ''} measured: every finding's confidence is scaled by "
+        f"{steps}/{FULL_CONFIDENCE_STEPS} (full confidence from {FULL_CONFIDENCE_STEPS} measured steps)"
+    )
+    return scaled, note
+
+
+def failure_line(profile: RunProfile) -> str | None:
+    """The line every report leads with when the job failed ("The job failed at step 3: RuntimeError: the
+    callback failed (train.py:78)"); None when it did not."""
+    failure = profile.failure
+    if failure is None:
+        return None
+    on_rank = f" on rank {failure.rank}" if failure.rank is not None and profile.world_size > 1 else ""
+    if failure.exception is not None:
+        at = f"at step {failure.step}" if failure.step is not None else "before its first step"
+        return f"The job failed {at}{on_rank}: {failure.describe()}"
+    last = max((r.steps[-1].index for r in profile.ranks if r.steps), default=None)
+    after = f" after step {last}" if last is not None else ""
+    if failure.signal is not None:
+        how = f"was killed by {failure.signal}"
+    elif failure.exit_code is not None:
+        how = f"exited with code {failure.exit_code}"
+    else:
+        how = "failed"
+    return f"The job {how}{after}{on_rank}"
 
 
 def step_line(profile: RunProfile, metrics: Metrics) -> str | None:

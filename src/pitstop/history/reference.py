@@ -1,7 +1,8 @@
 """A one-rank reference for a multi-rank run's scaling efficiency, from the history.
 
 The reference is the newest ``doctor`` run whose fingerprint equals this run's with ``world_size`` set to 1:
-the same model, device, sequence length, per-rank micro-batch and accumulation, on one rank.
+the same model, device, sequence length, per-rank micro-batch and accumulation, on one rank; never a run whose
+job failed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def single_rank_reference(doc: dict[str, Any], path: Path | None) -> tuple[float
     wanted = fingerprint_of({**fields, "world_size": 1})
     try:
         with open_store(path, create=False) as store:
-            record = store.latest(kind="doctor", fingerprint=wanted)
+            record = store.latest(kind="doctor", fingerprint=wanted, include_failed=False)
     except (HistoryError, OSError, RuntimeError, sqlite3.Error):
         return None
     if record is None or not record.real_tokens_per_s:

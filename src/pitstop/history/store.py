@@ -63,9 +63,18 @@ _SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS runs_by_fingerprint ON runs (fingerprint, label, id)",
 )
+# a failed run (its document's ``failure``: the job crashed, exited non-zero or was killed) is kept and listed
+# as failed, and is never the baseline another run is compared with; a damaged document counts as not failed
+# (reading it by id names the damage)
+_FAILED = "(json_valid(result_json) AND json_extract(result_json, '$.failure') IS NOT NULL)"
+_FAILURE_COLUMN = (
+    f"CASE WHEN {_FAILED} THEN coalesce(json_extract(result_json, '$.failure.summary'), '') END AS failure"
+)
 _SUMMARY_COLUMNS = (
     "id, created_at, kind, label, git_commit, command, fingerprint, fingerprint_json, "
     + ", ".join(METRIC_COLUMNS)
+    + ", "
+    + _FAILURE_COLUMN
 )
 
 T = TypeVar("T")
@@ -88,6 +97,11 @@ class RunRecord:
     step_time_s: float | None
     mfu: float | None
     result: dict[str, Any] | None = None
+    failure: str | None = None  # how the job failed, in its report's lead line; None: it did not
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
 
     def metric(self, name: str) -> float | None:
         if name not in METRIC_COLUMNS:
@@ -127,6 +141,7 @@ class RunRecord:
             step_time_s=row["step_time_s"],
             mfu=row["mfu"],
             result=result,
+            failure=_failure_text(row["failure"]) if "failure" in keys else None,
         )
 
 
@@ -140,12 +155,21 @@ class RunList(builtins.list[RunRecord]):
             return None if v is None else format(v, fmt)
 
         rows = [
-            [f"#{r.id}", r.created_at[:19], r.kind, r.label, num(r.real_tokens_per_s, ",.0f"),
+            [f"#{r.id}", r.created_at[:19], f"{r.kind}, failed" if r.failed else r.kind, r.label,
+             num(r.real_tokens_per_s, ",.0f"),
              num(r.tokens_per_s, ",.0f"), num(r.step_time_s, ".3g"), num(r.mfu, ".1%")]
             for r in self
         ]  # fmt: skip
         head = ["run", "when", "kind", "label", "real tokens/s", "tokens/s", "s/step", "MFU"]
         return html_table(head, rows, caption=f"pitstop history: {len(self)} runs", right_from=4)
+
+
+def _failure_text(value: Any) -> str | None:
+    """A stored run's failure as a line (its document's ``failure.summary``), None for a run that did not fail;
+    a failed run whose document says no more reads "failed"."""
+    if value is None:
+        return None
+    return value if isinstance(value, str) and value else "failed"
 
 
 def _json_object(row: sqlite3.Row, column: str) -> dict[str, Any]:
@@ -486,13 +510,18 @@ class HistoryStore:
         label: str | None = None,
         fingerprint: str | None = None,
         exclude: int | None = None,
+        include_failed: bool | None = None,
     ) -> RunRecord | None:
         """The most recent run matching every given filter (with its document), or ``None``. A row written
-        while versions were part of the fingerprint matches by its fields without them."""
+        while versions were part of the fingerprint matches by its fields without them. ``include_failed``:
+        whether a run whose job failed may be the answer; by default not when a fingerprint is asked for
+        (the run found is a baseline others are compared with, and a failed run never is), else yes."""
         where, params = self._filters(kind=kind, label=label)
         if exclude is not None:
             where += (" AND" if where else " WHERE") + " id != ?"
             params += (exclude,)
+        if include_failed is False or (include_failed is None and fingerprint is not None):
+            where += (" AND" if where else " WHERE") + f" NOT {_FAILED}"
         if fingerprint is None:
             rows = self._query(f"SELECT id FROM runs{where} ORDER BY id DESC LIMIT 1", params)
             return self.get(rows[0]["id"]) if rows else None

@@ -75,11 +75,11 @@ def phase_changes_of(a: RunRecord, b: RunRecord) -> list[PhaseDelta]:
 
 
 def previous_run(doc: dict[str, Any], kind: str, path: Path | None) -> HistoryRun | None:
-    """The newest stored run of ``doc``'s workload (the same fingerprint and kind), or None: none yet, or a
-    history that cannot be read (it is a help here, never a reason to lose the run)."""
+    """The newest stored run of ``doc``'s workload (the same fingerprint and kind) whose job did not fail, or
+    None: none yet, or a history that cannot be read (it is a help here, never a reason to lose the run)."""
     try:
         with open_store(path, create=False) as store:
-            found = store.latest(kind=kind, fingerprint=fingerprint(doc))
+            found = store.latest(kind=kind, fingerprint=fingerprint(doc), include_failed=False)
     except (HistoryError, OSError, RuntimeError, sqlite3.Error):
         return None
     return None if found is None else history_run_of(found)

@@ -43,6 +43,7 @@ from pitstop.probe.collectors import COLLECTORS, Collector, ProbeContext, overri
 from pitstop.probe.collectors.attention import AttentionCollector
 from pitstop.probe.collectors.autocast import AutocastCollector
 from pitstop.probe.collectors.collate import CollateCollector
+from pitstop.probe.collectors.failure import FailureCollector
 from pitstop.probe.collectors.recompute import RecomputeCollector
 from pitstop.probe.collectors.saves import trainer_save_steps
 from pitstop.probe.collectors.syncs import SyncCollector
@@ -130,6 +131,7 @@ class Probe:
         self._recompute = self._collector(RecomputeCollector)
         self._collate = self._collector(CollateCollector)
         self._syncs = self._collector(SyncCollector)
+        self._collector(FailureCollector).attach(self._emit, self._failed_step)
         self.disabled = False
         self.finished = False
         self.window_start_t: float | None = None
@@ -156,6 +158,13 @@ class Probe:
     def _step_index(self) -> int:
         """The step under way (1-based): the builder's open step."""
         return self.builder.index + 1
+
+    def _failed_step(self) -> int | None:
+        """The step an uncaught exception ended: the one under way once it began (a batch, a forward), else
+        the last one closed (a callback at a step's end raised); None before the first step."""
+        began = bool(self.builder._open.marks)  # the open step's first event is a batch's or a forward's mark
+        index = self.builder.index + (1 if began else 0)
+        return index or None
 
     def _each(self, call: Callable[[Collector], None], what: str) -> None:
         """Call every collector; one that fails is noted and the others still run (stopping and removing

@@ -17,6 +17,7 @@ Lines, by kind (each written as ``line(kind, **payload)``):
 ``gpu``         ``samples``: new GpuSamples
 ``host``        ``samples``: new HostSamples
 ``error``       ``text``: the probe disabled itself
+``failure``     ``failure`` (a JobFailure): the uncaught exception that ended the process, as it was raised
 ``profile``     ``profile``: the finished RankProfile (it wins over every line before it)
 ==============  ==============================================================================================
 
@@ -36,6 +37,7 @@ from pitstop.core.profile import (
     Environment,
     GpuSample,
     HostSample,
+    JobFailure,
     RankProfile,
     StepRecord,
     assemble_rank,
@@ -53,6 +55,7 @@ class Kind(StrEnum):
     GPU = "gpu"
     HOST = "host"
     ERROR = "error"
+    FAILURE = "failure"
     PROFILE = "profile"
 
 
@@ -124,11 +127,26 @@ class ProbeError:
 
 
 @dataclass(frozen=True)
+class Failed:
+    failure: JobFailure
+
+
+@dataclass(frozen=True)
 class Finished:
     profile: RankProfile
 
 
-Record = Start | EnvironmentSeen | WindowOpened | Step | GpuReadings | HostReadings | ProbeError | Finished
+Record = (
+    Start
+    | EnvironmentSeen
+    | WindowOpened
+    | Step
+    | GpuReadings
+    | HostReadings
+    | ProbeError
+    | Failed
+    | Finished
+)
 
 
 def _optional_int(value: Any) -> int | None:
@@ -153,6 +171,7 @@ _DECODERS: dict[str, Callable[[dict[str, Any]], Record]] = {
     Kind.GPU: lambda d: GpuReadings([from_jsonable(GpuSample, s) for s in d["samples"]]),
     Kind.HOST: lambda d: HostReadings([from_jsonable(HostSample, s) for s in d["samples"]]),
     Kind.ERROR: lambda d: ProbeError(str(d["text"])),
+    Kind.FAILURE: lambda d: Failed(from_jsonable(JobFailure, d["failure"])),
     Kind.PROFILE: lambda d: Finished(from_jsonable(RankProfile, d["profile"])),
 }
 
@@ -186,6 +205,9 @@ class RankDraft:
     gpu: list[GpuSample] = field(default_factory=list)
     host: list[HostSample] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    failure: JobFailure | None = (
+        None  # the uncaught exception that ended the process (it may follow the profile)
+    )
     finished: RankProfile | None = None  # the profile the process wrote at its end
 
     def _said(self, name: str) -> int:
@@ -231,15 +253,20 @@ class RankDraft:
                 self.host += record.samples
         elif isinstance(record, ProbeError):
             self.errors.append(record.text)
+        elif isinstance(record, Failed):
+            self.failure = record.failure
         elif isinstance(record, Finished):
             self.finished = record.profile
 
     def profile(self) -> RankProfile:
         """The finished profile when the process wrote one, else the one its lines rebuild: the steps after
-        the warm-up, the window from its opening to the last step's line."""
+        the warm-up, the window from its opening to the last step's line. An exception line written after
+        the finished profile (the job failed after its window) joins it."""
         if self.finished is not None:
+            if self.finished.failure is None:
+                self.finished.failure = self.failure
             return self.finished
-        return assemble_rank(
+        rebuilt = assemble_rank(
             self.rank,
             self.environment,
             steps=self.steps,
@@ -251,11 +278,13 @@ class RankDraft:
             window=(self.window_t, self.last_t),
             errors=self.errors,
         )
+        rebuilt.failure = self.failure
+        return rebuilt
 
 
 def read_text(text: str) -> tuple[RankProfile, bool] | None:
     """The RankProfile a rank file's text holds and whether the process finished it (False: it died first and
-    this is rebuilt from its lines); None when it holds neither a start nor an error."""
+    this is rebuilt from its lines); None when it holds neither a start, an error nor a failure."""
     raw_lines = text.splitlines()
     last = next((raw for raw in reversed(raw_lines) if raw.strip()), None)
     record = decode(last) if last is not None else None
@@ -267,7 +296,7 @@ def read_text(text: str) -> tuple[RankProfile, bool] | None:
         if found is not None:
             draft.add(found)
     if draft.finished is not None:
-        return draft.finished, True
-    if draft.start is None and not draft.errors:
+        return draft.profile(), True
+    if draft.start is None and not draft.errors and draft.failure is None:
         return None
     return draft.profile(), False

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from pitstop.core.findings import Finding
 from pitstop.core.vocabulary import Device, Phase, Source
-from pitstop.diagnose import Diagnosis, counting_line, step_line
+from pitstop.diagnose import Diagnosis, counting_line, failure_line, step_line
 from pitstop.diagnose.gpu_models import gpu_by_rank, gpu_models_line, mixed_models_words
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.savings import context_line, describe, first_saving
@@ -407,6 +407,9 @@ def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
     console.print(
         Panel(_headline(diagnosis), title=_title(diagnosis), title_align="left", border_style="bold")
     )
+    failed = failure_line(diagnosis.profile)
+    if failed is not None:  # a crashed job: its exit and exception come first, before any finding
+        console.print(as_text(failed, style="bold red"))
     if len([r for r in diagnosis.profile.ranks if r.steps]) > 1:
         console.print(_ranks_table(diagnosis))
     gpus = gpu_models_line(diagnosis.profile)

@@ -3,17 +3,21 @@ there is nothing.
 
 A rank file holds whatever its process measured, even when the process died by a signal in the middle of
 the window (``probe.stream``); the cause of such a death is told with the steps it left, and pitstop exits
-the way a shell would for it (128 + the signal's number).
+the way a shell would for it (128 + the signal's number). A job that failed (an exit code, a signal; not a stop
+by pitstop or the user) gets its ``RunProfile.failure``: the exit joined with the uncaught exception a rank's
+probe recorded (``probe/collectors/failure.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import signal
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pitstop.core.profile import RankProfile, RunProfile
+from pitstop.core.profile import JobFailure, RankProfile, RunProfile
 from pitstop.core.vocabulary import Source
 from pitstop.probe.ending import lost_probes
 from pitstop.probe.gather import read_summary
@@ -121,6 +125,24 @@ def death(launch: Launch) -> tuple[str | None, int]:
     return None, 0
 
 
+def job_failure(launch: Launch, ranks: list[RankProfile]) -> JobFailure | None:
+    """How the job failed, or None: it exited 0, or pitstop or the user stopped it (an interruption is no
+    failure). The exit as the runner saw it (the code, or the signal that killed it), with the exception a
+    rank recorded: the main thread's over a thread's, of several ranks the first raised (the others most
+    often fail on it)."""
+    if launch.stopped_by is not None or launch.ended_after_window or launch.probe_lost is not None:
+        return None
+    code = launch.exit_code if launch.exit_code is not None else 1
+    if code == 0:
+        return None
+    raised = [r.failure for r in ranks if r.failure is not None]
+    first = min(raised, key=lambda f: (f.thread is not None, f.at or math.inf)) if raised else JobFailure()
+    if code < 0:
+        return dataclasses.replace(first, exit_code=None, signal=signal_name(-code))
+    by_shell = signal_name(code - 128) if code > 128 and code - 128 in _WHY else None
+    return dataclasses.replace(first, exit_code=code, signal=by_shell)
+
+
 def merge(
     ranks: list[RankProfile],
     source: Source,
@@ -188,6 +210,7 @@ def collect(
     if message is not None:
         profile.notes.append(message)
     profile.exit_code = exit_code
+    profile.failure = job_failure(launch, ranks)
     if requested_steps is not None and measured < requested_steps and not launch.interrupted:
         note = f"the run ended after {measured} measured steps (asked for {requested_steps})"
         profile.notes.append(note)
@@ -221,7 +244,9 @@ def _nothing(launch: Launch, ranks: list[RankProfile], cmd: str, how: str | None
             code or 2,
         )
     if how is not None:
-        return Outcome(None, f"`{cmd}` {how} before its first optimizer step", code)
+        failure = job_failure(launch, ranks)
+        raised = f": {failure.describe()}" if failure is not None and failure.exception else ""
+        return Outcome(None, f"`{cmd}` {how} before its first optimizer step{raised}", code)
     return Outcome(
         None,
         f"`{cmd}` finished without a training step to measure (a step ends at optimizer.step(), or at the "

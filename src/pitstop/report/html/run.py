@@ -9,9 +9,10 @@ import json
 from dataclasses import asdict
 from html import escape
 
+from pitstop.core.findings import Fix
 from pitstop.core.profile import RankProfile, TraceStats
 from pitstop.core.vocabulary import Phase
-from pitstop.diagnose import Diagnosis
+from pitstop.diagnose import Diagnosis, failure_line
 from pitstop.diagnose.gpu_models import gpu_models_line, mixed_models_words
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.html import svg
@@ -57,6 +58,10 @@ def verdict(d: Diagnosis) -> str:
         for f in top
     )
     body = f'<p class="meta">{escape(_where(d))}</p><div class="verdict">{"".join(stats)}</div>'
+    failed = failure_line(d.profile)
+    if failed is not None:  # a crashed job: its exit and exception lead, as in the terminal
+        lead = f'<p class="failure" data-figure="failure" style="color:#b00020"><b>{escape(failed)}</b></p>'
+        body = lead + body
     for label, line in (("Energy", energy_line(m)), ("Cost", cost_line(d.cost))):
         if line is not None:  # only where measured (a GPU's power) or priced, as the terminal says it
             body += f'<p class="meta" data-figure="{label.lower()}"><b>{label}:</b> {escape(line)}</p>'
@@ -95,11 +100,6 @@ def findings(d: Diagnosis) -> str:
     return section("findings", "Findings, ranked by estimated time saved", "".join(cards) or "<p>None.</p>")
 
 
-def _who(d: Diagnosis) -> str:
-    shown = d.results.shown
-    return f" (rank {shown.rank}: {shown.why})" if d.profile.world_size > 1 else ""  # as the terminal says
-
-
 def fix_blocks(fix: Fix, code: str) -> str:
     """A fix's words and code, one block per remedy it lists: they are alternatives or separate changes, and
     one Copy block holding them all would paste conflicting ``Trainer(...)`` lines into the job."""
@@ -120,6 +120,11 @@ def fix_blocks(fix: Fix, code: str) -> str:
         + "</div>"
         for i, (u, a) in enumerate(zip(fix.uses, advices, strict=True), 1)
     )
+
+
+def _who(d: Diagnosis) -> str:
+    shown = d.results.shown
+    return f" (rank {shown.rank}: {shown.why})" if d.profile.world_size > 1 else ""  # as the terminal says
 
 
 def step_plots(d: Diagnosis) -> list[str]:
