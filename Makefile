@@ -12,20 +12,32 @@ PIP := $(BIN)/pip --disable-pip-version-check
 
 setup: $(VENV)/.installed
 
+# the venv, pip and torch: what every target below starts from
+$(VENV)/.torch: Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	touch $@
+
+# what `make demo` needs and no more: pitstop (editable), transformers for the demo's tiny Llama, and NVML's
+# small binding for the GPU samples on a GPU machine; the test and docs tools come with `make setup`
+$(VENV)/.demo: $(VENV)/.torch pyproject.toml setup.py src/pitstop/trace/_eventloop.c
+	$(PIP) install --quiet -e ".[demo,nvml]"
+	touch $@
+
 # DeepSpeed (for the launcher tests) builds from an sdist that imports torch: built against the torch above,
 # with no ops compiled, so pip never fetches a second (CUDA) torch
 DEEPSPEED ?= deepspeed==0.19.8
 
-$(VENV)/.installed: pyproject.toml setup.py Makefile src/pitstop/trace/_eventloop.c
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+# everything for development: the Hugging Face stack, the test tools and what the tests drive, the docs tools
+# (a superset of the demo's: its stamp too)
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml setup.py src/pitstop/trace/_eventloop.c
 	$(PIP) install --quiet -e ".[hf,nvml,dev,docs]"
 	$(PIP) install --quiet wheel
 	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation "$(DEEPSPEED)"
-	touch $@
+	touch $@ $(VENV)/.demo
 
-demo: setup
+demo: $(VENV)/.demo
 	$(BIN)/pitstop doctor --demo --fixed
 
 lint: setup

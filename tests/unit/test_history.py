@@ -36,6 +36,7 @@ from pitstop.history import (
     slowdown,
 )
 from pitstop.history.fingerprint import canonical_json, sequence_length
+from pitstop.history.paths import project_file_name
 from pitstop.remedies.pin_versions import minor_version
 
 VERSIONS = {"torch": "2.5.1+cu124", "transformers": "4.46.3", "accelerate": "1.1.0"}
@@ -93,11 +94,15 @@ def test_location_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.delenv("PITSTOP_HISTORY")
     monkeypatch.delenv("XDG_DATA_HOME", raising=False)
-    assert default_path() == tmp_path / "home" / ".local" / "share" / "pitstop" / "history.sqlite3"
+    project = tmp_path / "proj"
+    (project / ".git").mkdir(parents=True)
+    monkeypatch.chdir(project)
+    own = project_file_name(project.resolve())
+    assert default_path() == tmp_path / "home" / ".local" / "share" / "pitstop" / "history" / own
     monkeypatch.setenv("XDG_DATA_HOME", "relative/ignored")
-    assert default_path() == tmp_path / "home" / ".local" / "share" / "pitstop" / "history.sqlite3"
+    assert default_path() == tmp_path / "home" / ".local" / "share" / "pitstop" / "history" / own
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    assert default_path() == tmp_path / "xdg" / "pitstop" / "history.sqlite3"
+    assert default_path() == tmp_path / "xdg" / "pitstop" / "history" / own
     monkeypatch.setenv("PITSTOP_HISTORY", str(tmp_path / "env.sqlite3"))
     assert default_path() == tmp_path / "env.sqlite3"
     explicit = tmp_path / "deep" / "er" / "h.sqlite3"
@@ -110,7 +115,8 @@ def test_macos_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     monkeypatch.setattr(sys, "platform", "darwin")
     monkeypatch.delenv("PITSTOP_HISTORY")
     monkeypatch.delenv("XDG_DATA_HOME", raising=False)
-    assert default_path() == tmp_path / "Library" / "Application Support" / "pitstop" / "history.sqlite3"
+    folder = tmp_path / "Library" / "Application Support" / "pitstop" / "history"
+    assert default_path().parent == folder
 
 
 # -- fingerprints ----------------------------------------------------------------------------------------

@@ -42,7 +42,10 @@ TensorboardOpt = Annotated[
 ]
 HistoryOpt = Annotated[
     Path | None,
-    typer.Option("--history", help="The history database (default: $PITSTOP_HISTORY or per-user)."),
+    typer.Option(
+        "--history",
+        help="The history database (default: $PITSTOP_HISTORY, else one per project: the git root).",
+    ),
 ]
 NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not record this result in the history.")]
 CommandArg = Annotated[list[str] | None, typer.Argument(help="The training command, after `--`.")]

@@ -141,15 +141,47 @@ def _write_json(path: Path | None, doc: dict[str, object]) -> None:
     write_output(path, json.dumps(doc, indent=1))
 
 
+DEFAULT_MAX_LEN = 2048
+DEFAULT_BATCH = 8
+
+
 @data_app.command()
 def stats(
     source: Annotated[Path, typer.Argument(help="JSONL / JSON / Parquet / CSV / saved dataset, or a cache")],
     tokenizer: TokenizerOpt = None,
-    max_len: Annotated[int, typer.Option("--max-len", min=1, help="Row length the run uses.")] = 2048,
+    max_len: Annotated[
+        int | None,
+        typer.Option(
+            "--max-len",
+            "--max-length",
+            min=1,
+            help=f"Row length the run uses: truncation, and the width of every row with --padding max_length "
+            f"(default: the run's with --run, else {DEFAULT_MAX_LEN}).",
+        ),
+    ] = None,
     batch_size: Annotated[
-        int, typer.Option("--batch-size", min=1, help="Micro-batch size the run uses.")
-    ] = 8,
-    padding: Annotated[str, typer.Option(help="How the run pads today: longest or max_length.")] = "longest",
+        int | None,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            help=f"Micro-batch size the run uses (default: the run's with --run, else {DEFAULT_BATCH}).",
+        ),
+    ] = None,
+    padding: Annotated[
+        str | None,
+        typer.Option(
+            help="How the run pads today: longest (each batch to its longest example) or max_length (every "
+            'row to --max-len, the tokenizer\'s padding="max_length"). Default: what --run saw, else longest.'
+        ),
+    ] = None,
+    run: Annotated[
+        Path | None,
+        typer.Option(
+            "--run",
+            help="A `pitstop doctor --json` result of the job: its padding, row length and batch size "
+            "as measured (options given here win).",
+        ),
+    ] = None,
     template: TemplateOpt = "auto",
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip and count unreadable examples.")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
@@ -161,11 +193,12 @@ def stats(
     from pitstop.data.cache import open_cache
     from pitstop.data.stats import length_stats
 
-    if padding not in ("longest", "max_length"):
+    if padding is not None and padding not in ("longest", "max_length"):
         raise UserError("--padding is longest or max_length")
+    padding, max_len, batch_size, basis = _job_padding(run, padding, max_len, batch_size)
     console = Console(stderr=True)
     cache = open_cache(cache_of(source, tokenizer, template, None, None, skip_bad, console))
-    s = length_stats(cache.lengths.tolist(), batch_size, max_len, padding)
+    s = length_stats(cache.lengths.tolist(), batch_size, max_len, padding, padding_basis=basis)
     table = Table(
         title=f"{source.name}: {s.examples:,} examples, {s.tokens:,} tokens (at most {max_len} each)",
         title_justify="left",
@@ -173,7 +206,12 @@ def stats(
     table.add_column("")
     table.add_column("padding share", justify="right")
     table.add_column("expected speed-up", justify="right")
-    table.add_row(f"today (batch {batch_size}, pad to {padding})", f"{s.padding_now:.1%}", "×1.00")
+    today = (
+        "every row padded to " + str(max_len)
+        if padding == "max_length"
+        else "each batch padded to its longest"
+    )
+    table.add_row(f"today (batch {batch_size}, {today})", f"{s.padding_now:.1%}", "×1.00")
     table.add_row("length-grouped batches", f"{s.padding_grouped:.1%}", f"×{s.speedup_grouped:.2f}")
     table.add_row(f"packed into {max_len}-token rows", f"{s.padding_packed:.1%}", f"×{s.speedup_packed:.2f}")
     out = Console()
@@ -181,12 +219,39 @@ def stats(
         f"tokens per example: min {s.min}, median {s.median:.0f}, p90 {s.p90:.0f}, max {s.max}"
         + (f"; {s.over_max_len} longer than {max_len}" if s.over_max_len else "")
     )
+    out.print(markup(f"padding assumed: {padding} ({basis})"), soft_wrap=True)
     out.print(table)
     out.print(
         "[dim]speed-up: real tokens per computed token relative to today (compute scales with tokens; "
         "attention's quadratic part gains more)[/dim]"
     )
     _write_json(json_out, {"schema": schemas.DATA_STATS, "cache": str(cache.path), **s.to_dict()})
+
+
+def _job_padding(
+    run: Path | None, padding: str | None, max_len: int | None, batch_size: int | None
+) -> tuple[str, int, int, str]:
+    """The padding, row length and batch size to price today's batches with, and why: an option given, else
+    what the run measured (--run), else the defaults (padding to the longest example, said as assumed)."""
+    if run is None:
+        if padding is not None:
+            basis = f"--padding {padding}"
+        else:
+            basis = (
+                "the default, not measured: a job that pads every row to --max-len (a tokenizer called with "
+                'padding="max_length") wastes more: --padding max_length, or --run with its doctor JSON'
+            )
+        return padding or "longest", max_len or DEFAULT_MAX_LEN, batch_size or DEFAULT_BATCH, basis
+    from pitstop.cli.report import read_result
+    from pitstop.data.stats import job_padding
+
+    doc = read_result(run)
+    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith(schemas.RUN.split("/")[0]):
+        raise UserError(f"--run {run}: not a pitstop doctor result (schema {schemas.RUN})")
+    seen = job_padding(doc)
+    basis = f"{seen.basis}; read from {run.name}" if padding is None else f"--padding {padding}"
+    width = max_len or (seen.max_len if seen.padding == "max_length" else None) or DEFAULT_MAX_LEN
+    return padding or seen.padding, width, batch_size or seen.batch_size or DEFAULT_BATCH, basis
 
 
 @data_app.command()

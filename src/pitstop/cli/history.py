@@ -32,7 +32,8 @@ HistoryOpt = Annotated[
     Path | None,
     typer.Option(
         "--history",
-        help="The history file (default: $PITSTOP_HISTORY, else pitstop/history.sqlite3 in the user data folder).",
+        help="The history file (default: $PITSTOP_HISTORY, else this project's: "
+        "pitstop/history/<git root's name>-<hash>.sqlite3 in the user data folder).",
     ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -56,8 +57,22 @@ def _store(path: Path | None) -> Iterator[HistoryStore]:
 def _require(store: HistoryStore, run_id: int) -> RunRecord:
     found = store.get(run_id)
     if found is None:
-        raise HistoryError(f"no run #{run_id} in {store.path}")
+        raise HistoryError(f"no run #{run_id} in {store.path}{_legacy_hint(store.path)}")
     return found
+
+
+def _legacy_hint(path: Path) -> str:
+    """Where runs recorded before per-project histories are, when this is a project's default history and
+    the old shared file exists (read with --history; nothing is moved or rewritten)."""
+    from pitstop.history.paths import legacy_path, project_path
+
+    try:
+        legacy = legacy_path()
+        if path != project_path() or not legacy.is_file():
+            return ""
+    except (HistoryError, OSError):
+        return ""
+    return f" (runs recorded before histories were kept per project: --history {legacy})"
 
 
 def _when(created_at: str, short: bool = False) -> str:
@@ -88,17 +103,27 @@ def list_runs(
     label: Annotated[str | None, typer.Option(help="Only runs with this label.")] = None,
     json_out: JsonFlag = False,
     history: HistoryOpt = None,
+    all_projects: Annotated[
+        bool,
+        typer.Option(
+            "--all-projects",
+            help="Every project's history file (and the one all projects shared before): runs, newest, path.",
+        ),
+    ] = False,
 ) -> None:
     """The newest runs: when, what, which setup (fingerprint), and how fast."""
     from pitstop.history.compare import format_metric
 
+    if all_projects:
+        _list_projects(json_out)
+        return
     with _store(history) as store:
         runs = store.list(limit=limit, kind=kind, label=label)
     if json_out:
         typer.echo(json.dumps([r.to_dict() for r in runs], indent=1))
         return
     if not runs:
-        typer.echo(f"no runs recorded in {shown(store.path)}")
+        typer.echo(f"no runs recorded in {shown(store.path)}{shown(_legacy_hint(store.path))}")
         return
     from rich.table import Table
 
@@ -115,12 +140,67 @@ def list_runs(
         table.add_row(
             str(r.id),
             as_text(_when(r.created_at, short=True)),
-            as_text(r.kind),
+            as_text(f"{r.kind}, failed" if r.failed else r.kind, style="red" if r.failed else ""),
             as_text(r.label or "–"),
             as_text(_short(r.command), one_line=True),
             as_text(r.fingerprint),
             format_metric("real_tokens_per_s", r.real_tokens_per_s),
             format_metric("mfu", r.mfu),
+        )
+    _console().print(table)
+    for r in runs:  # a failed run is kept, never a baseline: how it failed, under the table
+        if r.failure is not None:
+            _console().print(as_text(f"#{r.id}: {r.failure}", one_line=True), style="red", soft_wrap=True)
+    hint = _legacy_hint(store.path)
+    if hint:
+        _console().print(as_text(hint.strip(" ()")), style="dim", soft_wrap=True)
+
+
+def _list_projects(json_out: bool) -> None:
+    """Each history file in the data folder: the projects' own, and the one they all shared before (read
+    only; a file that cannot be read is listed with why, never changed)."""
+    from pitstop.history.paths import legacy_path, project_histories, project_path
+
+    try:
+        legacy, files, here = legacy_path(), project_histories(), project_path()
+    except HistoryError as exc:
+        raise _fail(str(exc)) from None
+    paths = ([legacy] if legacy.is_file() else []) + files
+    entries: list[dict[str, object]] = []
+    for path in paths:
+        entry: dict[str, object] = {
+            "path": str(path),
+            "project": "(every project, before per-project histories)" if path == legacy else path.stem,
+            "current": path == here,
+        }
+        try:
+            with open_store(path, create=False) as store:
+                newest = store.list(limit=1)
+                entry["runs"] = store.count()
+                entry["newest"] = newest[0].created_at if newest else None
+        except HistoryError as exc:
+            entry["error"] = str(exc)
+        entries.append(entry)
+    if json_out:
+        typer.echo(json.dumps(entries, indent=1))
+        return
+    if not entries:
+        typer.echo(f"no history recorded yet (this project's would be {shown(here)})")
+        return
+    from rich.table import Table
+
+    table = Table(caption="pitstop history list --history PATH: one file's runs", show_edge=False)
+    for column in ("project", "runs", "newest", "path"):
+        table.add_column(column, justify="right" if column == "runs" else "left")
+    for entry in entries:
+        mark = " (here)" if entry["current"] else ""
+        runs = "unreadable" if "error" in entry else str(entry["runs"])
+        when = entry.get("newest")
+        table.add_row(
+            as_text(f"{entry['project']}{mark}"),
+            runs,
+            as_text(_when(str(when), short=True) if when else "–"),
+            as_text(entry["path"]),
         )
     _console().print(table)
 
@@ -200,6 +280,8 @@ def compare(
     table = _comparison_table(comparison)
     console = _console(stderr=json_file is not None and str(json_file) == "-")
     console.print(table)
+    for line in comparison.noise_lines():
+        console.print(as_text(line), soft_wrap=True)
     if comparison.versions:
         console.print(
             as_text("library versions changed (A → B): " + ", ".join(str(c) for c in comparison.versions)),
@@ -221,7 +303,7 @@ def _comparison_table(comparison: Comparison) -> Table:
     each phase's time per step (where a slower step grew)."""
     from rich.table import Table
 
-    from pitstop.history.compare import METRIC_NAMES, flatten, format_metric
+    from pitstop.history.compare import METRIC_NAMES, flatten
 
     run_a, run_b, differ = comparison.a, comparison.b, comparison.differ
     table = Table(title=f"run #{run_a.id} vs run #{run_b.id}")
@@ -246,13 +328,12 @@ def _comparison_table(comparison: Comparison) -> Table:
         )
         mark, style = ("≠", "bold yellow") if package in changed else ("", None)
         table.add_row(*cells, mark, style=style)
-    for row in comparison.rows:
-        ratio = "–" if row.ratio is None else f"×{row.ratio:.2f}"
+    for row in comparison.rows:  # real tokens/s with each run's noise band and the ratio's
         table.add_row(
             METRIC_NAMES[row.name],
-            as_text(format_metric(row.name, row.a)),
-            as_text(format_metric(row.name, row.b)),
-            ratio,
+            as_text(row.value_text("a")),
+            as_text(row.value_text("b")),
+            as_text(row.ratio_text()),
         )
     for delta in comparison.phases:
         ratio = "–" if delta.ratio is None else f"×{delta.ratio:.2f}"

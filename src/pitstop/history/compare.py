@@ -32,6 +32,7 @@ WORDS = {  # how a drop and a gain read for the figures that are not speeds (the
     ),
 }
 CHECKED = (*METRIC_COLUMNS, *STORED_FIGURES)  # what `history check` gates on
+BANDED = "real_tokens_per_s"  # the metric whose spread each run measured (throughput_spread): it gets a band
 
 
 def parse_max_drop(text: str) -> float:
@@ -80,9 +81,15 @@ def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[An
 
 @dataclass
 class MetricRow:
+    """One metric of two runs. ``band_a`` / ``band_b``: each run's noise band, as a fraction of its value
+    (NOISE_ERRORS standard errors of its measured spread); ``None`` where the run measured none or the metric
+    has no spread of its own."""
+
     name: str
     a: float | None
     b: float | None
+    band_a: float | None = None
+    band_b: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -90,6 +97,68 @@ class MetricRow:
         if self.a is None or self.b is None or self.a == 0:
             return None
         return self.b / self.a
+
+    @property
+    def band(self) -> float | None:
+        """The ratio's noise band as a fraction of it: both runs' bands in quadrature (the two rates'
+        relative errors add so in their ratio); ``None`` unless both runs have one."""
+        if self.band_a is None or self.band_b is None:
+            return None
+        return math.hypot(self.band_a, self.band_b)
+
+    @property
+    def ratio_range(self) -> tuple[float, float] | None:
+        """The ratio's band, low to high."""
+        ratio, band = self.ratio, self.band
+        if ratio is None or band is None:
+            return None
+        return ratio * max(0.0, 1 - band), ratio * (1 + band)
+
+    @property
+    def within_noise(self) -> bool | None:
+        """True when the band covers ×1: the two runs do not differ measurably; ``None`` without a band."""
+        span = self.ratio_range
+        return None if span is None else span[0] <= 1.0 <= span[1]
+
+    def ratio_text(self) -> str:
+        """``×0.86``, and where both runs measured their noise ``×0.86 ±16.2% (within noise)``."""
+        ratio = self.ratio
+        if ratio is None:
+            return "–"
+        if self.band is None:
+            return f"×{ratio:.2f}"
+        return f"×{ratio:.2f} ±{self.band:.1%} ({'within noise' if self.within_noise else 'beyond noise'})"
+
+    def value_text(self, which: str) -> str:
+        """Run A's or B's value, with its own band where it measured one (``41,200 ±3.4%``)."""
+        value, band = (self.a, self.band_a) if which == "a" else (self.b, self.band_b)
+        text = format_metric(self.name, value)
+        return text if band is None or value is None else f"{text} ±{band:.1%}"
+
+    def noise_line(self, a_id: int, b_id: int) -> str | None:
+        """One sentence for the reader: both bands, the ratio's, and whether it covers ×1; None without bands."""
+        name = METRIC_NAMES.get(self.name, self.name)
+        span, ratio = self.ratio_range, self.ratio
+        if ratio is not None and self.name == BANDED and span is None:
+            unmeasured = [f"#{i}" for i, band in ((a_id, self.band_a), (b_id, self.band_b)) if band is None]
+            return (
+                f"{name}: B/A ×{ratio:.2f} without a noise band: run {' and '.join(unmeasured)} measured no spread "
+                "of its throughput (too few steps); a ratio this close to ×1 may be noise"
+                if abs(ratio - 1) < 0.25
+                else None
+            )
+        if span is None or self.band_a is None or self.band_b is None:
+            return None
+        from pitstop.diagnose.causes.library_upgrade import NOISE_ERRORS
+
+        head = (
+            f"{name}: B/A ×{ratio:.2f}, noise band ×{span[0]:.2f}–×{span[1]:.2f} "
+            f"(run #{a_id} ±{self.band_a:.1%}, run #{b_id} ±{self.band_b:.1%}: {NOISE_ERRORS:g} standard "
+            "errors of each run's measured spread)"
+        )
+        if self.within_noise:
+            return f"{head}: within noise, the runs do not differ measurably"
+        return f"{head}: beyond noise, a measured change"
 
 
 def value_of(record: RunRecord, metric: str) -> float | None:
@@ -99,10 +168,32 @@ def value_of(record: RunRecord, metric: str) -> float | None:
     return record.metric(metric)
 
 
+def spread_of(record: RunRecord) -> float | None:
+    """The run's measured spread: the relative standard error of its real tokens/s (None if not measured)."""
+    metrics = (record.result or {}).get("metrics") or {}
+    spread = metrics.get("throughput_spread") if isinstance(metrics, dict) else None
+    return (
+        float(spread) if isinstance(spread, int | float) and math.isfinite(spread) and spread >= 0 else None
+    )
+
+
+def noise_band(record: RunRecord) -> float | None:
+    """The run's noise band on real tokens/s, as a fraction: NOISE_ERRORS standard errors of its spread."""
+    from pitstop.diagnose.causes.library_upgrade import NOISE_ERRORS  # the same band as library_upgrade's
+
+    spread = spread_of(record)
+    return None if spread is None else NOISE_ERRORS * spread
+
+
 def metric_rows(a: RunRecord, b: RunRecord) -> list[MetricRow]:
     """The indexed metrics, then the energy and cost per real token where either run's document has them
-    (records loaded with their document; a GPU run with a power reading, a price for the cost)."""
-    rows = [MetricRow(name, a.metric(name), b.metric(name)) for name in METRIC_COLUMNS]
+    (records loaded with their document; a GPU run with a power reading, a price for the cost). Real
+    tokens/s carries each run's noise band (the spread each run measured is that rate's)."""
+    bands = (noise_band(a), noise_band(b))
+    rows = [
+        MetricRow(name, a.metric(name), b.metric(name), *(bands if name == BANDED else (None, None)))
+        for name in METRIC_COLUMNS
+    ]
     figures_a, figures_b = stored_figures(a.result), stored_figures(b.result)
     rows += [
         MetricRow(name, figures_a.get(name), figures_b.get(name))
@@ -126,19 +217,16 @@ class Comparison:
     phases: list[PhaseDelta] = field(default_factory=list)
     finding: Finding | None = None
 
+    def noise_lines(self) -> list[str]:
+        """What each banded metric's noise says (real tokens/s): the bands and whether the ratio is within."""
+        lines = [row.noise_line(self.a.id, self.b.id) for row in self.rows]
+        return [line for line in lines if line]
+
     def _repr_html_(self) -> str:
         from pitstop.history.display import html_table
 
-        def ratio(r: MetricRow) -> str:
-            return "–" if r.ratio is None else f"×{r.ratio:.2f}"
-
         rows = [
-            [
-                METRIC_NAMES.get(r.name, r.name),
-                format_metric(r.name, r.a),
-                format_metric(r.name, r.b),
-                ratio(r),
-            ]
+            [METRIC_NAMES.get(r.name, r.name), r.value_text("a"), r.value_text("b"), r.ratio_text()]
             for r in self.rows
         ]
         head = [
@@ -148,6 +236,7 @@ class Comparison:
             "B / A",
         ]
         out = html_table(head, rows, caption=f"pitstop history: run #{self.a.id} vs run #{self.b.id}")
+        out += "".join(f"<p>{escape(line)}</p>" for line in self.noise_lines())
         if self.differ:
             setup = [[k, a, b] for k, (a, b) in self.differ.items()]
             out += html_table(["setup field that differs", "A", "B"], setup, right_from=3)
@@ -240,12 +329,7 @@ def resolvable_drop(run: RunRecord, baseline: RunRecord) -> float | None:
     relative standard error of its real tokens/s); None when either run did not measure one."""
     from pitstop.diagnose.causes.library_upgrade import resolvable_drop as drop_resolved
 
-    spreads: list[float | None] = []
-    for record in (run, baseline):
-        metrics = (record.result or {}).get("metrics") or {}
-        spread = metrics.get("throughput_spread") if isinstance(metrics, dict) else None
-        spreads.append(float(spread) if isinstance(spread, (int, float)) and spread >= 0 else None)
-    return drop_resolved(*spreads)
+    return drop_resolved(spread_of(run), spread_of(baseline))
 
 
 def check(run: RunRecord, baseline: RunRecord, metric: str, max_drop: float) -> Verdict:
