@@ -482,8 +482,8 @@ class StaticChecker:
 _INSTANCE_ATTRIBUTES = {"config", "model", "attn", "module", "state", "args"}
 # packages a snippet may import that this machine lacks (GPU-only or optional): the import is not tried
 OPTIONAL_PACKAGES = {
-    "liger_kernel": "Liger kernels are Triton (GPU) kernels; not installed on the CPU test machine",
-    "vllm": "vLLM needs a GPU; not installed on the CPU test machine",
+    "liger_kernel": "Liger kernels are Triton (GPU) kernels: a GPU machine's package, checked statically here",
+    "vllm": "vLLM needs a GPU: a GPU machine's package, checked statically here",
 }
 
 

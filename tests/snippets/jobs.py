@@ -757,18 +757,25 @@ def run_deepspeed(config: dict[str, Any], model: Any, batch: dict[str, Any]) -> 
     """DeepSpeed's own engine on CPU (its CPU accelerator, gloo): initialize, then steps."""
     import deepspeed
 
-    os.environ.setdefault("LOCAL_RANK", "0")
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=json.loads(json.dumps(config))
-    )
-    steps = 0
-    for _ in range(STEPS):
-        loss = engine(**batch).loss
-        engine.backward(loss)
-        engine.step()
-        steps += 1
-    return steps
+    saved = dict(
+        os.environ
+    )  # DeepSpeed sets LOCAL_RANK, RANK, WORLD_SIZE: no later job of this worker may see them
+    try:
+        os.environ.setdefault("LOCAL_RANK", "0")
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), config=json.loads(json.dumps(config))
+        )
+        steps = 0
+        for _ in range(STEPS):
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            engine.step()
+            steps += 1
+        return steps
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def snippet_parts(snippet: str) -> dict[str, list[str]]:

@@ -130,7 +130,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Framework, A
     from tests.snippets.jobs import JOBS, build_pieces, free_port
 
     pieces = build_pieces(tmp_path_factory.mktemp("snippet-jobs"))
-    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+    # the whole environment comes back after: DeepSpeed's init sets LOCAL_RANK, RANK, WORLD_SIZE, ... and a
+    # later test's job in this worker would take itself for one rank of a distributed run
+    saved = dict(os.environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     threads = torch.get_num_threads()
@@ -144,8 +146,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Framework, A
     yield Lazy()
     torch.set_num_threads(threads)
     dist.destroy_process_group()
-    for key, value in saved.items():
-        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.mark.slow
