@@ -148,6 +148,40 @@ def run_pitstop(
     )
 
 
+def run_in_pty(
+    cmd: list[str], *, rows: int, columns: int, timeout: float, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Run ``cmd`` on a pseudo-terminal of ``rows`` x ``columns``, as a user at a terminal would: its exit code
+    and everything it showed (stdout and stderr, as the terminal received them)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, env=env)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.5)[0]:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    code = proc.wait(timeout=30)
+    os.close(master)
+    return code, b"".join(chunks).decode("utf-8", errors="replace")
+
+
 def attach_json(pid: int, seconds: int, out: Path, timeout: float = 120) -> dict[str, Any]:
     """``pitstop attach PID --for Ns --json OUT`` as a user types it (it must succeed); its JSON document."""
     done = subprocess.run(

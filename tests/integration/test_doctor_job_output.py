@@ -7,21 +7,14 @@ On a pseudo-terminal (the panel view) and off one (plain lines on the stream the
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
 import re
-import select
-import struct
-import subprocess
 import sys
-import termios
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_pitstop
+from tests.conftest import ROOT, run_in_pty, run_pitstop
 
 pytestmark = pytest.mark.slow
 
@@ -61,34 +54,11 @@ def test_off_a_terminal_no_traceback_and_pitstop_lines_start_a_line() -> None:
     log.parent.rmdir()
 
 
-def _run_in_pty(args: list[str], timeout: float = 600) -> tuple[int, str]:
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
-    env = {**os.environ, "COLUMNS": "200", "TERM": "xterm-256color"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pitstop", *args], stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, env=env
-    )
-    os.close(slave)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if select.select([master], [], [], 0.5)[0]:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    code = proc.wait(timeout=30)
-    os.close(master)
-    return code, b"".join(chunks).decode("utf-8", errors="replace")
-
-
 def test_on_a_terminal_no_traceback_and_the_report_names_the_log() -> None:
-    code, shown = _run_in_pty([*DOCTOR, *JOB])
+    env = {**os.environ, "COLUMNS": "200", "TERM": "xterm-256color"}
+    code, shown = run_in_pty(
+        [sys.executable, "-m", "pitstop", *DOCTOR, *JOB], rows=40, columns=200, timeout=600, env=env
+    )
     assert code == 0, shown[-4000:]
     for alarm in ALARMS:
         assert alarm not in shown, shown[-4000:]

@@ -6,22 +6,16 @@ one of pitstop's own stops, in a harness process whose stdout and stderr are pip
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
-import select
-import struct
 import subprocess
 import sys
-import termios
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_in_pty
 
 pytestmark = pytest.mark.slow  # each starts pitstop's runner and a job
 
@@ -87,31 +81,8 @@ def test_the_stop_s_traceback_goes_to_the_log_alone(tmp_path: Path) -> None:
     assert "1/10\nPITSTOP LINE" in proc.stderr
 
 
-def _run_in_pty(cmd: list[str], timeout: float = 60) -> tuple[int, str]:
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # a 100-column terminal
-    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, cwd=ROOT)
-    os.close(slave)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if select.select([master], [], [], 0.5)[0]:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    code = proc.wait(timeout=30)
-    os.close(master)
-    return code, b"".join(chunks).decode(errors="replace")
-
-
 def test_on_a_terminal_the_job_writes_to_a_terminal_and_the_stop_stays_off_it(tmp_path: Path) -> None:
-    code, shown = _run_in_pty(_harness(tmp_path))
+    code, shown = run_in_pty(_harness(tmp_path), rows=30, columns=100, timeout=60)  # a 100-column terminal
     assert code == 0, shown
     assert "before the stop" in shown
     assert "tty=True,True columns=100" in shown  # a pseudo-terminal as wide as pitstop's terminal
