@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pitstop.diagnose.causes.moe_experts_loop import NOISY_CONFIDENCE
 from tests.conftest import SCRIPTS, causes, doctor, run_pitstop
 
 pytestmark = pytest.mark.slow
@@ -35,7 +36,12 @@ def test_eager_experts_are_named_with_their_share_and_the_timed_switch(tmp_path:
     assert ev["layers"] == 2 and ev["site"].startswith("MixtralExperts")
     assert ev["experts_share"] > 0.3  # the loop takes most of the step: a 2x slower machine keeps the ratio
     assert ev["tokens_per_call"] == 8 * 64 and ev["grouped_speedup"] > 1.5
-    assert f["est_speedup"] > 1.2 and f["confidence"] >= 0.9
+    assert f["est_speedup"] > 1.2
+    # the switch's timing decides the confidence: calm pairs 0.9 or more, pairs timed under load flagged noisy
+    if ev["timing_stable"]:
+        assert f["confidence"] >= 0.9
+    else:
+        assert f["confidence"] == pytest.approx(NOISY_CONFIDENCE) and "noisy" in f["speedup_basis"]
     assert f["fix"]["remedies"][0]["id"] == "grouped_experts"
     assert 'experts_implementation="grouped_mm"' in f["fix"]["text"]
     rank = doc["profile"]["ranks"][0]

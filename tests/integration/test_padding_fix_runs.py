@@ -263,11 +263,11 @@ def test_the_plain_pytorch_padding_snippets_run(job: dict[str, Any]) -> None:
     drop = kept_change("trim_padding", "pytorch", {"padded_by": "tokenizer", "padded_to": WIDTH}).snippet
     call = "\n".join(drop.splitlines()[:2]).replace("tokenizer(texts", "encoded = tokenizer(texts")
     ns = _run(call, {"tokenizer": tok, "texts": texts})
-    rows = [{"input_ids": ids} for ids in ns["encoded"]["input_ids"]]
-    assert len({len(r["input_ids"]) for r in rows}) > 1  # no longer all max_length
+    rows = list(ns["encoded"]["input_ids"])  # the job's rows: token id lists
+    assert len({len(r) for r in rows}) > 1  # no longer all max_length
     pad = _run(drop.splitlines()[-1], {"tokenizer": tok, "rows": rows})  # the collate's per-batch pad
     batch = pad["batch"]
-    assert batch["input_ids"].shape == (len(rows), max(len(r["input_ids"]) for r in rows))
+    assert batch["input_ids"].shape == (len(rows), max(len(r) for r in rows))
     model = job["model"]()
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     assert torch.isfinite(model(**batch, labels=labels).loss)

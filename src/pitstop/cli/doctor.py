@@ -51,8 +51,10 @@ def measure_and_diagnose(
     window = StepWindow(steps=steps, warmup=warmup, rule=rule)
     result = measure_live(command, window, quiet, timeout, tty)
     if result.profile is None:
-        # a lost probe is pitstop's failure, said in one line: the job's own output does not explain it
-        tail = [] if result.launch.probe_lost else [line for line in result.log_tail if line.strip()][-15:]
+        # a lost probe is pitstop's failure, said in one line: the job's own output does not explain it; nor
+        # does it explain a run with nothing wrong (this node's ranks sent their measurements elsewhere)
+        said = result.launch.probe_lost or result.exit_code == 0
+        tail = [] if said else [line for line in result.log_tail if line.strip()][-15:]
         hint = "\n" + "\n".join("  | " + line for line in tail) if tail else ""
         raise UserError((result.message or "nothing measured") + hint, result.exit_code)
     if result.message:

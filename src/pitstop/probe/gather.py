@@ -95,6 +95,8 @@ def prepare() -> None:
         if dist.is_available() and dist.is_initialized():
             _store = dist.distributed_c10d._get_default_store()
             _world = int(dist.get_world_size())
+            if dist.get_rank() == 0:  # named now: a rank that finishes first learns where the report goes
+                _store.set(f"{PREFIX}rank0_node", node_of())
 
 
 def exchange(profile: RankProfile, out_dir: Path | None) -> None:
@@ -121,10 +123,12 @@ def exchange(profile: RankProfile, out_dir: Path | None) -> None:
         store.set(f"{PREFIX}gathered", "1")
         _wait_all(store, [f"{PREFIX}left/{r}" for r in reported], min(timeout, LEAVE_S))
         return
-    rank0 = _get(store, f"{PREFIX}rank0_node", timeout)
-    write_atomic(
-        out_dir / SENT, json.dumps({"role": "sent", "node": node, "rank0_node": rank0, "world_size": world})
-    )
+    # written before any wait: a runner that stops the job while this rank waits still knows it sent
+    sent_note = {"role": "sent", "node": node, "rank0_node": _get(store, f"{PREFIX}rank0_node", 0.0)}
+    write_atomic(out_dir / SENT, json.dumps(sent_note | {"world_size": world}))
+    if sent_note["rank0_node"] is None:
+        sent_note["rank0_node"] = _get(store, f"{PREFIX}rank0_node", timeout)
+        write_atomic(out_dir / SENT, json.dumps(sent_note | {"world_size": world}))
     if _get(store, f"{PREFIX}gathered", timeout) is not None:  # the store's host lives until rank 0 has read
         with contextlib.suppress(Exception):
             store.set(f"{PREFIX}left/{profile.rank}", "1")  # and rank 0 (maybe that host) until we saw it
@@ -132,12 +136,13 @@ def exchange(profile: RankProfile, out_dir: Path | None) -> None:
 
 def _get(store: Any, key: str, timeout: float) -> str | None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:  # asked at least once (a timeout of 0 is one look)
         with contextlib.suppress(Exception):
             if store.check([key]):
                 return bytes(store.get(key)).decode()
+        if time.monotonic() >= deadline:
+            return None
         time.sleep(POLL_S)
-    return None
 
 
 def _wait_all(store: Any, keys: list[str], timeout: float) -> None:

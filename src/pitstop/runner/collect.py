@@ -176,7 +176,13 @@ def collect(
     ranks = [f.profile for f in files]
     how, code = death(launch)
     gathered = read_summary(launch.out_dir)
-    if gathered is not None and gathered.get("role") == "sent" and not any(r.rank == 0 for r in ranks):
+    # rank 0 is here only if it measured steps: a launcher's own process (torchrun's agent, stopped with the
+    # job) leaves a step-less file under the default rank 0
+    if (
+        gathered is not None
+        and gathered.get("role") == "sent"
+        and not any(r.rank == 0 and r.steps for r in ranks)
+    ):
         where = gathered.get("rank0_node") or "the node of global rank 0 (it did not answer)"
         return Outcome(
             None, f"the ranks run here sent their measurements to rank 0: the job's report is on {where}", 0
