@@ -250,7 +250,10 @@ def test_plan_api_bounds_and_no_simulation_past_torchs_sizes() -> None:
     with pytest.raises(PlanError, match="--seq is a whole number"):
         build_plan(PlanRequest(model="smollm2-135m", seq=2048.5, simulate=False))  # type: ignore[arg-type]
     # at the bounds themselves torch's sizes would overflow (and torch logs a traceback): no simulation
-    plan = SimpleNamespace(setup=SimpleNamespace(micro_batch=LIMITS["micro_batch"][1]), notes=[])
+    setup = SimpleNamespace(
+        micro_batch=LIMITS["micro_batch"][1], seq=LIMITS["seq"][1]
+    )  # the plan's, as sized
+    plan = SimpleNamespace(setup=setup, notes=[])
     request = PlanRequest(model="smollm2-135m", seq=LIMITS["seq"][1], simulate=True)
     _cross_check(plan, {}, request)  # type: ignore[arg-type]
     assert plan.notes == [

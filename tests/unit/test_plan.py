@@ -230,11 +230,11 @@ def test_the_margin_grows_with_what_the_run_adds() -> None:
     one = memory(_setup(), 80 * GIB)
     eight = memory(_setup(gpus=8, zero=3), 80 * GIB)
     graphs = memory(_setup(cuda_graphs=True), 80 * GIB)
-    from pitstop.plan.memory import CONTEXT_BYTES, FRAGMENTATION, NCCL_BASE_BYTES, NCCL_PER_RANK_BYTES
+    from pitstop.plan.memory import CONTEXT_BYTES, FRAGMENTATION, NCCL_BASE_BYTES
 
     tensors = eight.total - eight.margin
     assert eight.margin == pytest.approx(
-        CONTEXT_BYTES + FRAGMENTATION * tensors + NCCL_BASE_BYTES + 8 * NCCL_PER_RANK_BYTES
+        CONTEXT_BYTES + FRAGMENTATION * tensors + NCCL_BASE_BYTES
     )  # NCCL's buffers once a process group spans GPUs
     assert graphs.margin > one.margin + 0.2 * one.activations  # a captured graph's private pool
 

@@ -216,6 +216,60 @@ GpuOpt = Annotated[str | None, typer.Option(help="The GPU of the run (e.g. H100-
 GpusOpt = Annotated[int | None, typer.Option(min=1, help="How many GPUs the run uses.")]
 ModelOpt = Annotated[str | None, typer.Option(help="The model's config.json (or its folder), for FLOPs.")]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help=f"Write the diagnosis as JSON ({schemas.RUN}).")]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile: a higher expected rate (plan).")]
+PowerLimitOpt = Annotated[
+    float | None, typer.Option("--power-limit", help="The GPU's power cap in watts: its peak derated (plan).")
+]
+
+# `pitstop plan`'s training choices (issue 44's among them): each the planner reads as a PlanRequest field
+OptimizerOpt = Annotated[
+    str,
+    typer.Option(
+        help="adamw (torch's foreach step), adamw_fused, adamw8bit, paged_adamw, paged_adamw8bit, sgd or adafactor."
+    ),
+]
+PrecisionOpt = Annotated[
+    str, typer.Option(help="mixed (fp32 master + moments) or bf16 (pure bf16 weights, grads, moments).")
+]
+AcOpt = Annotated[str, typer.Option("--ac", help="Activation checkpointing: none, full or selective.")]
+AcEveryOpt = Annotated[
+    int, typer.Option("--ac-every", min=0, help="With --ac selective: checkpoint every N-th layer.")
+]
+AcOffloadOpt = Annotated[bool, typer.Option("--ac-offload", help="Activations offloaded to host memory.")]
+InBackwardOpt = Annotated[
+    bool, typer.Option("--optimizer-in-backward", help="The optimizer steps inside backward.")
+]
+FrozenReshardOpt = Annotated[
+    bool,
+    typer.Option(
+        "--frozen-reshard/--no-frozen-reshard",
+        help="FSDP reshards a LoRA base's frozen weights in backward (--no-frozen-reshard: FSDP1 before "
+        "PyTorch 2.1 keeps them all gathered).",
+    ),
+]
+DoubleQuantOpt = Annotated[
+    bool,
+    typer.Option(
+        "--double-quant/--no-double-quant",
+        help="QLoRA: nf4 block constants double-quantized (bnb_4bit_use_double_quant), or kept fp32.",
+    ),
+]
+ShardingOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="FSDP instead of --zero: no_shard, shard_grad_op, full_shard, hybrid_shard or hybrid_shard_zero2."
+    ),
+]
+SimulateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--simulate/--no-simulate", help="Cross-check activations by simulating one step on fake tensors."
+    ),
+]
+CheckpointingOpt = Annotated[
+    bool, typer.Option("--checkpointing/--no-checkpointing", help="Activation checkpointing.")
+]
+ChunkedLossOpt = Annotated[bool, typer.Option("--chunked-loss", help="A fused / chunked cross-entropy.")]
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -402,7 +456,9 @@ def plan(
     ] = "",
     gpu: Annotated[str, typer.Option(help="The GPU (e.g. H100-SXM, A100-80GB, L4).")] = "H100-SXM",
     gpus: Annotated[int, typer.Option(min=1, help="GPUs in the job.")] = 1,
-    seq: Annotated[int, typer.Option(min=1, help="Sequence length (tokens per row).")] = 2048,
+    seq: Annotated[
+        str, typer.Option(help="Sequence length (tokens per row), or auto: the longest that fits.")
+    ] = "2048",
     micro_batch: Annotated[str, typer.Option("--micro-batch", help="Rows per GPU per step, or auto.")] = "1",
     global_batch: Annotated[
         int | None,
@@ -412,12 +468,7 @@ def plan(
     ] = None,
     zero: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage (0 = plain DDP).")] = 0,
     nodes: Annotated[int, typer.Option(min=1, help="Nodes the GPUs are spread over (evenly).")] = 1,
-    sharding: Annotated[
-        str | None,
-        typer.Option(
-            help="FSDP instead of --zero: no_shard, shard_grad_op, full_shard, hybrid_shard or hybrid_shard_zero2."
-        ),
-    ] = None,
+    sharding: ShardingOpt = None,
     hpz: Annotated[
         int, typer.Option(min=1, help="DeepSpeed ZeRO++ zero_hpz_partition_size (with --zero 3).")
     ] = 1,
@@ -429,20 +480,20 @@ def plan(
     ] = "none",
     method: Annotated[str, typer.Option(help="full, lora or qlora.")] = "full",
     rank: Annotated[int, typer.Option(min=1, help="LoRA rank.")] = 16,
-    optimizer: Annotated[str, typer.Option(help="adamw, adamw8bit, sgd or adafactor.")] = "adamw",
+    optimizer: OptimizerOpt = "adamw",
+    precision: PrecisionOpt = "mixed",
+    ac: AcOpt = "none",
+    ac_every: AcEveryOpt = 0,
+    ac_offload: AcOffloadOpt = False,
+    optimizer_in_backward: InBackwardOpt = False,
+    frozen_reshard: FrozenReshardOpt = True,
+    double_quant: DoubleQuantOpt = True,
     attn: Annotated[str, typer.Option(help="sdpa, flash or eager.")] = "sdpa",
-    checkpointing: Annotated[
-        bool, typer.Option("--checkpointing/--no-checkpointing", help="Activation checkpointing.")
-    ] = False,
-    chunked_loss: Annotated[
-        bool, typer.Option("--chunked-loss", help="A fused / chunked cross-entropy.")
-    ] = False,
-    simulate: Annotated[
-        bool,
-        typer.Option(
-            "--simulate/--no-simulate", help="Cross-check activations by simulating one step on fake tensors."
-        ),
-    ] = True,
+    checkpointing: CheckpointingOpt = False,
+    chunked_loss: ChunkedLossOpt = False,
+    compile: CompileOpt = False,
+    power_limit_w: PowerLimitOpt = None,
+    simulate: SimulateOpt = True,
     presets: Annotated[bool, typer.Option("--presets", help="List the model presets and exit.")] = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", help=f"Write the plan as JSON ({schemas.PLAN}).")
@@ -459,15 +510,28 @@ def plan(
         raise UserError(
             "--model is needed: a config.json, a model folder, or a preset (--presets lists them)"
         )
-    if optimizer not in ("adamw", "adamw8bit", "sgd", "adafactor"):
-        raise UserError("--optimizer is adamw, adamw8bit, sgd or adafactor")
     from dataclasses import fields
+
+    from pitstop.plan.memory import OPTIMIZERS
+
+    if optimizer not in OPTIMIZERS:
+        raise UserError(f"--optimizer is one of {', '.join(OPTIMIZERS)}")
+    seq_value: int | str = seq if seq == "auto" else _whole(seq, "--seq")
 
     from pitstop.cli.plan import run_plan
     from pitstop.plan.build import PlanRequest
 
-    here = locals()
-    raise typer.Exit(run_plan(json_out, **{f.name: here[f.name] for f in fields(PlanRequest)}))
+    here = locals() | {"seq": seq_value}
+    raise typer.Exit(
+        run_plan(json_out, **{f.name: here[f.name] for f in fields(PlanRequest) if f.name in here})
+    )
+
+
+def _whole(text: str, flag: str) -> int:
+    """A whole-number option given as text (``--seq`` also takes auto)."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise UserError(f"{flag} is a whole number from 1, or auto")
+    return int(text)
 
 
 @app.command()
@@ -477,7 +541,10 @@ def gpus() -> None:
 
     for g in GPUS:
         peaks = " ".join(f"{k}={v:g}" for k, v in g.peak_tflops.items() if v is not None)
-        typer.echo(f"{g.key:10} {g.memory_gib:>4g} GiB  {peaks} TFLOP/s  |  {g.source}")
+        watts = f"{g.board_w:g} W" if g.board_w else "module"
+        typer.echo(
+            f"{g.key:12} {g.memory_gib:6.1f} GiB  {g.generation or '':9} {watts:>7}  {peaks} TFLOP/s  |  {g.source}"
+        )
 
 
 @app.command()

@@ -25,7 +25,11 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
         + f": {s.method} "
         f"fine-tune, {plan.params.total / 1e9:.2f}B params ({plan.params.trainable / 1e6:,.1f}M trained), "
         f"seq {s.seq}, micro-batch {s.micro_batch}, {_sharding_words(s)}, offload {s.offload}, {s.optimizer}, "
-        f"{s.attn} attention" + (", checkpointing" if s.checkpointing else "")
+        f"{s.attn} attention"
+        + _ac_words(s)
+        + (", pure bf16" if s.pure_bf16 else "")
+        + (", optimizer in backward" if s.optimizer_in_backward else "")
+        + (", frozen base kept gathered in backward" if not s.frozen_reshard and s.method != "full" else "")
     )
     console.print(head)
     table = Table(title="Memory per GPU (GiB)", title_justify="left")
@@ -44,6 +48,15 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
             f"{held_after_forward(s) / GIB:.2f} GiB by formula, "
             f"{plan.simulated_activations / GIB:.2f} GiB by simulating one step on fake tensors"
         )
+    if plan.mem.optimizer_step:
+        console.print(
+            f"the optimizer step's foreach temporaries outgrow the freed activations by "
+            f"{plan.mem.optimizer_step / GIB:.2f} GiB (in the total; a fused AdamW has none)"
+        )
+    if plan.max_seq is not None:
+        console.print(
+            f"longest sequence that fits at micro-batch {s.micro_batch}: [bold]{plan.max_seq:,}[/bold]"
+        )
     verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
     console.print(
         f"{verdict} in {plan.gpu.memory_gib:.1f} GiB · largest micro-batch that fits: "
@@ -51,10 +64,12 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
         + (f" · gradient accumulation {plan.gradient_accumulation}" if plan.gradient_accumulation else "")
         + (" · [red]needs offload or one of the changes below[/red]" if plan.needs_offload else "")
     )
-    low, high = (m * plan.tokens_per_s_at_100pct for m in (0.4, 0.5))
+    low, high = plan.expected_tokens_per_s
     console.print(
         f"speed: {plan.fpt.total / 1e9:.2f} GFLOP per token ({plan.fpt.basis}); at 100% MFU "
-        f"{plan.tokens_per_s_at_100pct:,.0f} tokens/s; expect {low:,.0f}–{high:,.0f} tokens/s at 40–50% MFU"
+        f"{plan.tokens_per_s_at_100pct:,.0f} tokens/s"
+        + (f" ({plan.peak_gpu.source.rsplit('; ', 1)[-1]})" if plan.power_limit_w else "")
+        + f"; expect {low:,.0f}–{high:,.0f} tokens/s: {markup(plan.rate.basis)}"
     )
     if plan.offload:
         o = plan.offload
@@ -79,6 +94,14 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
     console.print(alt)
     for note in plan.notes:
         console.print(f"[dim]note: {markup(note)}[/dim]")
+
+
+def _ac_words(s: Setup) -> str:
+    """The checkpointing in the heading (", checkpointing" for full, as before)."""
+    words = {"full": ", checkpointing", "selective": ", selective checkpointing", "none": ""}[s.ac_mode]
+    if s.ac_mode == "selective" and s.ac_every:
+        words += f" (every {s.ac_every} layers)"
+    return words + (", activations offloaded" if s.ac_offload else "")
 
 
 def _sharding_words(s: Setup) -> str:

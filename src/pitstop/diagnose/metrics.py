@@ -15,6 +15,7 @@ from pitstop.diagnose.energy import energy_of
 from pitstop.diagnose.gpu_windows import GpuWindow, active_frac, active_util, gpu_windows, window_samples
 from pitstop.hardware import GpuSpec, compute_dtype, lookup_gpu
 from pitstop.plan.flops import FlopsPerToken, expected_tokens_per_s, flops_per_token, mfu
+from pitstop.plan.rate import MfuBand, expected_mfu
 
 CHUNKS = 5  # a window's steps are cut into this many runs of steps to estimate its throughput's spread
 
@@ -66,7 +67,7 @@ class Metrics:
     expected_basis: str | None
     hf_flops_per_s: float | None = None  # the Trainer's own 6·N·tokens count over training time
     eval_frac: float | None = None  # share of the Trainer's runtime spent in evaluation
-    source_of_util: str | None = None  # "nvml", "nvidia-smi" or "trace"
+    source_of_util: str | None = None  # "nvml", "nvidia-smi", "dcgm" or "trace"
     # per GPU, inside the job's active time (diagnose/gpu_windows.py); gpu_util above stays the plain mean
     gpu_util_active: float | None = None  # mean over the GPUs that worked of their busy share while computing
     gpu_active_frac: float | None = None  # share of the sampled time in which those GPUs computed
@@ -88,6 +89,8 @@ class Metrics:
     real_tokens_per_step: float | None = None
     # share of step time spent generating rollouts (an online RL trainer's Phase.GENERATE); None: not watched
     generate_frac: float | None = None
+    # plan/rate.py's clause for the expected range: GPU generation, setup, the MFU range, what it was fitted on
+    expected_rate_basis: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -175,7 +178,39 @@ class _Flops:
     mfu: float | None = None
     expected: tuple[float, float] | None = None
     basis: str | None = None
+    rate_basis: str | None = None
     hf_flops_per_s: float | None = None
+
+
+def _expected_band(profile: RunProfile, gpu: GpuSpec, fpt: FlopsPerToken, dtype: str) -> MfuBand:
+    """The MFU range this run's GPU and setup should reach (``plan/rate.py``), from what the profile says."""
+    env = profile.environment
+    model = env.model
+    method = "full"
+    if (
+        model.params_trainable is not None
+        and model.params_total
+        and model.params_trainable < model.params_total / 2
+    ):
+        method = "qlora" if env.quantized_base is not None and (env.quantized_base.bits or 4) <= 4 else "lora"
+    offload = env.offload or {}
+    where = "param" if offload.get("param") not in (None, "none") else "optimizer" if offload else "none"
+    if where == "optimizer" and offload.get("optimizer") in (None, "none"):
+        where = "none"
+    tokens = None
+    if env.micro_batch_size and env.max_seq_len:
+        tokens = float(env.micro_batch_size * env.max_seq_len)
+    return expected_mfu(
+        gpu,
+        method=method,
+        compile=bool(env.torch_compile),
+        ac="full" if env.gradient_checkpointing else "none",
+        offload=where,
+        fpt=fpt,
+        model=model,
+        tokens_per_micro_batch=tokens,
+        dtype=dtype,
+    )
 
 
 def _flops_figures(profile: RunProfile, real_tps: float | None, n_gpus: int, train_s: float | None) -> _Flops:
@@ -194,9 +229,11 @@ def _flops_figures(profile: RunProfile, real_tps: float | None, n_gpus: int, tra
         if mfu_dtype and real_tps:
             out.mfu = mfu(real_tps, fpt, gpu, mfu_dtype, n_gpus)
         target = best_dtype(gpu)
-        out.expected = expected_tokens_per_s(fpt, gpu, target, n_gpus)
+        band = _expected_band(profile, gpu, fpt, target)
+        out.expected = expected_tokens_per_s(fpt, gpu, target, n_gpus, (band.low, band.high))
+        out.rate_basis = band.basis
         out.basis = (
-            f"{n_gpus}× {gpu.key} at 40–50% MFU in {target} "
+            f"{n_gpus}× {gpu.key} in {target}, {band.basis} "
             f"({gpu.peak_tflops[target]:.0f} TFLOP/s dense peak; {gpu.source})"
         )
     if totals is not None and totals.hf_total_flos and train_s:
@@ -216,6 +253,21 @@ class _Utilization:
     pcie_tx_gbps: float | None
 
 
+SAMPLED = (
+    "nvml",
+    "nvidia-smi",
+    "dcgm",
+)  # utilization sources that are samples over time (not a trace's union)
+
+
+def _recorded_by_dcgm(profile: RunProfile) -> bool:
+    """The GPU samples came from a DCGM recording (its ranks carry DCGM's counters beside them)."""
+    return any(
+        r.gpu_samples and r.gpu_activity is not None and r.gpu_activity.source.lower().startswith("dcgm")
+        for r in profile.ranks
+    )
+
+
 def _utilization(profile: RunProfile) -> _Utilization:
     """GPU busy share and memory over the samples inside each rank's window (the trace's share without)."""
     samples = [s for r in profile.ranks for s in window_samples(r)]
@@ -228,6 +280,8 @@ def _utilization(profile: RunProfile) -> _Utilization:
     if utils:
         util = statistics.fmean(utils) / 100.0
         source = "nvidia-smi" if profile.source in (Source.ANALYZE, Source.CHECK) else "nvml"
+        if source == "nvidia-smi" and _recorded_by_dcgm(profile):
+            source = "dcgm"
     elif traced:
         util, source = statistics.fmean(traced), "trace"
     return _Utilization(
@@ -335,9 +389,7 @@ def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) ->
         backward_frac=sums.frac("backward_s"),
         optimizer_frac=sums.frac("optimizer_s"),
         other_frac=_other_frac(ranks, sums.wall),
-        padding_frac=None
-        if tokens is None or real_tokens is None or not tokens
-        else 1.0 - real_tokens / tokens,
+        padding_frac=None if tokens is None or real_tokens is None else _padding(tokens, real_tokens),
         tokens_per_micro_batch=_ratio(tokens, sums.total("micro_batches")),
         seq_len=_mean(seq_lens),
         mean_example_len=_ratio(real_tokens, sums.total("examples")),
@@ -356,13 +408,14 @@ def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) ->
         mfu=flops.mfu,
         expected_tokens_per_s=flops.expected,
         expected_basis=flops.basis,
+        expected_rate_basis=flops.rate_basis,
         hf_flops_per_s=flops.hf_flops_per_s,
         eval_frac=None
         if totals is None or totals.eval_s is None or not totals.train_s
         else min(totals.eval_s / totals.train_s, 1.0),
         source_of_util=use.source,
-        gpu_util_active=active_util(windows) if use.source in ("nvml", "nvidia-smi") else None,
-        gpu_active_frac=active_frac(windows) if use.source in ("nvml", "nvidia-smi") else None,
+        gpu_util_active=active_util(windows) if use.source in SAMPLED else None,
+        gpu_active_frac=active_frac(windows) if use.source in SAMPLED else None,
         gpus_never_busy=sum(w.never_busy for w in windows) if windows else None,
         throughput_spread=throughput_spread(profile),
         gpu_power_w=None if energy is None else energy.power_w,
@@ -375,6 +428,10 @@ def compute_metrics(profile: RunProfile, gpus: list[GpuWindow] | None = None) ->
         real_tokens_per_step=sums.per_step_summed("real_tokens"),
         generate_frac=sums.frac("generate_s"),
     )
+
+
+def _padding(tokens: float, real_tokens: float) -> float | None:
+    return 1.0 - real_tokens / tokens if tokens else None
 
 
 def _other_frac(ranks: list[RankProfile], wall_total: float) -> float | None:

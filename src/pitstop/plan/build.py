@@ -6,17 +6,19 @@ failure here is a ``PitstopError`` said in one line (unknown GPU, unreadable con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pitstop.core.vocabulary import Sharding
 from pitstop.errors import PitstopError
 from pitstop.hardware import GPUS, lookup_gpu
 from pitstop.interconnect import LINKS
 from pitstop.plan.comm import DEFAULT_NETWORK
-from pitstop.plan.memory import Setup
-from pitstop.plan.model_shape import ModelConfigError, model_info_from_config
+from pitstop.plan.memory import GIB, Setup, memory
+from pitstop.plan.model_shape import ModelConfigError, model_info_from_config, norm_kind, standard_keys
 from pitstop.plan.params import count_params, resolve_model
-from pitstop.plan.planner import Plan, PlanError, make_plan, model_info
+from pitstop.plan.planner import Plan, PlanError, longest_sequence, make_plan, model_info, validate
+
+DEFAULT_SEQ = 2048  # where --seq auto starts before the longest that fits is found
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class PlanRequest:
     model: str
     gpu: str = "H100-SXM"
     gpus: int = 1
-    seq: int = 2048
+    seq: int | str = 2048  # tokens per row, or "auto": the longest that fits
     micro_batch: str = "1"  # a number, or "auto": the largest that fits
     global_batch: int | None = None
     zero: int = 0
@@ -42,6 +44,16 @@ class PlanRequest:
     sharding: str | None = None  # an FSDP strategy (vocabulary.Sharding); None: --zero says
     hpz: int = 1  # DeepSpeed ZeRO++ zero_hpz_partition_size
     network: str = DEFAULT_NETWORK  # the link between nodes (interconnect.LINKS)
+    # issue 44: the precision the states are kept in ("mixed": fp32 master + moments; "bf16": pure bf16)
+    precision: str = "mixed"
+    ac: str = "none"  # activation checkpointing: "none", "full", "selective" (``checkpointing`` = "full")
+    ac_offload: bool = False  # activations offloaded to the host
+    ac_every: int = 0  # --ac selective's per-N-layers form: every N-th layer checkpointed (0: op-level)
+    optimizer_in_backward: bool = False  # the optimizer step fused into backward: no gradient buffer held
+    frozen_reshard: bool = True  # False: FSDP1 keeps a LoRA base's frozen units gathered through backward
+    double_quant: bool = True  # QLoRA: bitsandbytes' double quantization of the 4-bit block constants
+    compile: bool = False  # torch.compile: a higher expected MFU
+    power_limit_w: float | None = None  # a GPU capped below its board power: a derated peak
 
 
 # The most each count may be: far past any real job, yet small enough that every product the plan forms
@@ -70,9 +82,23 @@ def _micro_batch(text: str) -> int | None:
     return int(text)
 
 
+def _seq(value: int | str) -> int | None:
+    """``--seq`` as a count, or ``None`` for auto (the longest sequence that fits)."""
+    if value == "auto":
+        return None
+    if isinstance(value, str):
+        if not (value.isascii() and value.isdigit()):
+            raise PlanError("--seq is a number or auto")
+        return int(value)
+    return value
+
+
 def check_bounds(r: PlanRequest) -> None:
     """One line, exit 2, for a count outside what any job has (checked before the model is read)."""
-    values = {name: getattr(r, name) for name in LIMITS} | {"micro_batch": _micro_batch(r.micro_batch)}
+    values = {name: getattr(r, name) for name in LIMITS} | {
+        "micro_batch": _micro_batch(r.micro_batch),
+        "seq": _seq(r.seq),
+    }
     for name, (flag, most, what) in LIMITS.items():
         value = values[name]
         if value is None:
@@ -96,6 +122,9 @@ def build_plan(request: PlanRequest) -> Plan:
         shape = model_info_from_config(config)
     except (ModelConfigError, KeyError, TypeError, ValueError) as exc:
         raise ModelConfigError(f"--model: {exc or f'{r.model}: the config misses fields'}") from None
+    seq = _seq(r.seq)
+    if seq is None and micro_batch_auto(r):
+        raise PlanError("--seq auto and --micro-batch auto: fix one of them (the other is then found)")
     micro_batch = _micro_batch(r.micro_batch)
     auto = micro_batch is None
     zero, sharding = _sharding(r)
@@ -105,7 +134,7 @@ def build_plan(request: PlanRequest) -> Plan:
         model=model_info(params, shape),
         lora_params=lora,
         largest_module=params.largest_module,
-        seq=r.seq,
+        seq=DEFAULT_SEQ if seq is None else seq,
         micro_batch=1 if micro_batch is None else micro_batch,
         gpus=r.gpus,
         zero=zero,
@@ -119,14 +148,56 @@ def build_plan(request: PlanRequest) -> Plan:
         checkpointing=r.checkpointing,
         chunked_loss=r.chunked_loss,
         lora_rank=r.rank,
+        precision=r.precision,
+        ac="none" if r.checkpointing and r.ac == "full" else r.ac,
+        ac_every=r.ac_every,
+        ac_offload=r.ac_offload,
+        optimizer_in_backward=r.optimizer_in_backward,
+        frozen_reshard=r.frozen_reshard,
+        double_quant=r.double_quant,
+        norm=norm_kind(shape.model_type, standard_keys(config.get("text_config") or config)),
     )
     network = LINKS.get(r.network)
     if network is None:
         raise PlanError(f"unknown --network '{r.network}'; pitstop knows: {', '.join(LINKS)}")
-    plan = make_plan(name, spec, setup, params, r.global_batch, auto, network)
+    if seq is None:
+        setup = _longest_sequence(setup, spec.memory_bytes)
+    plan = make_plan(
+        name,
+        spec,
+        setup,
+        params,
+        r.global_batch,
+        auto,
+        network,
+        compile=r.compile,
+        power_limit_w=r.power_limit_w,
+    )
+    if seq is None:
+        plan.max_seq = setup.seq
     if r.simulate:
         _cross_check(plan, config, r)
     return plan
+
+
+def micro_batch_auto(r: PlanRequest) -> bool:
+    return r.micro_batch == "auto"
+
+
+def _longest_sequence(setup: Setup, gpu_bytes: float) -> Setup:
+    """``--seq auto``: the setup at the longest sequence that fits (validated first, so a bad choice is
+    said as itself rather than as "nothing fits")."""
+    validate(setup)
+    longest = longest_sequence(setup, float(gpu_bytes), LIMITS["seq"][1])
+    if longest == 0:
+        one = memory(replace(setup, seq=1), float(gpu_bytes))
+        raise PlanError(
+            f"--seq auto: not even one token per row fits at this micro-batch: at one token the plan needs "
+            f"{one.total / GIB:.1f} GiB of the GPU's {gpu_bytes / GIB:.1f} (weights, gradients and optimizer "
+            f"{(one.weights + one.gradients + one.optimizer + one.optimizer_step) / GIB:.1f}); "
+            "see `pitstop plan` without --seq auto for the changes that save memory"
+        )
+    return replace(setup, seq=longest)
 
 
 def _sharding(r: PlanRequest) -> tuple[int, str | None]:
@@ -143,7 +214,7 @@ def _sharding(r: PlanRequest) -> tuple[int, str | None]:
 
 def _cross_check(plan: Plan, config: dict[str, object], r: PlanRequest) -> None:
     """Simulate one step on fake tensors beside the formula; its failure is a note, never an error."""
-    tokens = plan.setup.micro_batch * r.seq
+    tokens = plan.setup.micro_batch * plan.setup.seq
     if tokens > SIMULATED_TOKENS_MAX:  # torch's sizes overflow (and it logs a traceback) past about 2**40
         plan.notes.append(
             f"not simulated on fake tensors: {tokens:,} tokens per micro-batch is past the "
@@ -156,9 +227,9 @@ def _cross_check(plan: Plan, config: dict[str, object], r: PlanRequest) -> None:
         sim = simulate_step(
             config,
             plan.setup.micro_batch,
-            r.seq,
+            plan.setup.seq,
             "eager" if r.attn == "eager" else "sdpa",
-            r.checkpointing,
+            plan.setup.ac_mode == "full",
             None,  # peft cannot wrap a model under fake tensors: LoRA is simulated without its adapters
         )
         plan.simulated_activations = sim.activations

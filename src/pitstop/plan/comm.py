@@ -220,20 +220,27 @@ def backward_share(s: Setup) -> float:
 
 
 def communication(
-    s: Setup, gpu: GpuSpec, flops_per_token: float, network: Link | None = None, accumulation: int = 1
+    s: Setup,
+    gpu: GpuSpec,
+    flops_per_token: float,
+    network: Link | None = None,
+    accumulation: int = 1,
+    mfu: float | None = None,
 ) -> dict[str, Any] | None:
     """What ``pitstop plan`` shows about communication: the step's collectives, their time beside the compute
-    time the FLOPs model expects at mid MFU, what overlap can hide at best, and every sharding option's memory
-    and communication. None on one GPU."""
+    time the FLOPs model expects at ``mfu`` (the middle of ``plan/rate.py``'s range; 45% when not given),
+    what overlap can hide at best, and every sharding option's memory and communication. None on one GPU."""
     from pitstop.hardware import EXPECTED_MFU
     from pitstop.plan.memory import GIB, memory
+
+    mfu = mfu or sum(EXPECTED_MFU) / 2
 
     if s.gpus <= 1:
         return None
     a = max(accumulation, 1)
     cp = setup_comm(s, gpu, s.nodes, network, a)
     peak = gpu.peak_flops("bf16") or gpu.peak_flops("fp16") or gpu.peak_flops("fp32") or 1.0
-    compute_s = s.micro_batch * s.seq * a * flops_per_token / (peak * sum(EXPECTED_MFU) / 2)
+    compute_s = s.micro_batch * s.seq * a * flops_per_token / (peak * mfu)
     backward_s = compute_s * backward_share(s)
     if cp.strategy in ("no_shard", "zero1", "zero2"):  # buckets overlap the gradient reductions with backward
         exposed = max(cp.gradient_seconds - backward_s, 0.0) + (cp.seconds - cp.gradient_seconds)
@@ -274,7 +281,7 @@ def communication(
         "options": options,
         "basis": (
             "ring collectives at 80% of each link's rate (nccl-tests bus bandwidth); compute at "
-            f"{sum(EXPECTED_MFU) / 2:.0%} MFU; overlap hides gradient reductions behind the backward "
+            f"{mfu:.0%} MFU; overlap hides gradient reductions behind the backward "
             "(DDP / ZeRO-1/2 buckets) or gathers behind compute (FSDP / ZeRO-3 prefetch) at best"
         ),
     }

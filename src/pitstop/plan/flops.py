@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pitstop.core.profile import ModelInfo
-from pitstop.hardware import EXPECTED_MFU, GpuSpec
+from pitstop.hardware import GpuSpec
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,9 @@ def mfu(tokens_per_s: float, fpt: FlopsPerToken, gpu: GpuSpec, dtype: str, n_gpu
 
 
 def expected_tokens_per_s(
-    fpt: FlopsPerToken, gpu: GpuSpec, dtype: str, n_gpus: int, mfu_range: tuple[float, float] = EXPECTED_MFU
+    fpt: FlopsPerToken, gpu: GpuSpec, dtype: str, n_gpus: int, mfu_range: tuple[float, float]
 ) -> tuple[float, float] | None:
-    """Tokens/s this hardware should reach for this model at a realistic MFU range."""
+    """Tokens/s this hardware should reach for this model in an MFU range (``plan/rate.py`` gives it)."""
     peak = gpu.peak_flops(dtype)
     if peak is None:
         return None

@@ -5,6 +5,13 @@ Covers the decoder-only families people fine-tune: Llama-style (Llama, Mistral, 
 Gemma/Gemma 2, Phi-3, SmolLM, ...) and GPT-2-style. Counts follow the modules those models build: gated
 MLPs (gate, up, down), grouped-query attention, biases where the config or family has them, RMSNorm /
 LayerNorm weights, MoE experts and router, tied or separate output embeddings.
+
+Configs name their dimensions in their family's words (MPT's ``d_model`` / ``n_layers`` / ``n_heads`` /
+``expansion_ratio``, BLOOM's and Falcon's ``n_layer`` / ``n_head``, GPT-2's ``n_embd``); ``ATTRIBUTE_MAP``
+reads them the way Transformers' ``attribute_map`` does. ``mlp_gated`` and ``norm_kind`` say what the memory
+model needs to know of a family's layer: whether its MLP is gated (SwiGLU: gate, up, down) or not (GELU:
+fc1, fc2, as GPT-2, MPT, Falcon, BLOOM, Phi, GPT-NeoX), and which norm it runs. Encoder-decoder models (T5,
+BART, ...) are refused in one line: the plan's layer is a decoder's.
 """
 
 from __future__ import annotations
@@ -19,9 +26,39 @@ from typing import Any
 from pitstop.core.profile import ModelInfo
 from pitstop.errors import PitstopError
 
-TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text"}  # families that tie the output embedding unless told
+TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "mpt", "bloom"}  # tie the output embedding unless told
 GPT2_STYLE = {"gpt2", "gpt_neo", "gpt_bigcode"}
 QKV_BIAS = {"qwen2", "qwen2_moe"}
+# families whose MLP is fc1 -> GELU -> fc2 (no gate): the layer saves half the gated MLP's activations
+NON_GATED_MLP = {
+    "gpt2", "gpt_neo", "gpt_bigcode", "gptj", "gpt_neox", "mpt", "falcon", "bloom", "phi", "opt", "codegen",
+    "starcoder2", "persimmon",
+}  # fmt: skip
+LAYER_NORM = (
+    NON_GATED_MLP  # the same families run LayerNorm (autocast upcasts it to fp32), the others RMSNorm
+)
+# the standard names Transformers' attribute_map gives each family's own keys (model_type -> {standard: own})
+ATTRIBUTE_MAP: dict[str, dict[str, str]] = {
+    "mpt": {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads"},
+    "bloom": {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head", "hidden_size": "n_embed"},
+    "falcon": {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
+    "gpt2": {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
+    "gptj": {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
+    "codegen": {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
+    "opt": {"intermediate_size": "ffn_dim"},
+}
+ENCODER_DECODER = {
+    "t5",
+    "mt5",
+    "umt5",
+    "bart",
+    "mbart",
+    "pegasus",
+    "marian",
+    "led",
+    "longt5",
+    "switch_transformers",
+}
 
 
 class ModelConfigError(PitstopError, ValueError):
@@ -49,9 +86,54 @@ def load_model_config(source: str | Path) -> dict[str, Any]:
         raise ModelConfigError(f"{path}: not a JSON config (nested too deeply)") from None
     except (OSError, ValueError) as exc:
         raise ModelConfigError(f"{path}: not a JSON config ({exc})") from None
-    if not isinstance(data, dict) or ("hidden_size" not in data and "n_embd" not in data):
+    if not isinstance(data, dict) or not {"hidden_size", "n_embd", "d_model"} & set(data):
         raise ModelConfigError(f"{path}: not a model config (no hidden_size)")
     return data
+
+
+def standard_keys(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with its family's own keys also under the standard names (Transformers' attribute_map),
+    MPT's ``expansion_ratio`` as an intermediate size and Falcon's kv-head options as a kv-head count;
+    refuses an encoder-decoder model in one line."""
+    model_type = str(cfg.get("model_type") or "")
+    if cfg.get("is_encoder_decoder") or model_type in ENCODER_DECODER:
+        raise ModelConfigError(
+            f"{model_type or 'this model'} is an encoder-decoder model: pitstop plans decoder-only models"
+        )
+    out = dict(cfg)
+    for standard, own in ATTRIBUTE_MAP.get(model_type, {}).items():
+        if out.get(standard) is None and cfg.get(own) is not None:
+            out[standard] = cfg[own]
+    d = out.get("hidden_size")
+    if model_type == "mpt" and out.get("intermediate_size") is None and isinstance(d, int):
+        ratio = cfg.get("expansion_ratio", 4)
+        if isinstance(ratio, int | float) and not isinstance(ratio, bool) and ratio > 0:
+            out["intermediate_size"] = int(ratio * d)
+    if model_type == "falcon":
+        if out.get("intermediate_size") is None and out.get("ffn_hidden_size") is not None:
+            out["intermediate_size"] = out["ffn_hidden_size"]
+        if out.get("num_key_value_heads") is None:
+            if cfg.get("new_decoder_architecture") and cfg.get("num_kv_heads") is not None:
+                out["num_key_value_heads"] = cfg["num_kv_heads"]
+            elif cfg.get("multi_query", True) and not cfg.get("new_decoder_architecture"):
+                out["num_key_value_heads"] = 1
+    return out
+
+
+def mlp_gated(model_type: str | None) -> bool:
+    """Whether the family's MLP is gated (SwiGLU's gate, up, down) rather than fc1 -> GELU -> fc2."""
+    return (model_type or "") not in NON_GATED_MLP
+
+
+def norm_kind(model_type: str | None, config: Mapping[str, Any] | None = None) -> str:
+    """``rms`` (Hugging Face's RMSNorm upcasts to fp32 whatever the precision), ``layer`` (LayerNorm: fp32
+    under autocast, bf16 in a pure-bf16 model) or ``low_precision`` (MPT's low_precision_layernorm, its
+    config's default: bf16 even under autocast)."""
+    model_type = model_type or ""
+    if model_type == "mpt":
+        norm = str((config or {}).get("norm_type") or "low_precision_layernorm")
+        return "low_precision" if norm.startswith("low_precision") else "layer"
+    return "layer" if model_type in LAYER_NORM else "rms"
 
 
 def _get(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
@@ -86,6 +168,9 @@ def model_info_from_config(config: Mapping[str, Any]) -> ModelInfo:
     cfg = config.get("text_config") or config
     if not isinstance(cfg, Mapping):
         raise ModelConfigError(f"text_config is {type(cfg).__name__}, not an object")
+    if cfg is not config:
+        standard_keys(config)  # refuses an encoder-decoder outer config
+    cfg = standard_keys(cfg)
     shape = _shape(cfg)
     total, embedding, inactive = _formula_counts(shape, cfg)
     return replace(
@@ -157,7 +242,7 @@ def _formula_counts(m: ModelInfo, cfg: Mapping[str, Any]) -> tuple[int, int, int
             attn += q_out + 2 * kv_out + (d if attention_bias else 0)
         if model_type.startswith("qwen3"):
             attn += 2 * head_dim  # q_norm and k_norm
-        mlp = 3 * d * inter
+        mlp = (3 if mlp_gated(model_type) else 2) * d * inter
         if experts:
             expert_params = layers * experts * 3 * d * expert_inter
             mlp = experts * 3 * d * expert_inter + d * experts

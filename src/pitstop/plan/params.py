@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,19 @@ def _meta_model(config: dict[str, Any]) -> Any:
 def count_params(
     config: dict[str, Any], method: str = "full", rank: int = 16, targets: str | list[str] = "all-linear"
 ) -> ParamCounts:
-    """Total, embedding, trainable and largest-module parameter counts for full / LoRA / QLoRA training."""
+    """Total, embedding, trainable and largest-module parameter counts for full / LoRA / QLoRA training
+    (remembered per config: building a large model on the meta device takes seconds, and ``--seq auto``,
+    the alternatives and a table of plans ask for the same model again)."""
+    key = json.dumps(config, sort_keys=True, default=str)
+    return replace(_count_params_cached(key, method, rank, json.dumps(targets)))
+
+
+@lru_cache(maxsize=64)
+def _count_params_cached(key: str, method: str, rank: int, targets: str) -> ParamCounts:
+    return _count_params(json.loads(key), method, rank, json.loads(targets))
+
+
+def _count_params(config: dict[str, Any], method: str, rank: int, targets: str | list[str]) -> ParamCounts:
     shape = model_info_from_config(config)
     try:
         model = _meta_model(config)

@@ -15,12 +15,23 @@ from pitstop import schemas
 from pitstop.core.profile import ModelInfo
 from pitstop.core.vocabulary import Sharding
 from pitstop.errors import PitstopError
-from pitstop.hardware import EXPECTED_MFU, GpuSpec
+from pitstop.hardware import EXPECTED_MFU, GpuSpec, derated
 from pitstop.interconnect import Link
 from pitstop.plan.comm import communication
 from pitstop.plan.flops import FlopsPerToken, flops_per_token
-from pitstop.plan.memory import GIB, Memory, Setup, held_after_forward, memory
+from pitstop.plan.memory import (
+    AC_MODES,
+    GIB,
+    OPTIMIZERS,
+    PAGED,
+    PRECISIONS,
+    Memory,
+    Setup,
+    held_after_forward,
+    memory,
+)
 from pitstop.plan.params import ParamCounts
+from pitstop.plan.rate import MfuBand, expected_mfu
 
 MID_MFU = sum(EXPECTED_MFU) / 2
 PCIE_EFFICIENCY = 0.8
@@ -69,20 +80,55 @@ class Plan:
     offload: dict[str, float] | None = None
     simulated_activations: float | None = None
     comm: dict[str, Any] | None = None  # plan.comm.communication: collectives per step, time, options
+    max_seq: int | None = None  # --seq auto: the longest sequence that fits at this micro-batch
+    compile: bool = False  # torch.compile: a higher expected MFU (plan/rate.py)
+    power_limit_w: float | None = None  # a GPU capped below its board power: its peak derated
 
     @property
     def gpu_bytes(self) -> float:
         return float(self.gpu.memory_bytes)
 
     @property
+    def peak_gpu(self) -> GpuSpec:
+        """The GPU at its sustained clocks: derated under ``power_limit_w`` (``hardware.derated``)."""
+        return derated(self.gpu, self.power_limit_w)
+
+    @property
     def tokens_per_s_at_100pct(self) -> float:
-        peak = (
-            self.gpu.peak_flops("bf16") or self.gpu.peak_flops("fp16") or self.gpu.peak_flops("fp32") or 0.0
-        )
+        gpu = self.peak_gpu
+        peak = gpu.peak_flops("bf16") or gpu.peak_flops("fp16") or gpu.peak_flops("fp32") or 0.0
         return peak * self.setup.gpus / self.fpt.total
 
+    @property
+    def rate(self) -> MfuBand:
+        """The MFU this GPU should reach for this setup (``plan/rate.py``), with its basis."""
+        return self._rate(self.setup.offload)
+
+    def _rate(self, offload: str) -> MfuBand:
+        s = self.setup
+        ac = s.ac_mode
+        return expected_mfu(
+            self.peak_gpu,
+            method=s.method,
+            compile=self.compile,
+            ac=ac,
+            ac_every=s.ac_every,
+            ac_offload=s.ac_offload,
+            offload=offload,
+            fpt=self.fpt,
+            model=s.model,
+            tokens_per_micro_batch=float(s.micro_batch * s.seq),
+            offload_slowdown=(self.offload or {}).get("est_slowdown"),
+        )
+
+    @property
+    def expected_tokens_per_s(self) -> tuple[float, float]:
+        rate = self.rate
+        return rate.low * self.tokens_per_s_at_100pct, rate.high * self.tokens_per_s_at_100pct
+
     def to_dict(self) -> dict[str, Any]:
-        low, high = (m * self.tokens_per_s_at_100pct for m in EXPECTED_MFU)
+        low, high = self.expected_tokens_per_s
+        rate = self.rate
         doc: dict[str, Any] = {
             "schema": schemas.PLAN,
             "model": self.name,
@@ -106,6 +152,11 @@ class Plan:
                     "sharding",
                     "nodes",
                     "hpz",
+                    "precision",
+                    "ac",
+                    "ac_every",
+                    "ac_offload",
+                    "optimizer_in_backward",
                 )
             },
             "params": {
@@ -126,13 +177,18 @@ class Plan:
             "flops_basis": self.fpt.basis,
             "tokens_per_s_at_100pct_mfu": round(self.tokens_per_s_at_100pct, 1),
             "tokens_per_s_expected": [round(low, 1), round(high, 1)],
-            "expected_mfu": list(EXPECTED_MFU),
+            "expected_mfu": [rate.low, rate.high],
+            "expected_basis": rate.basis,
+            "compile": self.compile,
+            "power_limit_w": self.power_limit_w,
             "notes": self.notes,
         }
         if self.offload is not None:
             doc["offload_cost"] = self.offload
         if self.comm is not None:
             doc["communication"] = self.comm
+        if self.max_seq is not None:
+            doc["max_seq"] = self.max_seq
         if self.simulated_activations is not None:
             doc["held_after_forward_gib"] = {
                 "formula": round(held_after_forward(self.setup) / GIB, 3),
@@ -158,9 +214,26 @@ def validate(s: Setup) -> None:
         raise PlanError("--method is full, lora or qlora")
     if s.attn not in ("sdpa", "flash", "eager"):
         raise PlanError("--attn is sdpa, flash or eager")
+    _validate_states(s)
     if s.seq < 1 or s.micro_batch < 1 or s.gpus < 1:
         raise PlanError("sequence length, micro-batch and GPUs must be at least 1")
     _validate_layout(s)
+
+
+def _validate_states(s: Setup) -> None:
+    """Precision, checkpointing and optimizer choices that exist together (``plan.memory``'s module doc)."""
+    if s.precision not in PRECISIONS:
+        raise PlanError(f"--precision is {' or '.join(PRECISIONS)}")
+    if s.ac not in AC_MODES:
+        raise PlanError(f"--ac is {', '.join(AC_MODES)}")
+    if s.checkpointing and s.ac not in ("none", "full"):
+        raise PlanError("--checkpointing means --ac full: give one of them")
+    if s.ac_every < 0 or (s.ac_every and s.ac_mode != "selective"):
+        raise PlanError("--ac-every N is selective checkpointing's per-N-layers form: with --ac selective")
+    if s.optimizer not in OPTIMIZERS:
+        raise PlanError(f"--optimizer is one of {', '.join(OPTIMIZERS)}")
+    if s.offload != "none" and (s.optimizer in PAGED or s.optimizer_in_backward):
+        raise PlanError("DeepSpeed offload runs its own CPU optimizer: not with a paged or in-backward one")
 
 
 def _validate_layout(s: Setup) -> None:
@@ -188,6 +261,25 @@ def model_info(params: ParamCounts, shape: ModelInfo) -> ModelInfo:
     )
 
 
+def longest_sequence(s: Setup, gpu_bytes: float, most: int) -> int:
+    """The longest sequence (tokens per row) whose memory fits at this micro-batch, up to ``most`` (0 when
+    not even one token's does): memory grows with the sequence, so a gallop and a bisection find it."""
+
+    def fits(n: int) -> bool:
+        return memory(replace(s, seq=n), gpu_bytes).total <= gpu_bytes
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= most and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, most + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
 def largest_micro_batch(s: Setup, gpu_bytes: float) -> int:
     """The largest micro-batch whose memory fits (0 when even one sequence does not)."""
 
@@ -206,7 +298,12 @@ def largest_micro_batch(s: Setup, gpu_bytes: float) -> int:
 
 
 def offload_cost(
-    s: Setup, params: ParamCounts, gpu: GpuSpec, fpt: FlopsPerToken, accumulation: int = 1
+    s: Setup,
+    params: ParamCounts,
+    gpu: GpuSpec,
+    fpt: FlopsPerToken,
+    accumulation: int = 1,
+    mfu: float = MID_MFU,
 ) -> dict[str, float]:
     """PCIe bytes per optimizer step for an offload configuration, the time they take, and the slow-down of
     the optimizer step's compute (``accumulation`` micro-batches of it) by them."""
@@ -220,7 +317,7 @@ def offload_cost(
     cpu_adam_s = trained / CPU_ADAM_PARAMS_PER_S
     tokens = s.micro_batch * s.seq * accumulation
     peak = gpu.peak_flops("bf16") or gpu.peak_flops("fp32") or 1.0
-    compute_s = tokens * fpt.total / (peak * MID_MFU)
+    compute_s = tokens * fpt.total / (peak * mfu)
     return {
         "pcie_gb_per_step": round(moved / 1e9, 3),
         "pcie_s_per_step": round(pcie_s, 4),
@@ -239,11 +336,15 @@ def alternatives(
         options.append(
             ("fused / chunked cross-entropy", replace(s, chunked_loss=True), *SLOWDOWN["chunked_loss"])
         )
-    if s.optimizer == "adamw" and s.method == "full":
+    if s.optimizer in ("adamw", "adamw_fused") and s.method == "full":
         options.append(("8-bit AdamW", replace(s, optimizer="adamw8bit"), *SLOWDOWN["adamw8bit"]))
-    if not s.checkpointing:
+    if s.ac_mode != "full":
         options.append(
-            ("activation checkpointing", replace(s, checkpointing=True), *SLOWDOWN["checkpointing"])
+            (
+                "activation checkpointing",
+                replace(s, checkpointing=True, ac="none", ac_every=0),
+                *SLOWDOWN["checkpointing"],
+            )
         )
     if s.method == "full":
         options.append(
@@ -291,6 +392,9 @@ def make_plan(
     global_batch: int | None = None,
     auto_micro_batch: bool = False,
     network: Link | None = None,
+    *,
+    compile: bool = False,
+    power_limit_w: float | None = None,
 ) -> Plan:
     validate(s)
     gpu_bytes = float(gpu.memory_bytes)
@@ -312,9 +416,7 @@ def make_plan(
     mem = memory(s, gpu_bytes)
     fits = mem.total <= gpu_bytes
     no_offload = replace(s, offload="none")
-    needs_offload = (not fits and s.offload == "none") or (
-        s.offload != "none" and memory(no_offload, gpu_bytes).total > gpu_bytes
-    )
+    needs_offload = not fits and s.offload == "none"  # with offload given, it is not "needed" again
     accumulation = None
     if per_gpu is not None:
         accumulation = max(1, math.ceil(per_gpu / max(s.micro_batch, 1)))
@@ -330,12 +432,16 @@ def make_plan(
         gradient_accumulation=accumulation,
         alternatives=alternatives(s, params, gpu, fpt),
         fpt=fpt,
+        compile=compile,
+        power_limit_w=power_limit_w,
     )
-    plan.comm = communication(s, gpu, fpt.total, network, accumulation or 1)
     if s.offload != "none":
-        plan.offload = offload_cost(s, params, gpu, fpt)
-        if memory(no_offload, gpu_bytes).total <= gpu_bytes:
-            plan.notes.append("it fits without offload: offload only costs speed here")
+        plan.offload = offload_cost(s, params, plan.peak_gpu, fpt, mfu=plan._rate("none").mid)
+    plan.comm = communication(
+        s, plan.peak_gpu, fpt.total, network, accumulation or 1, mfu=plan._rate("none").mid
+    )
+    if s.offload != "none" and memory(no_offload, gpu_bytes).total <= gpu_bytes:
+        plan.notes.append("it fits without offload: offload only costs speed here")
     if not params.exact:
         plan.notes.append(
             "parameter counts from the analytic formula (transformers does not build this model type)"

@@ -3,7 +3,7 @@
 Three parts, each with its own evidence and estimate; the finding names those that apply.
 
 * **Loss on full logits** (vocabulary ≥ 32k, no fused linear-cross-entropy): the planner's bytes model gives
-  the logits the loss materialises per micro-batch (10 bytes per token per vocabulary entry unfused, 2 fused);
+  the logits the loss materialises per micro-batch (12 bytes per token per vocabulary entry unfused, 2 fused);
   their traffic at the GPU's memory bandwidth, over the measured step, is the share a fused loss removes —
   an estimate from bytes, not a measurement.
 * **Optimizer without fused / foreach on CUDA**: the measured optimizer share, made faster by an assumed
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pitstop.core.findings import Finding, Use, use
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.activity import Activity, read_activity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
@@ -127,6 +127,7 @@ def _memory_bound_only(ctx: RuleContext, act: Activity) -> Finding:
         "or norms and activations run as separate kernels where fused ones are available"
     ),
     needs_gpu=True,
+    needs=(Evidence.PROCESS,),
     fires_when=(
         "vocabulary ≥ {LARGE_VOCAB:,} without a fused linear-cross-entropy; Adam/AdamW/SGD without `fused` "
         "on CUDA; Liger installed but not applied"
