@@ -25,7 +25,10 @@ PARAMS: dict[RemedyId, list[Params]] = {
     RemedyId.MICRO_BATCH: [
         {"micro": 2, "accum": 8, "new_micro": 8, "new_accum": 2, "basis": "the planner", "planned": 16},
         {},
+        {"inference": True, "micro": 2, "new_micro": 8},  # an inference trace: no accumulation
+        {"model_small": True, "micro": 2056, "copy_ms": 1.57, "host_ms": 3.1},  # a batch already large
     ],
+    RemedyId.BF16: [{}, {"inference": True}],
     RemedyId.SYNC_METRICS_LESS: [
         {"settings": ["include_num_input_tokens_seen=True"], "sites": ["train.py:52"], "logging_steps": 1},
         {"settings": ["self.log(..., sync_dist=True)"], "logging_steps": 10},

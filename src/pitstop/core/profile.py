@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pitstop import schemas
-from pitstop.core.vocabulary import Device, Source, StrEnum
+from pitstop.core.vocabulary import Device, RuntimeApi, Source, StrEnum, Workload
 
 T = TypeVar("T")
 
@@ -702,6 +702,38 @@ class JobCall:
 
 
 @dataclass
+class TraceBatch:
+    """The batch a traced step ran, read from the operators' recorded shapes (trace/shapes.py), and how its
+    kernels would scale with it. Times are per step, in ms."""
+
+    samples: int | None = None  # the leading dimension of the model's first layer's input
+    tokens: int | None = None  # token ids per forward, where the first layer is an embedding
+    forwards_per_step: int = 1  # calls of that layer per step (gradient accumulation, several micro-batches)
+    input_op: str | None = None  # the operator it was read from ("aten::linear")
+    weight_dims: list[int] = field(default_factory=list)  # that layer's weight shape
+    agreeing: float | None = None  # share of its calls in the steps with this leading dimension
+    gemm_gflop: float | None = None  # GEMM FLOPs per step from the shapes (convolutions not counted)
+    kernel_ms: float | None = None  # compute kernels' time, summed
+    kernel_floor_ms: float | None = None  # the part of it under each kernel's latency floor
+    floor_us: float = 5.0  # the latency floor taken per kernel (trace/shapes.py's KERNEL_FLOOR_US)
+    kernels_per_step: float | None = None
+    h2d_ms: float | None = None  # host-to-device copies' time
+
+
+@dataclass
+class RuntimeCall:
+    """One CUDA / HIP runtime call's time in a trace's steps: what the host spent in it and what the GPU did
+    meanwhile (a host blocked while the GPU idles is time lost; while it computes, hidden)."""
+
+    name: str  # "hipFree", "cudaStreamSynchronize"
+    kind: RuntimeApi
+    calls_per_step: float = 0.0
+    ms_per_step: float = 0.0  # union of its calls (over threads) inside the steps, per step
+    frac_of_step: float = 0.0  # share of the host timeline (the steps' wall time)
+    gpu_busy_frac: float | None = None  # share of its time the GPU was busy (kernels, copies, sets)
+
+
+@dataclass
 class TraceStats:
     """What only a profiler trace of one rank says; what a live run measures too (each step's time and data
     wait, its host syncs) is in the rank's ``steps``. Times are per step, in ms, unless named otherwise;
@@ -735,6 +767,14 @@ class TraceStats:
     collective_wait_ms: float | None = None  # per step, time its collectives waited for the last rank
     exposed_comm_ms: float | None = None  # per step, collective time not hidden by compute nor waiting
     bus_bandwidth_gbps: float | None = None  # NCCL-tests "bus bandwidth" from the time after the last arrival
+    # how the steps were found: "ProfilerStep#N spans", or trace/steps.py's words for the markers it read
+    steps_from: str | None = None
+    workload: Workload | None = None  # training or inference (None: the trace does not say, no CPU operators)
+    gpu_busy_frac: float | None = None  # union of all GPU work (kernels, copies, sets) over the steps' time
+    runtime_calls: list[RuntimeCall] = field(
+        default_factory=list
+    )  # the runtime calls that took the most time
+    batch: TraceBatch | None = None  # from the recorded shapes; None: recorded without them
 
 
 @dataclass

@@ -174,6 +174,26 @@ class Device(StrEnum):
     MPS = "mps"
 
 
+class Workload(StrEnum):
+    """What a profiler trace recorded: training steps (a backward pass, an optimizer) or batches of inference /
+    evaluation (neither: ``inference_mode``, ``no_grad``); a rule's advice is for the one it was."""
+
+    TRAINING = "training"
+    INFERENCE = "inference"
+
+
+class RuntimeApi(StrEnum):
+    """What a CUDA / HIP runtime call does, as far as the time the host spends in it goes."""
+
+    ALLOC = "alloc"  # cudaMalloc / cudaFree / hipMalloc / hipFree: the allocator going to the driver
+    SYNC = "sync"  # cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize (and HIP's)
+    BLOCKING_COPY = (
+        "blocking_copy"  # a copy the host waits for (cudaMemcpy, hipMemcpyWithStream, to pageable)
+    )
+    LAUNCH = "launch"  # kernel launches
+    OTHER = "other"
+
+
 class Source(StrEnum):
     """Where a RunProfile came from."""
 
@@ -335,4 +355,49 @@ _PHASE_WORDS = {
     Phase.SYNC: _Words(
         "sync", "synchronisation", "synchronisation", "synchronisation", "in host-device synchronisation"
     ),
+}
+
+
+class Evidence(StrEnum):
+    """The kinds of evidence a cause's rule judges on (``@cause(needs=...)``): a report says which of them the
+    inputs held and which they lacked, so "no finding" names what was checked (``diagnose/coverage.py``)."""
+
+    STEPS = "steps"  # per-step timing: the probe's steps, a trace's step spans, attach's sampled steps
+    GPU_UTILIZATION = (
+        "gpu_utilization"  # how busy the GPU was: NVML, an nvidia-smi log, DCGM, a trace's kernels
+    )
+    GPU_ACTIVITY = "gpu_activity"  # hardware activity counters: SM / tensor / DRAM active (DCGM, GPM)
+    GPU_MEMORY = "gpu_memory"  # memory used: the allocator's counters, an nvidia-smi or DCGM log
+    TRACE_KERNELS = "trace_kernels"  # a profiler trace's GPU kernels and copies
+    COLLECTIVES = "collectives"  # timed collectives (live) or a trace's NCCL / RCCL kernels
+    ALL_RANKS = "all_ranks"  # every rank of a multi-rank job, to compare them
+    LOADER_TIMING = "loader_timing"  # the DataLoader's waits: the probe's, a trace's DataLoader spans
+    PROCESS = (
+        "process"  # the job's own process watched from inside (the probe): its calls, settings, counters
+    )
+    SETTINGS = "settings"  # the job's settings: configs, TrainingArguments, the probe's environment
+    GPU_CLOCKS = "gpu_clocks"  # the GPU's clocks and throttle reasons: NVML, an nvidia-smi log
+    MODEL_SIZE = "model_size"  # the model's parameter count: the probe, a config.json (--model)
+    EARLIER_RUN = "earlier_run"  # an earlier run of the same job in the history, to compare with
+
+    @property
+    def label(self) -> str:
+        """The words a report names it by."""
+        return _EVIDENCE_LABELS[self]
+
+
+_EVIDENCE_LABELS = {
+    Evidence.STEPS: "step timing",
+    Evidence.GPU_UTILIZATION: "GPU utilization",
+    Evidence.GPU_ACTIVITY: "GPU activity counters",
+    Evidence.GPU_MEMORY: "GPU memory",
+    Evidence.TRACE_KERNELS: "trace kernels",
+    Evidence.COLLECTIVES: "collectives",
+    Evidence.ALL_RANKS: "ranks",
+    Evidence.LOADER_TIMING: "DataLoader timing",
+    Evidence.PROCESS: "the job's process",
+    Evidence.SETTINGS: "the job's settings",
+    Evidence.GPU_CLOCKS: "GPU clocks",
+    Evidence.MODEL_SIZE: "model size",
+    Evidence.EARLIER_RUN: "earlier run",
 }

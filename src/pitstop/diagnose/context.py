@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from pitstop.core.findings import Finding
 from pitstop.core.profile import Environment, RankProfile, RunProfile, TraceStats
-from pitstop.core.vocabulary import Device, Severity
+from pitstop.core.vocabulary import Device, Severity, Workload
 from pitstop.diagnose.gpu_windows import gpu_windows
 from pitstop.diagnose.metrics import Metrics, compute_metrics
 from pitstop.diagnose.ranks import RanksAnalysis, Scaling, analyse, scaling
@@ -60,6 +60,13 @@ class RuleContext:
     @property
     def traces(self) -> list[TraceStats]:
         return [r.trace for r in self.profile.ranks if r.trace is not None]
+
+    @property
+    def inference(self) -> bool:
+        """Every trace read is of inference or evaluation (no backward, no optimizer): advice is for batches of
+        inference, not for a training loop."""
+        traces = self.traces
+        return bool(traces) and all(t.workload == Workload.INFERENCE for t in traces)
 
     @property
     def traced(self) -> list[tuple[RankProfile, TraceStats]]:

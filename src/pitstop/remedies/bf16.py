@@ -48,6 +48,13 @@ class Bf16(Remedy):
     tunable = True
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
+        """``inference``: the trace is inference or evaluation: the weights themselves can be bf16 (no master
+        copy, no optimizer), not only the matmuls under autocast."""
+        if params.get("inference"):
+            return Advice(
+                "Run the forward in bf16: inference keeps no master weights, so the model itself can be cast.",
+                "model = model.to(torch.bfloat16)   # and run it under torch.inference_mode()\n",
+            )
         return mixed_precision_advice(framework, "bf16", "Train in bf16 mixed precision.")
 
     def cannot_try(self, facts: TrialFacts) -> str | None:

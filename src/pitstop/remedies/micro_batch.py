@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pitstop.core.vocabulary import Framework, RemedyId
-from pitstop.remedies.base import Advice, Remedy, TrialFacts, register
+from pitstop.remedies.base import Advice, Remedy, TrialFacts, code, register
 from pitstop.trials.request import FixReport, FixRequest
 
 
@@ -28,6 +28,41 @@ def next_micro_batch(micro: int, accumulation: int, planned: int | None) -> tupl
     return new, effective // new
 
 
+def _model_small(params: Mapping[str, Any]) -> Advice:
+    """The advice for a model too small for its GPU: not a larger batch, but less of what the step pays
+    besides the GPU's work."""
+    micro, copy_ms, host_ms = params.get("micro"), params.get("copy_ms"), params.get("host_ms")
+    text = (
+        f"Do not raise the batch further{f' than {micro:,}' if micro else ''}: the model is too small for this GPU, and "
+        "a larger batch grows the copy with the work. Cut what each step pays besides the GPU's work: the "
+        "host-to-device copy"
+        + (f" ({copy_ms:.2f} ms per step)" if copy_ms else "")
+        + " — keep a dataset that fits in GPU memory on the GPU and index batches there, else pin the "
+        "loader's memory and copy with non_blocking=True — and the host's time"
+        + (f" ({host_ms:.2f} ms)" if host_ms else "")
+        + ". The GPU's spare capacity can take a larger model, or several runs at once."
+    )
+    snippet = code("""
+        # the copy each step pays: pinned host memory, copied without blocking (or keep the data on the GPU)
+        loader = DataLoader(train, ..., batch_size=B, pin_memory=True)
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    """)
+    return Advice(text, snippet)
+
+
+def _inference(params: Mapping[str, Any]) -> Advice:
+    """The advice for an inference / evaluation trace: more examples per forward pass; there is no
+    optimizer step, so no accumulation to trade."""
+    micro, new_micro = params.get("micro"), params.get("new_micro")
+    text = (
+        f"Feed more examples per forward pass{f': from {micro:,} to {new_micro:,}' if micro and new_micro else ''} "
+        "(this trace is inference or evaluation: no backward, no optimizer step), as far as memory allows."
+    )
+    batch_size = new_micro or "B"
+    snippet = f"loader = DataLoader(dataset, ..., batch_size={batch_size})   # under torch.inference_mode()"
+    return Advice(text, snippet)
+
+
 @register
 class MicroBatch(Remedy):
     id = RemedyId.MICRO_BATCH
@@ -39,7 +74,14 @@ class MicroBatch(Remedy):
 
     def advice(self, framework: Framework, params: Mapping[str, Any]) -> Advice:
         """``micro``/``accum``: today's, when known; ``new_micro``/``new_accum``: the sizes to move to, with
-        ``basis`` saying where they come from (the planner, a trial); ``planned``: the planner's largest."""
+        ``basis`` saying where they come from (the planner, a trial); ``planned``: the planner's largest;
+        ``model_small``: the batch is already large and the model too small for the GPU (``copy_ms``,
+        ``host_ms``: what each step pays besides the GPU's work), so the advice is not a larger batch;
+        ``inference``: the trace is inference or evaluation (more examples per forward, no accumulation)."""
+        if params.get("model_small"):
+            return _model_small(params)
+        if params.get("inference"):
+            return _inference(params)
         micro, accum = params.get("micro"), params.get("accum")
         new_micro, new_accum = params.get("new_micro"), params.get("new_accum")
         basis = params.get("basis")
@@ -56,7 +98,11 @@ class MicroBatch(Remedy):
             )
             text += f" ({basis})." if basis else "."
         mb = new_micro or "B"  # B: the size to try, named in the text
-        acc = new_accum if new_micro else "A"
+        acc = new_accum if new_micro else "A"  # None: accumulation unknown (a plain loop read from a trace)
+        pytorch = f"loader = DataLoader(train, ..., batch_size={mb})" + (
+            f"   # and accumulate {acc} micro-batches" if acc is not None else ""
+        )
+        acc = 1 if acc is None else acc
         snippets = {
             Framework.HF_TRAINER: f"args = TrainingArguments(..., per_device_train_batch_size={mb},\n"
             f"                         gradient_accumulation_steps={acc})\n# or let the Trainer search: auto_find_batch_size=True",
@@ -64,7 +110,6 @@ class MicroBatch(Remedy):
             Framework.LIGHTNING: f"trainer = L.Trainer(..., accumulate_grad_batches={acc})  # DataLoader(batch_size={mb})",
             Framework.DEEPSPEED: f'"train_micro_batch_size_per_gpu": {mb}, "gradient_accumulation_steps": {acc}',
         }
-        pytorch = f"loader = DataLoader(train, ..., batch_size={mb})   # and accumulate {acc} micro-batches"
         return Advice(text, snippets.get(framework, pytorch))
 
     def cannot_try(self, facts: TrialFacts) -> str | None:

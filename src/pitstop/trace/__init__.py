@@ -8,6 +8,7 @@ import numpy as np
 
 from pitstop.core.profile import Environment, GpuTime, IdleSplit, RankProfile, StepRecord, assemble_rank
 from pitstop.core.vocabulary import Device
+from pitstop.trace.batch import batch_of
 from pitstop.trace.events import TraceColumns, read_columns
 from pitstop.trace.overview import Overview, overview
 from pitstop.trace.stats import step_syncs, trace_stats
@@ -68,6 +69,7 @@ def profile_of(cols: TraceColumns, fallback_rank: int = 0) -> tuple[RankProfile,
     """The RankProfile of one trace's columns, and the step view it was computed from."""
     view = overview(cols)
     stats = trace_stats(cols, view)
+    stats.batch = batch_of(cols, view)
     hta = temporal(cols)
     if hta is not None:
         stats.temporal = GpuTime(**{k: round(v, 4) for k, v in hta.shares().items()})

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pitstop.artifacts import head
 from pitstop.trace.jsonstream import event_batches
+from pitstop.trace.shapes import SHAPE_ONLY_OPS, ShapeLog
 
 if TYPE_CHECKING:
     from pitstop.trace.fastevents import Args
@@ -30,6 +31,15 @@ if TYPE_CHECKING:
 K = TypeVar("K")
 V = TypeVar("V")
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+# what marks a training step where ProfilerStep#N does not (trace/steps.py): the optimizer's own spans, the
+# autograd engine's backward nodes, and the user's repeated record_function annotations
+OPTIMIZER_MARK = re.compile(r"^Optimizer\.(step|zero_grad)#")
+BACKWARD_NODE = "autograd::engine::evaluate_function"
+BACKWARD_OP = re.compile(r"Backward\d*$")
+MAX_ANNOTATION_KEYS = (
+    256  # distinct annotation names kept with their spans (a trace of unique names: the first)
+)
+_DIGITS = re.compile(r"\d+")
 SYNC_RUNTIME = (
     "cudaStreamSynchronize",
     "cudaDeviceSynchronize",
@@ -37,6 +47,23 @@ SYNC_RUNTIME = (
     "hipStreamSynchronize",
     "hipDeviceSynchronize",
     "hipEventSynchronize",
+)
+# runtime calls that return only when the GPU has caught up: blocking copies (CUDA's cudaMemcpy, HIP's
+# hipMemcpyWithStream, which PyTorch's synchronous copies use on ROCm); cudaMemcpyAsync to pageable memory
+# blocks as well, which only its copy's end tells (stats.blocking_copies)
+BLOCKING_COPY_RUNTIME = (
+    "cudaMemcpy",
+    "cudaMemcpy2D",
+    "cudaMemcpy3D",
+    "hipMemcpy",
+    "hipMemcpy2D",
+    "hipMemcpyWithStream",
+)
+# the device allocator's own calls (the caching allocator turned off, or flushed and refilled): each
+# synchronises the device; the stream-ordered ones (cudaMallocAsync, hipFreeAsync) do not and are not here
+ALLOC_RUNTIME = re.compile(
+    r"^(?:cudaMalloc|cudaFree|hipMalloc|hipFree|cuMemAlloc|cuMemFree|cudaHostAlloc|cudaMallocHost|cudaFreeHost"
+    r"|hipHostMalloc|hipHostFree|hipExtMallocWithFlags)(?!Async)"
 )
 SYNC_OPS = (
     "aten::_local_scalar_dense",
@@ -129,8 +156,10 @@ class GpuColumns(Columns):
 @dataclass
 class RuntimeColumns(Columns):
     correlation: array = field(default_factory=_ints)
-    sync: array = field(default_factory=_flags)  # 1 for blocking synchronizations
-    launch: array = field(default_factory=_flags)  # 1 for kernel launches
+    sync: array = field(default_factory=_flags)  # 1 for blocking synchronizations and copies
+    api: array = field(
+        default_factory=_flags
+    )  # the call's name: TraceColumns.runtime_names[api - 1] (0: past them)
     driver: array = field(
         default_factory=_flags
     )  # 1 for cuda_driver events (the TensorBoard plugin ignores them)
@@ -175,9 +204,11 @@ class TraceColumns:
     sync_ops: Columns = field(default_factory=Columns)
     memcpy_bytes: array = field(default_factory=_floats)
     matmul_dtypes: Counter[str] = field(default_factory=Counter)
+    shapes: ShapeLog = field(default_factory=ShapeLog)  # matmuls', embeddings', convolutions' input shapes
     attention_ops: Counter[str] = field(default_factory=Counter)
     softmax_ops: int = 0
     bmm_ops: int = 0
+    matmul_ops: int = 0  # matrix multiplications the host dispatched (with or without recorded types)
     gemm_fp32_us: float = 0.0
     gemm_tf32_us: float = 0.0
     gemm_low_us: float = 0.0
@@ -187,6 +218,19 @@ class TraceColumns:
     negative_durations: int = 0
     categories: Counter[str] = field(default_factory=Counter)
     vendor: str | None = None
+    # runtime call names, in order of appearance (RuntimeColumns.api indexes this); the first MAX_RUNTIME_NAMES
+    runtime_names: list[str] = field(default_factory=list)
+    runtime_codes: dict[str, int] = field(default_factory=dict)
+    # step markers besides ProfilerStep#N (trace/steps.py): Optimizer.step / .zero_grad spans, backward nodes,
+    # user annotations by name (digits folded: "step_3" and "step_4" are one name)
+    optimizer_steps: Columns = field(default_factory=Columns)
+    zero_grads: Columns = field(default_factory=Columns)
+    backward: MergedColumns = field(default_factory=MergedColumns)
+    backward_ops: int = 0
+    annotated: dict[str, Columns] = field(default_factory=dict)
+
+
+MAX_RUNTIME_NAMES = 126  # RuntimeColumns.api is one signed byte; 0 is "another name"
 
 
 # every NCCL / RCCL generation: ncclAllReduceRingLLKernel_sum_f32 (NCCL < 2.8), ncclKernel_AllReduce_RING_LL_Sum_float
@@ -321,12 +365,13 @@ def _add_gpu(cols: GpuColumns, ts: float, dur: float, args: Args, code: int) -> 
 
 
 # what a CPU-side operator name means to the analyses (most names mean nothing and cost one dict miss)
-_OP_SYNC, _OP_ATTENTION, _OP_MATMUL, _OP_SOFTMAX, _OP_BMM = range(5)
+_OP_SYNC, _OP_ATTENTION, _OP_MATMUL, _OP_SOFTMAX, _OP_BMM, _OP_SHAPE = range(6)
 _OP_ROLES: dict[str, int] = {name: _OP_SYNC for name in SYNC_OPS}
 _OP_ROLES.update({name: _OP_ATTENTION for name in ATTENTION_OPS})
 _OP_ROLES.update({name: _OP_MATMUL for name in MATMUL_OPS})
 _OP_ROLES.update({"aten::softmax": _OP_SOFTMAX, "aten::_softmax": _OP_SOFTMAX})
 _OP_ROLES.update({"aten::bmm": _OP_BMM, "aten::baddbmm": _OP_BMM})
+_OP_ROLES.update({name: _OP_SHAPE for name in SHAPE_ONLY_OPS})
 _GEMM_KINDS = ("low", "tf32", "fp32", "other")
 
 
@@ -385,9 +430,15 @@ class _Memo(dict[K, V]):
 _MEMO_LIMIT = 1 << 16
 
 
-def _runtime_flags(name: str) -> tuple[int, int]:
-    """(blocking synchronization, kernel launch) for a runtime call's name, as the 0/1 columns hold them."""
-    return (1 if name in SYNC_RUNTIME else 0), (1 if name in LAUNCH_NAMES else 0)
+def _runtime_flags(cols: TraceColumns, name: str) -> tuple[int, int]:
+    """(blocking synchronization or copy, name code) for a runtime call's name, as the columns hold them."""
+    code = cols.runtime_codes.get(name)
+    if code is None:
+        code = len(cols.runtime_names) + 1 if len(cols.runtime_names) < MAX_RUNTIME_NAMES else 0
+        if code:
+            cols.runtime_names.append(name)
+            cols.runtime_codes[name] = code
+    return (1 if name in SYNC_RUNTIME or name in BLOCKING_COPY_RUNTIME else 0), code
 
 
 def _plain_name(name: str) -> bool:
@@ -395,7 +446,9 @@ def _plain_name(name: str) -> bool:
     collective or operator role)."""
     if name.startswith("ProfilerStep#") and STEP_NAME.match(name):
         return False
-    if name.startswith(("enumerate(DataLoader)", "enumerate(DataPipe)#")):
+    if name.startswith(("enumerate(DataLoader)", "enumerate(DataPipe)#", "Optimizer.", BACKWARD_NODE)):
+        return False
+    if BACKWARD_OP.search(name):
         return False
     return name not in COMM_OP_NAMES and name not in _OP_ROLES
 
@@ -437,9 +490,9 @@ class _EventLoop:
     def __init__(self, cols: TraceColumns, fast: bool = True, from_text: bool = True) -> None:
         self.cols = cols
         runtime = cols.runtime
-        columns = (runtime.ts, runtime.end, runtime.correlation, runtime.sync, runtime.launch, runtime.driver)
+        columns = (runtime.ts, runtime.end, runtime.correlation, runtime.sync, runtime.api, runtime.driver)
         self.runtime_appends = tuple(a.append for a in columns)
-        self.runtime_flags = _Memo(_runtime_flags)
+        self.runtime_flags = _Memo(functools.partial(_runtime_flags, cols))
         self.kernel_cache, self.plain_names, self.cat_cache = (
             _Memo(_kernel_info),
             _Memo(_plain_name),
@@ -507,7 +560,7 @@ class _EventLoop:
             self.cat_cache,
             self.plain_names,
         )
-        rt_ts, rt_end, rt_corr, rt_sync, rt_launch, rt_driver = self.runtime_appends
+        rt_ts, rt_end, rt_corr, rt_sync, rt_api, rt_driver = self.runtime_appends
         runtime_flags, cpu_ts, cpu_end = self.runtime_flags, cols.cpu_ops.ts, cols.cpu_ops.end
         open_ts, open_end, vendor, bad, negative = self.open_ts, self.open_end, self.vendor, 0, 0
         for ev in batch:
@@ -554,9 +607,9 @@ class _EventLoop:
                 rt_end(ts + dur)
                 corr = args.correlation
                 rt_corr(corr if type(corr) is int and corr in _IDS else _int(corr))
-                sync, launch = runtime_flags[name]
+                sync, api = runtime_flags[name]
                 rt_sync(sync)
-                rt_launch(launch)
+                rt_api(api)
                 rt_driver(1 if cat == "cuda_driver" else 0)
                 if vendor is None:
                     vendor = "amd" if name.startswith("hip") else "nvidia" if name.startswith("cu") else None
@@ -614,7 +667,7 @@ def _c_loop(loop: _EventLoop) -> Any:
             categories=loop.categories,
             gemm_kinds=_GEMM_KINDS,
             columns=(
-                *(runtime.ts, runtime.end, runtime.correlation, runtime.sync, runtime.launch, runtime.driver),
+                *(runtime.ts, runtime.end, runtime.correlation, runtime.sync, runtime.api, runtime.driver),
                 *(kernels.ts, kernels.end, kernels.stream, kernels.device, kernels.correlation),
                 *(kernels.external, kernels.code, cols.cpu_ops.ts, cols.cpu_ops.end),
             ),
@@ -682,6 +735,12 @@ def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, a
         if step:
             cols.steps.append((int(step.group(1)), ts, ts + dur))
             return False
+    if name.startswith(("Optimizer.", BACKWARD_NODE)) or BACKWARD_OP.search(name):
+        _step_marker(cols, cat, name, ts, dur)
+        if cat == "user_annotation":
+            cols.annotations.add(ts, dur)
+            return False
+        return True
     if name.startswith(("enumerate(DataLoader)", "enumerate(DataPipe)#")):
         cols.dataloader_names[name] += 1
         if name.endswith(".__next__") or name.startswith("enumerate(DataPipe)#"):
@@ -695,15 +754,19 @@ def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, a
         return False
     if cat == "user_annotation":
         cols.annotations.add(ts, dur)
+        _annotation(cols, name, ts, dur)
         return False
     role = _OP_ROLES.get(name)
     if role is None:
         return True
+    if role >= _OP_MATMUL and role != _OP_SOFTMAX:
+        cols.shapes.add(name, ts, args.input_shapes(), args.input_types())
     if role == _OP_SYNC:
         cols.sync_ops.add(ts, dur)
     elif role == _OP_ATTENTION:
         cols.attention_ops[ATTENTION_OPS[name]] += 1
     elif role == _OP_MATMUL:
+        cols.matmul_ops += 1
         types = args.input_types()
         if isinstance(types, list) and types:
             cols.matmul_dtypes[str(types[0])] += 1
@@ -712,3 +775,31 @@ def _cpu_event(cols: TraceColumns, cat: str, name: str, ts: float, dur: float, a
     elif role == _OP_BMM:
         cols.bmm_ops += 1
     return True
+
+
+def _step_marker(cols: TraceColumns, cat: str, name: str, ts: float, dur: float) -> None:
+    """An optimizer span or a backward node: what steps are found by where ProfilerStep#N is missing."""
+    mark = OPTIMIZER_MARK.match(name)
+    if mark:
+        (cols.optimizer_steps if mark.group(1) == "step" else cols.zero_grads).add(ts, dur)
+    elif name.startswith(BACKWARD_NODE):
+        cols.backward.add(ts, dur)
+        cols.backward_ops += 1
+    elif BACKWARD_OP.search(name):
+        cols.backward_ops += 1
+
+
+_NOT_STEP_ANNOTATIONS = ("nccl:", "gloo:", "c10d::", "record_param_comms")
+
+
+def _annotation(cols: TraceColumns, name: str, ts: float, dur: float) -> None:
+    """A user annotation's span under its name with digits folded ("step_3", "step_4": one name)."""
+    if not name or name.startswith(_NOT_STEP_ANNOTATIONS):
+        return
+    key = _DIGITS.sub("N", name)
+    spans = cols.annotated.get(key)
+    if spans is None:
+        if len(cols.annotated) >= MAX_ANNOTATION_KEYS:
+            return
+        spans = cols.annotated[key] = Columns()
+    spans.add(ts, dur)

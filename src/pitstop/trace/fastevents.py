@@ -45,6 +45,7 @@ class Args(Struct, gc=False):
     nbytes: Any = field(default=None, name="bytes")
     # a Raw span, decoded for matmuls only (the stdlib path stores the decoded value, None when absent)
     input_type: Raw = field(default=_NO_RAW, name="Input type")
+    input_dims: Raw = field(default=_NO_RAW, name="Input Dims")  # the same, for the shapes (trace/shapes.py)
     collective: Any = field(default=None, name="Collective name")
     in_nelems: Any = field(default=None, name="In msg nelems")
     out_nelems: Any = field(default=None, name="Out msg nelems")
@@ -59,6 +60,13 @@ class Args(Struct, gc=False):
     def input_types(self) -> Any:
         """The "Input type" value, or None when absent."""
         value = self.input_type
+        if type(value) is Raw:
+            return msgspec.json.decode(value) if value else None
+        return value
+
+    def input_shapes(self) -> Any:
+        """The "Input Dims" value, or None when absent."""
+        value = self.input_dims
         if type(value) is Raw:
             return msgspec.json.decode(value) if value else None
         return value
@@ -155,6 +163,7 @@ def _as_args(value: dict[str, Any]) -> Args:
         external_lower=value.get("external id"),
         nbytes=value.get("bytes"),
         input_type=cast(Raw, value.get("Input type")),  # the decoded value (input_types() takes both)
+        input_dims=cast(Raw, value.get("Input Dims")),
         collective=value.get("Collective name"),
         in_nelems=value.get("In msg nelems"),
         out_nelems=value.get("Out msg nelems"),

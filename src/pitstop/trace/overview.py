@@ -7,7 +7,7 @@ Same categories and semantics, so the numbers can be compared with what users se
   .__next__``), CPU Exec (operators and user annotations), Other (the rest of the step);
 * each role is the union of its intervals across devices, streams and threads; a moment of a step counts
   for the first role that covers it, in that order;
-* steps are the ``ProfilerStep#N`` spans, aligned to the GPU: a step starts where the previous one ended
+* steps are the ``ProfilerStep#N`` spans (without them: trace/steps.py's, or the whole trace as one), aligned to the GPU: a step starts where the previous one ended
   and ends no earlier than the last GPU operation its CUDA runtime calls launched; trailing steps without
   GPU work are dropped;
 * GPU utilization: per device, the union of its kernels inside [first step start, last step end] over that
@@ -27,6 +27,7 @@ import numpy as np
 
 from pitstop.trace.events import TraceColumns
 from pitstop.trace.intervals import covers, sorted_unique, union
+from pitstop.trace.steps import infer_windows
 
 ROLES = ("Kernel", "Memcpy", "Memset", "Communication", "Runtime", "DataLoader", "CPU Exec")
 
@@ -49,6 +50,7 @@ class Overview:
     role_us: list[dict[str, float]]  # per step, every role and "Other"
     gpu_util: dict[int, float] = field(default_factory=dict)
     aligned: bool = False
+    steps_from: str = "ProfilerStep#N spans"  # how the steps were found, in words (trace/steps.py)
 
     @property
     def mean_step_us(self) -> float:
@@ -181,9 +183,13 @@ def _role_intervals(cols: TraceColumns) -> dict[str, tuple[np.ndarray, np.ndarra
 
 
 def overview(cols: TraceColumns) -> Overview:
-    steps, aligned = align_steps(cols, host_steps(cols))
+    marked, how = host_steps(cols), "ProfilerStep#N spans"
+    if not marked:
+        windows, how = infer_windows(cols)
+        marked = [Step(i, w.start, w.end) for i, w in enumerate(windows)]
+    steps, aligned = align_steps(cols, marked)
     if not steps:
-        return Overview(steps=[], role_us=[], aligned=False)
+        return Overview(steps=[], role_us=[], aligned=False, steps_from=how)
     intervals = _role_intervals(cols)  # once: each call builds every role's union
     roles = [intervals[role] for role in ROLES]
     del intervals
@@ -205,7 +211,9 @@ def overview(cols: TraceColumns) -> Overview:
         np.add.at(per_step[i], owner, np.diff(points))
     lo, hi = steps[0].start, steps[-1].end
     role_us = [dict(zip((*ROLES, "Other"), row.tolist(), strict=True)) for row in per_step]
-    return Overview(steps=steps, role_us=role_us, gpu_util=_gpu_util(cols, lo, hi), aligned=aligned)
+    return Overview(
+        steps=steps, role_us=role_us, gpu_util=_gpu_util(cols, lo, hi), aligned=aligned, steps_from=how
+    )
 
 
 def _gpu_util(cols: TraceColumns, lo: float, hi: float) -> dict[int, float]:

@@ -8,10 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pitstop.core.findings import Finding
-from pitstop.core.vocabulary import CauseId, RemedyId
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId
 from pitstop.diagnose.context import RuleContext
 
 Rule = Callable[[RuleContext], Finding | None]
+# what a rule judges on: every item must be present in the inputs; an item that is a tuple is met by any one of
+# its kinds (a rule with two ways to the same fact). Checked against the inputs by ``diagnose/coverage.py``
+Need = Evidence | tuple[Evidence, ...]
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Cause:
     ]  # every remedy that answers it: a fix names them, tune tries the tunable ones
     rule: Rule  # RuleContext -> Finding | None: pure, never measures
     reads_findings: bool = False  # runs after every other rule and reads their findings (``ctx.earlier``)
+    needs: tuple[Need, ...] = ()  # the evidence it judges on: without it, a report lists it as not checked
 
 
 REGISTRY: dict[CauseId, Cause] = {}  # filled as the cause modules are imported (``pitstop.diagnose.causes``)
@@ -42,9 +46,11 @@ def cause(
     estimate: str,
     remedies: tuple[RemedyId, ...],
     reads_findings: bool = False,
+    needs: tuple[Need, ...] = (),
 ) -> Callable[[Rule], Rule]:
     """Register the decorated rule as the one that finds ``cause_id``, with what the cause means. The rule's
-    findings carry the cause's title, whoever calls it (``diagnose``, a test)."""
+    findings carry the cause's title, whoever calls it (``diagnose``, a test). ``needs``: the evidence the rule
+    judges on, so a run without it lists the cause as not checked instead of silently passing it."""
 
     def register(rule: Rule) -> Rule:
         if cause_id in REGISTRY:
@@ -58,7 +64,7 @@ def cause(
             return finding
 
         REGISTRY[cause_id] = Cause(
-            cause_id, title, because, needs_gpu, fires_when, estimate, remedies, titled, reads_findings
+            cause_id, title, because, needs_gpu, fires_when, estimate, remedies, titled, reads_findings, needs
         )
         return titled
 

@@ -4,7 +4,7 @@ parameters, a trace's kernels) and the tensor pipes' activity; worth the compute
 from __future__ import annotations
 
 from pitstop.core.findings import Finding, Use, use
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.activity import Activity, read_activity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl
@@ -16,6 +16,7 @@ from pitstop.remedies import advise
     title="Full fp32 matrix math",
     because="matrix math runs in full fp32 without bf16/fp16 or TF32 on a GPU that has tensor cores",
     needs_gpu=True,
+    needs=((Evidence.TRACE_KERNELS, Evidence.SETTINGS),),
     fires_when="matmuls in fp32 or TF32 on a tensor-core GPU",
     estimate="compute share × min(peak ratio, 3× fp32 / 2× TF32)",
     remedies=(RemedyId.BF16, RemedyId.FP16, RemedyId.TF32),
@@ -86,7 +87,7 @@ def no_mixed_precision(ctx: RuleContext) -> Finding | None:
         )
         if measured
         else "config only: no step time measured",
-        fix=advise(ctx.framework, *precision_uses(bf16_ok, dtype == "tf32")),
+        fix=advise(ctx.framework, *precision_uses(bf16_ok, dtype == "tf32", inference=ctx.inference)),
     )
 
 
@@ -113,7 +114,14 @@ def _tensor_words(act: Activity | None, counted: bool) -> str:
     return ""
 
 
-def precision_uses(bf16_ok: bool, tf32_only: bool) -> list[Use]:
-    """Mixed precision in the low type the GPU has tensor cores for; TF32 for what stays fp32."""
-    low = use(RemedyId.BF16) if bf16_ok else use(RemedyId.FP16)
+def precision_uses(bf16_ok: bool, tf32_only: bool, inference: bool = False) -> list[Use]:
+    """Mixed precision in the low type the GPU has tensor cores for; TF32 for what stays fp32. An inference
+    trace is told to cast the model to bf16 (no master weights to keep)."""
+    low = (
+        use(RemedyId.BF16, inference=True)
+        if bf16_ok and inference
+        else use(RemedyId.BF16)
+        if bf16_ok
+        else use(RemedyId.FP16)
+    )
     return [low] if tf32_only or not bf16_ok else [low, use(RemedyId.TF32)]
