@@ -76,9 +76,10 @@ class Activity:
         return out
 
     def words(self) -> str:
-        """The counters in a few words: 'SM active 41%, occupancy 18%, tensor 0%, DRAM 61% (dcgmi dmon)'."""
-        names = {"sm_active": "SM active", "sm_occupancy": "occupancy", "tensor_active": "tensor pipes",
-                 "dram_active": "DRAM"}  # fmt: skip
+        """The counters in a few words: 'GR engine 97%, SM active 41%, occupancy 18%, tensor 0%, DRAM 61% (dcgmi
+        dmon)' (the GR engine: busy at all, what utilization measures)."""
+        names = {"gr_active": "GR engine", "sm_active": "SM active", "sm_occupancy": "occupancy",
+                 "tensor_active": "tensor pipes", "dram_active": "DRAM"}  # fmt: skip
         parts = [f"{label} {self.means[k]:.0%}" for k, label in names.items() if k in self.means]
         return ", ".join(parts) + f" ({self.source})"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import stat
@@ -15,7 +16,7 @@ from pitstop.ingest.documents import load_document
 from pitstop.ingest.hf_outputs import is_results, is_trainer_state
 from pitstop.ingest.logs import looks_like_log
 from pitstop.ingest.nccl_log import looks_like_nccl
-from pitstop.ingest.nvidia_smi import looks_like_smi
+from pitstop.ingest.nvidia_smi import LOOKED_FOR, looks_like_smi
 from pitstop.ingest.topology import looks_like_nvlink_status, looks_like_topo
 
 TRACE_KEYS = re.compile(rb'"(traceEvents|deviceProperties|schemaVersion|distributedInfo)"\s*:')
@@ -126,6 +127,14 @@ def sniff(path: Path) -> tuple[str, Any, list[str]]:
             f"{path}: looks like an nvidia-smi log written with noheader and nounits, whose columns "
             "cannot be told apart; keep the header (--format=csv or csv,nounits)"
         )
+    columns = _csv_header(text)
+    if columns is not None:
+        shown = ", ".join(c or "(unnamed)" for c in columns[:12]) + (" …" if len(columns) > 12 else "")
+        raise IngestError(
+            f"{path}: a CSV with columns {shown}: not a GPU log pitstop reads, no utilization column (looked "
+            f"for {LOOKED_FOR['util']}, or DCGM's GRACT / 1001) and no memory-used column (looked for "
+            f"{LOOKED_FOR['mem_used']}, or DCGM's FBUSD / 252)"
+        )
     try:
         doc = load_document(text, str(path), as_json=as_json)
     except IngestError:
@@ -164,6 +173,22 @@ def _bare_numbers_csv(text: str) -> bool:
             return False
         widths.add(len(cells))
     return len(widths) == 1
+
+
+def _csv_header(text: str) -> list[str] | None:
+    """The header of a comma-separated table (the same number of cells, two or more, on its first lines,
+    the first of them names), else None: what a refusal names when the table is no log pitstop reads."""
+    lines = [line for line in text[:65536].splitlines()[:20] if line.strip()]
+    if len(lines) < 2 or lines[0].lstrip().startswith(("{", "[", "#", "-")):
+        return None
+    rows = list(csv.reader(lines))
+    widths = {len(r) for r in rows}
+    if len(widths) != 1 or len(rows[0]) < 2:
+        return None
+    header = [c.strip() for c in rows[0]]
+    if any(re.fullmatch(r"-?\d+(\.\d+)?", c) for c in header) or any(": " in c for c in header):
+        return None
+    return header
 
 
 def _plain_document(data: dict[str, object]) -> bool:

@@ -207,7 +207,7 @@ def load_run(
         elif kind == "nvidia_smi":
             gpu_ranks += _smi_ranks(path, notes)
             env.gpu_count = env.gpu_count or len(gpu_ranks)
-        elif kind in ("dcgmi_dmon", "dcgm_exporter"):
+        elif kind in ("dcgmi_dmon", "dcgm_exporter", "dcgm_csv"):
             dcgm = read_dcgm(path, kind)
             notes += dcgm.notes
             activity += dcgm.gpus

@@ -79,15 +79,75 @@ def looks_like_smi(head: str) -> bool:
     first = head.lstrip().splitlines()[0].lower() if head.strip() else ""
     if any(h in first for h in HEADER_HINTS) and "," in first:
         return True
+    if "," in first:  # a recorder's own names: a utilization or memory column among them, by meaning
+        roles = {_column_role(c) for c in next(csv.reader([first]), [])}
+        if roles & {"util", "mem_used"} and roles & {"time", "index", "name", "mem_total", "power"}:
+            return True
     # noheader: a row that starts with an nvidia-smi timestamp or carries its units
     return bool(re.match(r"\s*\d{4}/\d{2}/\d{2} \d{2}:\d{2}:\d{2}", first)) or (
         "," in first and bool(re.search(r"\d+ (%|MiB)\s*(,|$)", first))
     )
 
 
+# A recorder's own column names, by meaning: the name with its unit suffix cut off and every separator an
+# underscore (``utilization_gpu_pct`` -> ``utilization_gpu``, ``GPU Util (%)`` -> ``gpu_util``).
+SYNONYMS: dict[str, str] = {
+    **dict.fromkeys(("utilization_gpu", "utilization", "util", "gpu_util", "gpu_utilization", "gpu_utilisation",
+                     "utilization_gpu_percent", "gpu_usage", "gpu_busy"), "util"),
+    **dict.fromkeys(("memory_used", "mem_used", "used_memory", "gpu_memory_used", "fb_used", "vram_used",
+                     "memory_usage", "gpu_mem_used"), "mem_used"),
+    **dict.fromkeys(("memory_total", "mem_total", "total_memory", "gpu_memory_total", "fb_total", "vram_total"),
+                    "mem_total"),
+    **dict.fromkeys(("gpu_id", "gpu", "index", "gpu_index", "idx", "device", "device_id", "gpu_idx"), "index"),
+    **dict.fromkeys(("name", "gpu_name", "model", "gpu_model", "product_name"), "name"),
+    **dict.fromkeys(("timestamp", "time", "ts", "date", "datetime", "time_stamp"), "time"),
+    **dict.fromkeys(("power_draw", "power", "power_usage", "gpu_power", "power_draw_instant"), "power"),
+    **dict.fromkeys(("clocks_sm", "clocks_current_sm", "sm_clock", "clock_sm", "sm_clock_mhz"), "sm_clock"),
+    **dict.fromkeys(("uuid", "gpu_uuid"), "uuid"),
+    **dict.fromkeys(("pci_bus_id", "bus_id"), "bus"),
+    # recognized, not read: said so rather than taken for another column
+    **dict.fromkeys(("utilization_memory", "utilization_mem", "mem_util", "memory_util", "mem_utilization"),
+                    "ignored"),
+    **dict.fromkeys(("temperature_gpu", "temperature", "temp", "gpu_temp", "temperature_memory"), "ignored"),
+    **dict.fromkeys(("memory_free", "mem_free", "fan_speed", "pstate", "power_limit", "clocks_mem",
+                     "clocks_current_memory", "clocks_gr", "clocks_current_graphics"), "ignored"),
+}  # fmt: skip
+UNIT_SUFFIX = re.compile(
+    r"_(pct|percent|perc|ratio|frac|mib|mb|gib|gb|kib|kb|bytes|b|w|watts|mhz|c|celsius)$"
+)
+LOOKED_FOR = {
+    "util": "utilization.gpu, utilization, util, gpu_util, utilization_gpu_pct",
+    "mem_used": "memory.used, memory_used, mem_used, memory_used_mib / _mb",
+}
+
+
+def _meaning(name: str) -> tuple[str, str | None]:
+    """A header cell as words joined by underscores and the unit its suffix or brackets name
+    (``memory_used_mib`` -> ``("memory_used", "mib")``, ``GPU Util (%)`` -> ``("gpu_util", "%")``)."""
+    n = name.strip().strip('"').lower()
+    unit = None
+    m = re.search(r"\s*[\[(]\s*([^\])]*?)\s*[\])]\s*$", n)
+    if m:
+        unit, n = m.group(1), n[: m.start()]
+    n = re.sub(r"[^a-z0-9]+", "_", n).strip("_")
+    m2 = UNIT_SUFFIX.search(n)
+    if m2 and n[: m2.start()] in SYNONYMS:
+        unit, n = unit or m2.group(1), n[: m2.start()]
+    return n, unit
+
+
 def _column_role(name: str) -> str | None:
     n = name.strip().lower()
     n = re.sub(r"\s*\[.*\]$", "", n)
+    role = _smi_role(n)
+    if role is not None:
+        return role
+    meaning = SYNONYMS.get(_meaning(name)[0])
+    return None if meaning == "ignored" else meaning
+
+
+def _smi_role(n: str) -> str | None:
+    """nvidia-smi's own --query-gpu names."""
     roles = {
         "timestamp": "time",
         "name": "name",
@@ -152,9 +212,10 @@ def _number(value: str) -> float | None:
 
 
 def _unit(header: str) -> str | None:
-    """The unit a header names in brackets (``memory.used [GiB]`` -> ``gib``), lower-cased."""
+    """The unit a header names in brackets (``memory.used [GiB]`` -> ``gib``) or its suffix
+    (``memory_used_mib`` -> ``mib``), lower-cased."""
     m = re.search(r"\[\s*([^\]]*?)\s*\]\s*$", header)
-    return m.group(1).lower() if m else None
+    return m.group(1).lower() if m else _meaning(header)[1]
 
 
 MEMORY = re.compile(r"(-?\d+(?:\.\d+)?)\s*([KMGT]i?B)?", re.I)
@@ -256,15 +317,31 @@ def _columns(path: Path, reader: Iterator[list[str]]) -> tuple[list[str], bool, 
         raise IngestError(f"{path}: empty file") from None
     except (EOFError, OSError, csv.Error) as exc:
         raise IngestError(f"{path}: truncated or corrupt ({exc})") from None
-    header = any(h in ",".join(first).lower() for h in HEADER_HINTS)
-    roles = [_column_role(c) for c in first] if header else _infer_roles(first)
+    named = [_column_role(c) for c in first]
+    header = any(h in ",".join(first).lower() for h in HEADER_HINTS) or (
+        any(named) and not any(_number(c) is not None or _time(c) is not None for c in first)
+    )
+    roles = named if header else _infer_roles(first)
     if "util" not in roles and "mem_used" not in roles:
-        why = "no header, and its values carry no units" if not header else "no utilization or memory column"
-        raise IngestError(
-            f"{path}: not an nvidia-smi log pitstop can read ({why}); log with "
-            "--query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv"
-        )
+        raise IngestError(f"{path}: {_refusal(first, header)}")
     return first, header, roles
+
+
+def _refusal(first: list[str], header: bool) -> str:
+    """What kind of file this is and what it lacks, in one line."""
+    advice = "log with --query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv"
+    if not header:
+        return (
+            f"a CSV of {len(first)} columns without a header whose values carry no units: not an nvidia-smi "
+            f"log pitstop can read (its columns cannot be told apart); {advice}"
+        )
+    shown = [c.strip() or "(unnamed)" for c in first[:12]]
+    more = f" and {len(first) - 12} more" if len(first) > 12 else ""
+    return (
+        f"a CSV with columns {', '.join(shown)}{more}: not a GPU log pitstop can read, no utilization column "
+        f"(looked for {LOOKED_FOR['util']}) and no memory-used column (looked for {LOOKED_FOR['mem_used']}); "
+        + advice
+    )
 
 
 @dataclass
@@ -313,7 +390,7 @@ def _log(
     if not gpus:
         why = f" ({'; '.join(skipped.reasons())})" if skipped.total else ""
         raise IngestError(f"{path}: no readable rows{why}")
-    log = SmiLog(gpus=gpus, interval_s=_interval(times, len(gpus)), skipped_rows=skipped.total)
+    log = SmiLog(gpus=gpus, interval_s=_interval(times, gpus), skipped_rows=skipped.total)
     if skipped.total:
         log.notes.append(f"{path.name}: {skipped.total} rows skipped: {'; '.join(skipped.reasons())}")
     if bad.units:
@@ -414,9 +491,10 @@ def _read_smi(path: Path) -> SmiLog:
     return _log(path, by_gpu, times, skipped, beyond, bad)
 
 
-def _interval(times: list[float], gpus: int) -> float | None:
-    distinct = sorted(set(times))
-    if len(distinct) < 2:
-        return None
-    gaps = sorted(b - a for a, b in itertools.pairwise(distinct))
-    return gaps[len(gaps) // 2]
+def _interval(times: list[float], gpus: list[GpuTimeline]) -> float | None:
+    """The sampling interval: the median gap between one GPU's samples (each GPU's row of a sample carries
+    its own time, a few ms apart, so the log's distinct times alone would read those ms as the interval)."""
+    gaps = sorted(b.t - a.t for g in gpus for a, b in itertools.pairwise(g.samples) if b.t > a.t)
+    if gaps and times:
+        return gaps[len(gaps) // 2]
+    return None
