@@ -107,6 +107,13 @@ def _fill(template: str, constants: dict[str, Constant]) -> str:
     return template.format_map(values)
 
 
+def _need_words(need: Any) -> str:
+    """One need's label; a group is met by any of its kinds."""
+    if isinstance(need, tuple):
+        return " or ".join(n.label for n in need)
+    return str(need.label)
+
+
 def _section(cause: Any) -> list[str]:
     cid = str(cause.id)
     gpu = " (GPU only)" if cause.needs_gpu else ""
@@ -118,6 +125,8 @@ def _section(cause: Any) -> list[str]:
         f"* **Fires when**: {_fill(cause.fires_when, constants)}.",
         f"* **Estimate**: {_fill(cause.estimate, constants)}.",
     ]
+    if cause.needs:  # what a report needs among its inputs to say it checked this cause
+        out.append("* **Checked on**: " + "; ".join(_need_words(n) for n in cause.needs) + ".")
     reached = _reached(rule.__name__, _functions(module))
     fixes = sorted(str(r) for r in cause.remedies)
     undeclared = sorted(set(_remedies(reached)) - set(fixes))

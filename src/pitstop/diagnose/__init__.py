@@ -12,6 +12,7 @@ from pitstop.core.profile import CountSource, RunProfile, StepBoundary, to_jsona
 from pitstop.core.vocabulary import CauseId, Device, Source
 from pitstop.diagnose.context import RuleContext
 from pitstop.diagnose.cost import RunCost, run_cost
+from pitstop.diagnose.coverage import Coverage, coverage_of
 from pitstop.diagnose.gpu_models import gpu_models_table
 from pitstop.diagnose.gpu_windows import describe_stretches
 from pitstop.diagnose.metrics import Metrics
@@ -41,10 +42,17 @@ class Diagnosis:
     ranks_analysis: RanksAnalysis | None = None  # with timed collectives: who waits for whom
     scaling: Scaling | None = None
     cost: RunCost | None = None  # with a price per GPU-hour (add_savings): per hour, per million real tokens
+    # the evidence the rules stood on and the causes they could check; computed from the profile when not given
+    coverage: Coverage = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.results is None:
             self.results = results_of(self.profile)
+        if self.coverage is None:
+            from pitstop.diagnose.causes import CAUSES
+
+            found = [f.cause for f in self.findings]
+            self.coverage = coverage_of(self.profile, CAUSES.values(), self.skipped_checks, found)
 
     def _repr_html_(self) -> str | None:
         """In a notebook, a Diagnosis shows itself as the HTML report."""
@@ -108,6 +116,7 @@ class Diagnosis:
             "missing_ranks": self.profile.missing_ranks,
             "missing_hosts": self.profile.missing_hosts,
             "skipped_checks": self.skipped_checks,
+            "checks": self.coverage.to_dict(),
             "notes": self.notes + self.profile.notes,
             "cost": None if self.cost is None else self.cost.to_dict(),
             "profile": self.profile.to_dict(),

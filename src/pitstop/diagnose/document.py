@@ -18,6 +18,7 @@ from pitstop.core.vocabulary import CauseId, RemedyId, Severity, Source
 from pitstop.diagnose import Diagnosis
 from pitstop.diagnose.causes import CAUSES
 from pitstop.diagnose.cost import RunCost
+from pitstop.diagnose.coverage import Coverage, coverage_of
 from pitstop.diagnose.gpu_windows import gpu_windows
 from pitstop.diagnose.metrics import Metrics, compute_metrics
 from pitstop.diagnose.ranks import analyse, scaling
@@ -77,16 +78,23 @@ def _read(doc: dict[str, Any]) -> Diagnosis:
     metrics = _metrics(doc.get("metrics"), profile)
     own_notes = set(profile.notes)
     analysis = analyse(profile)  # who waits for whom: derived from the saved collectives, as diagnose does
+    findings = [_finding(f) for f in doc.get("findings") or []]
+    skipped = _known_causes(doc.get("skipped_checks"))
+    # what was checked as written; an older document's, from its profile
+    coverage = Coverage.from_dict(doc.get("checks")) or coverage_of(
+        profile, CAUSES.values(), skipped, [f.cause for f in findings]
+    )
     return Diagnosis(
         profile=profile,
         metrics=metrics,
-        findings=[_finding(f) for f in doc.get("findings") or []],
-        skipped_checks=_known_causes(doc.get("skipped_checks")),
+        findings=findings,
+        skipped_checks=skipped,
         notes=[n for n in doc.get("notes") or [] if n not in own_notes],
         results=_results(doc, profile),
         ranks_analysis=analysis,
         scaling=scaling(profile, analysis, metrics.real_tokens_per_s or metrics.tokens_per_s),
         cost=_cost(doc.get("cost")),
+        coverage=coverage,
     )
 
 

@@ -15,6 +15,7 @@ from rich.text import Text
 from pitstop.core.findings import Finding
 from pitstop.core.vocabulary import Device, Phase, Source
 from pitstop.diagnose import Diagnosis, counting_line, failure_line, step_line
+from pitstop.diagnose.coverage import checked_line, inputs_line, no_finding_line, not_checked_line
 from pitstop.diagnose.gpu_models import gpu_by_rank, gpu_models_line, mixed_models_words
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.savings import context_line, describe, first_saving
@@ -91,6 +92,16 @@ def _trace_rows(d: Diagnosis, grid: Table) -> None:
             label,
             Text.assemble(
                 f"{len(rank.steps)} steps of {step_ms:.1f} ms · GPU util {_num(t.gpu_util, '.1%')}\n",
+                *(
+                    [f"{t.steps_from}\n"]
+                    if t.steps_from and not t.steps_from.startswith("ProfilerStep")
+                    else []
+                ),
+                *(
+                    ["inference / evaluation: no backward pass, no optimizer step\n"]
+                    if t.workload == "inference"
+                    else []
+                ),
                 trace_bar(shares),
             ),
         )
@@ -224,12 +235,8 @@ def _headline(d: Diagnosis) -> Table:
     if p.source in (Source.ANALYZE, Source.CHECK) and len(p.ranks) == 1 and p.world_size > 1:
         ranks = f" · rank {p.ranks[0].rank} of {p.world_size}"
     if p.source in (Source.ANALYZE, Source.CHECK):
-        grid.add_row(
-            "Read",
-            as_text(
-                f"{len(p.command or [])} input(s) · {env.framework or 'framework unknown'} on {device}{ranks}"
-            ),
-        )
+        read = inputs_line(p) or f"{len(p.command or [])} input(s)"  # by kind: a folder of 8 traces is 8
+        grid.add_row("Read", as_text(f"{read} · {env.framework or 'framework unknown'} on {device}{ranks}"))
     else:
         warm = p.ranks[0].warmup_steps if p.ranks else 0
         rule = p.ranks[0].window_rule if p.ranks else None
@@ -335,7 +342,8 @@ def _expected_line(d: Diagnosis) -> str:
             return "pass --model config.json (the model's Hugging Face config) for FLOPs, MFU and expected tokens/s"
         return "unknown: the model's parameter count was not found"
     lo, hi = m.expected_tokens_per_s
-    line = f"this GPU should do about {lo:,.0f}–{hi:,.0f} tokens/s for this model at 40–50% MFU"
+    line = f"this GPU should do about {lo:,.0f}–{hi:,.0f} tokens/s for this model"
+    line += f" ({m.expected_rate_basis})" if m.expected_rate_basis else " at 40–50% MFU"
     if m.real_tokens_per_s is not None:
         line += f"; you do {m.real_tokens_per_s:,.0f}"
     if m.mfu is not None:
@@ -422,13 +430,13 @@ def render(diagnosis: Diagnosis, console: Console | None = None) -> None:
             console.print(as_text(context_line(saving), style="dim"))
         for i, finding in enumerate(diagnosis.findings, 1):
             console.print(_finding_panel(i, finding))
-    else:
-        console.print(
-            Text("No finding: nothing in this run points to a known cause of slowness.", style="green")
-        )
-    if diagnosis.skipped_checks:
-        names = ", ".join(diagnosis.skipped_checks)
-        console.print(as_text(f"Not checked on a CPU run (they need a GPU): {names}", style="dim"))
+    else:  # "no finding" says what was checked, and is never clean where the inputs could not be analysed
+        coverage = diagnosis.coverage
+        console.print(as_text(no_finding_line(coverage), style="green" if coverage.clean else "yellow"))
+    console.print(Text.assemble(("Checked      ", "bold"), plain(checked_line(diagnosis.coverage))))
+    missing = not_checked_line(diagnosis.coverage)
+    if missing is not None:
+        console.print(Text.assemble(("Not checked  ", "bold"), plain(missing)), style="dim")
     if diagnosis.profile.source == Source.CHECK and not diagnosis.findings:
         console.print(
             Text("The configs raise no flag; measure the run itself with `pitstop doctor`.", style="dim")

@@ -9,7 +9,7 @@ labelled as one."""
 from __future__ import annotations
 
 from pitstop.core.findings import Finding, use
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -36,6 +36,7 @@ def _kept_share(every: int | None) -> float:
         "time waiting for them"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "timed `torch.save` / `save_pretrained` / Trainer / Lightning / Accelerate saves ≥ {SAVE_MIN:.0%} "
         "of the window; offline: saves counted from `save_steps`"

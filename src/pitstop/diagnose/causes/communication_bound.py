@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from pitstop.core.findings import Finding, Use, use
-from pitstop.core.vocabulary import CauseId, RemedyId
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.causes.sharding_overhead import sharding_overhead
 from pitstop.diagnose.causes.slow_links import TRANSPORT_FAULTS, link_limit
@@ -22,9 +22,11 @@ from pitstop.remedies import advise
     title="Communication not hidden behind compute",
     because="multi-GPU: gradient all-reduce / ZeRO gathers are not hidden behind compute",
     needs_gpu=True,
+    needs=(Evidence.COLLECTIVES,),
     fires_when=(
         "ranks sit blocked ≥ 5% of a step while data moves after the last rank arrived (timed collectives "
-        "live); from traces, NCCL time not overlapping compute"
+        "live); from traces, NCCL time not overlapping compute (from some ranks' traces of a larger job only, at "
+        "lower confidence: a rank's collective time alone cannot tell waiting for a late rank from transfer)"
     ),
     estimate="1/(1 − exposed share); bus bandwidth set against the link",
     remedies=(
@@ -57,25 +59,57 @@ def communication_bound(ctx: RuleContext) -> Finding | None:
     if exposed < 0.05:
         return None
     overlap = min(o for _, o, _ in rows)
+    summary = (
+        f"Communication kernels take {share:.0%} of a step and only {overlap:.0%} of that time overlaps "
+        f"compute: {exposed:.0%} of the step waits on the interconnect."
+    )
+    severity, confidence = severity_for(exposed, 0.25, 0.10), TRACE_CONFIDENCE
+    basis = "NCCL kernel time not covered by compute kernels (trace); hiding it gives at most 1/(1−f)"
+    evidence: dict[str, object] = {
+        "nccl_frac_of_step": round(share, 3),
+        "nccl_overlap_frac": round(overlap, 3),
+        "exposed_frac_of_step": round(exposed, 3),
+        "exposed_comm_frac": round(exposed, 3),
+        **({"bus_bandwidth_gbps": round(statistics.median(bandwidths), 1)} if bandwidths else {}),
+    }
+    alone = _ranks_alone(ctx) if not aligned else None
+    if alone is not None:  # one rank of many: its collective time may be waiting for a late rank
+        summary = summary.removesuffix(".") + (
+            f", or on other ranks. Alone, {alone}'s trace cannot tell waiting for a late rank from transfer: "
+            "give pitstop the other ranks' traces (a folder of all of them) to tell which."
+        )
+        confidence = ONE_RANK_CONFIDENCE  # under STRONG_EVIDENCE: at most MEDIUM
+        basis += (
+            "; an upper bound: part of it may be waiting for a late rank (straggler), one rank cannot say"
+        )
+        evidence |= {"ranks_read": len(ctx.traced), "world_size": ctx.profile.world_size}
     return Finding(
         cause=CauseId.COMMUNICATION_BOUND,
-        severity=severity_for(exposed, 0.25, 0.10),
-        confidence=0.75,
-        summary=(
-            f"Communication kernels take {share:.0%} of a step and only {overlap:.0%} of that time overlaps "
-            f"compute: {exposed:.0%} of the step waits on the interconnect."
-        ),
-        evidence={
-            "nccl_frac_of_step": round(share, 3),
-            "nccl_overlap_frac": round(overlap, 3),
-            "exposed_frac_of_step": round(exposed, 3),
-            "exposed_comm_frac": round(exposed, 3),
-            **({"bus_bandwidth_gbps": round(statistics.median(bandwidths), 1)} if bandwidths else {}),
-        },
+        severity=severity,
+        confidence=confidence,
+        summary=summary,
+        evidence=evidence,
         est_speedup=amdahl(exposed, float("inf")),
-        speedup_basis="NCCL kernel time not covered by compute kernels (trace); hiding it gives at most 1/(1−f)",
+        speedup_basis=basis,
         fix=advise(ctx.framework, use(RemedyId.OVERLAP_COMM, zero_stage=ctx.env.zero_stage)),
     )
+
+
+TRACE_CONFIDENCE = 0.75  # NCCL kernels not overlapping compute, in the traces of every rank
+# a rank's collective kernel runs from its own arrival to the last rank's: alone, waiting and transfer look alike
+ONE_RANK_CONFIDENCE = 0.45  # the same from some ranks' traces of a larger job only (under 0.7: never HIGH)
+
+
+def _ranks_alone(ctx: RuleContext) -> str | None:
+    """The ranks read, in words ("rank 3 of 8"), when the traces are of some ranks of a larger job only;
+    None when every rank's trace was read or the job had one rank."""
+    world = ctx.profile.world_size
+    read = sorted(r.rank for r, _ in ctx.traced)
+    if world <= 1 or len(read) >= world:
+        return None
+    if len(read) == 1:
+        return f"rank {read[0]} of {world}"
+    return f"{len(read)} of {world} ranks"
 
 
 def _accumulation(ctx: RuleContext, a: RanksAnalysis) -> tuple[float, float, float, bool]:

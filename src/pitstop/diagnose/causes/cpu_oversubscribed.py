@@ -13,7 +13,7 @@ import statistics
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import CpuThreads
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext
 from pitstop.remedies import advise
@@ -81,6 +81,7 @@ def _summary(cpu: CpuThreads, ranks: int, threads: int, workers: int, others: fl
         "job may use, so threads wait for a core"
     ),
     needs_gpu=False,
+    needs=(Evidence.PROCESS,),
     fires_when=(
         "ranks × (torch threads + busy DataLoader workers) > {MARGIN} × the cores allowed (affinity, "
         "cgroup quota); the job's runnable threads sampled from `/proc`"

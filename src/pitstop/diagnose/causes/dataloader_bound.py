@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from pitstop.core.findings import Finding, Use, use
-from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Device, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import active_samples, working
@@ -75,6 +75,7 @@ def _with_workers(
         "prefetch)"
     ),
     needs_gpu=False,
+    needs=((Evidence.LOADER_TIMING, Evidence.SETTINGS),),
     fires_when=(
         "data wait ≥ {DATA_WAIT_MIN:.0%} of the step (of the rank that waits most); from an nvidia-smi "
         "log, utilization dips under {DIP_UTIL:.0f}% between busy stretches"

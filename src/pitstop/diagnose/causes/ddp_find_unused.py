@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import DdpSettings, RankProfile
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity, Source
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity, Source
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -54,6 +54,7 @@ def _share(rank: RankProfile) -> float | None:
         "parameter gets a gradient on every rank: both are pure cost"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "the probe read find_unused_parameters=True (without static_graph) on the DDP wrapper and DDP's own "
         "all-reduced map showed every parameter used on every rank in every measured step (who set it and the "

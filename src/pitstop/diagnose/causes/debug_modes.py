@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import DebugModes
-from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Device, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -51,6 +51,7 @@ def _settings_that_cost(ctx: RuleContext, modes: DebugModes) -> list[str]:
         "running"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "the probe saw anomaly detection on in ≥ {ANOMALY_SHARE:.0%} of the measured steps (the job's line "
         "that switched it on named), or one of the slow settings where it costs: CUDA_LAUNCH_BLOCKING on a GPU, "

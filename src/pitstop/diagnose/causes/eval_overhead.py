@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from pitstop.core.findings import Finding, use
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_windows import working
@@ -21,6 +21,7 @@ FREQUENT_STEPS = 50
     title="Evaluation and checkpoints eat the run",
     because="evaluation or checkpointing runs so often that it takes a large share of the run's time",
     needs_gpu=False,
+    needs=((Evidence.STEPS, Evidence.SETTINGS),),
     fires_when=(
         "Trainer-logged evaluation ≥ {EVAL_MIN:.0%} of the run; or GPU samples that pause at regular "
         "intervals for ≥ {EVAL_MIN:.0%} of the time the job ran"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import GcGeneration, GcPauses, RankProfile
-from pitstop.core.vocabulary import CauseId, RemedyId
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -131,6 +131,7 @@ def _summary(gc: GcPauses, share: float, steps: int) -> str:
         "steps"
     ),
     needs_gpu=False,
+    needs=(Evidence.PROCESS,),
     fires_when=(
         "Python's garbage collector, timed per generation by a `gc.callbacks` callback during the window, "
         "takes ≥ {GC_MIN:.0%} of the step time (of the rank that loses most) in the collections it started "

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 from pitstop.clock_reasons import HARDWARE_MASK, THROTTLING_MASK, reason_names
 from pitstop.core.findings import Finding, use
-from pitstop.core.vocabulary import CauseId, RemedyId
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -84,6 +84,7 @@ def per_gpu_clocks(ctx: RuleContext) -> dict[int, GpuClocks]:
         "in a multi-GPU job the others wait for it)"
     ),
     needs_gpu=True,
+    needs=(Evidence.GPU_CLOCKS,),
     fires_when=(
         "NVML clock-event reasons (power cap, thermal, HW slowdown) in ≥ {THROTTLED_SHARE:.0%} of busy "
         "samples with the SM clock ≤ {SLOW_CLOCK:.0%} of the application clock, per GPU"

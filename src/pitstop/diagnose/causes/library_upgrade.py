@@ -20,7 +20,7 @@ from typing import Any
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import HistoryRun
-from pitstop.core.vocabulary import CauseId, Phase, RemedyId
+from pitstop.core.vocabulary import CauseId, Evidence, Phase, RemedyId
 from pitstop.diagnose.causes.base import REGISTRY, cause
 from pitstop.diagnose.context import RuleContext, severity_for
 from pitstop.remedies import advise
@@ -231,6 +231,7 @@ def judge(now: HistoryRun, base: HistoryRun, framework: str | None) -> Finding |
         "did with the versions before"
     ),
     needs_gpu=False,
+    needs=(Evidence.EARLIER_RUN,),
     fires_when=(
         "the history holds an earlier run of the same workload (the same fingerprint and kind: `pitstop doctor` "
         "with its history on compares with the newest one; `pitstop history compare` / `check` with the runs "

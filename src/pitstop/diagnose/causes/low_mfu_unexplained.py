@@ -4,7 +4,7 @@ already explains the gap (a HIGH finding) or an idle GPU does."""
 from __future__ import annotations
 
 from pitstop.core.findings import Finding, use
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.activity import read_activity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext
@@ -17,6 +17,7 @@ from pitstop.remedies import advise
     title="Busy GPU, low FLOPs utilization",
     because="utilization is high but model-FLOPs utilization stays far below what the GPU can do",
     needs_gpu=True,
+    needs=(Evidence.STEPS, Evidence.MODEL_SIZE),
     fires_when="GPU ≥ 85% busy, MFU < 60% of the low end of 40–50%, no high finding",
     estimate="to the low end of the range",
     remedies=(RemedyId.FUSED_KERNELS,),

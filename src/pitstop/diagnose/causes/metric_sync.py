@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import CollectiveRecord, RankProfile
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.ranks import SMALL_COLLECTIVE_BYTES
@@ -133,6 +133,7 @@ def rank_sites(rank: RankProfile) -> list[SiteCost]:
         "sync_dist=True on step logs, a hand-written all_reduce of the loss)"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "live: small collectives (≤ {SMALL_BYTES:,} bytes a call; all_reduce, all_gather, reduce, and the "
         "barriers the same line issues with them) issued outside backward by the same line in "

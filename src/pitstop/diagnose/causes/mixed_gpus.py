@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from pitstop.core.findings import Finding, use
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.gpu_models import GpuMix, gpu_mix, rank_span
@@ -120,6 +120,7 @@ def _fast_devices(ctx: RuleContext, mix: GpuMix) -> str | None:
         "card's pace"
     ),
     needs_gpu=True,
+    needs=(Evidence.ALL_RANKS,),
     fires_when=(
         "the ranks of one job name different GPU models (probe, per-rank traces' deviceProperties, attach, "
         "nvidia-smi or DCGM logs: for logs, only the GPUs that worked); silent where each rank's own compute "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import ExpertsInfo, RankProfile
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity, Source
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity, Source
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.timed import estimate_band, how_timed, noisy, spread_evidence
@@ -69,6 +69,7 @@ def _share(rank: RankProfile) -> float | None:
         "experts at once: the device idles between many small launches"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "the live probe found expert layers running a loop and their forward and backward took ≥ "
         "{MIN_SHARE:.0%} of the measured step, for an estimated gain ≥ ×{MIN_SPEEDUP}; at confidence "

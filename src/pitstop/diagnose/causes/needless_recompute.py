@@ -15,7 +15,7 @@ step" gave ×1.89 where tune measured ×0.97; B − 2F gives ×1.00.)"""
 from __future__ import annotations
 
 from pitstop.core.findings import Finding, use
-from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Device, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl
 from pitstop.plan.from_run import has_shape, setup_for_run
@@ -58,6 +58,7 @@ def _planned_fit(ctx: RuleContext) -> tuple[float, float, float] | None:
         "fit in memory without it"
     ),
     needs_gpu=False,
+    needs=(Evidence.SETTINGS,),
     fires_when=(
         "activation checkpointing on while the planner says the run fits without it under {FIT_SHARE:.0%} "
         "of the GPU (or a CPU run, or < 50% GPU memory used)"

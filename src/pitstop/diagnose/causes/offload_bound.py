@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import Environment
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl
 from pitstop.plan.from_run import setup_for_run
@@ -27,6 +27,7 @@ def states_without_offload(env: Environment, gpus: int) -> float | None:
     title="Offload makes each step wait on PCIe",
     because="optimizer or parameter offload to CPU/NVMe makes each step wait on PCIe",
     needs_gpu=True,
+    needs=(Evidence.SETTINGS,),
     fires_when="optimizer or parameter offload in the DeepSpeed / FSDP config",
     estimate=(
         "PCIe bytes per step at 80% of the link, or the host optimizer time; high when the model states "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pitstop.core.findings import Finding, use
-from pitstop.core.vocabulary import CauseId, Device, RemedyId, Sharding
+from pitstop.core.vocabulary import CauseId, Device, Evidence, RemedyId, Sharding
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.hardware import GpuSpec, lookup_gpu
@@ -100,6 +100,7 @@ def _step_s(ctx: RuleContext, s: Setup, gpu: GpuSpec, now: CommPlan) -> tuple[fl
         "gather crosses the slower network"
     ),
     needs_gpu=True,
+    needs=(Evidence.SETTINGS,),
     fires_when=(
         "ZeRO-3 / FSDP `FULL_SHARD` (or `HYBRID_SHARD`) on ≥ 2 GPUs while the planner says ZeRO-2 / "
         "`SHARD_GRAD_OP` (`HYBRID_SHARD_ZERO2`) fits under {FIT_SHARE:.0%} of the GPU (model states under "

@@ -4,7 +4,7 @@ the batches' examples would save."""
 from __future__ import annotations
 
 from pitstop.core.findings import Finding, Use, use
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity, Source
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity, Source
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -18,6 +18,7 @@ PADDING_MIN = 0.10
     title="Compute spent on padding",
     because="variable-length examples are padded; compute is spent on pad tokens",
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when="pad tokens ≥ {PADDING_MIN:.0%} of all tokens",
     estimate=(
         "1/(1 − (forward + backward share) × (1 − what packing keeps)): with a dense mask (SDPA, eager) "

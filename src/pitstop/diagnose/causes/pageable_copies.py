@@ -4,7 +4,7 @@ staged and synchronous."""
 from __future__ import annotations
 
 from pitstop.core.findings import Finding, use
-from pitstop.core.vocabulary import CauseId, RemedyId
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -15,6 +15,7 @@ from pitstop.remedies import advise
     title="Host-to-device copies from pageable memory",
     because="host-to-device copies come from pageable memory (pin_memory=False)",
     needs_gpu=True,
+    needs=((Evidence.TRACE_KERNELS, Evidence.SETTINGS),),
     fires_when="`pin_memory=False` for batches copied to the GPU",
     estimate="bytes per step at pageable vs pinned PCIe rates",
     remedies=(RemedyId.WORKERS, RemedyId.PIN_MEMORY),

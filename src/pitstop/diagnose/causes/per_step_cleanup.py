@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import JobCall, RankProfile
-from pitstop.core.vocabulary import CauseId, RemedyId, Source
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Source
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -186,6 +186,7 @@ def _configured(ctx: RuleContext) -> Finding | None:
         "and each emptied cache is allocated again from the driver on the next step"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "the probe's wrappers (or attach's sampled stacks) see gc.collect() or torch.cuda.empty_cache() called in ≥ {MOST_STEPS:.0%} of the "
         "measured steps and the part of their time the fix removes is ≥ {MIN_SHARE:.0%} of the step (≥ "

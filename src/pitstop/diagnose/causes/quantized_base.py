@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import QuantizedBase, RankProfile
-from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity, Source
+from pitstop.core.vocabulary import CauseId, Device, Evidence, RemedyId, Severity, Source
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl
 from pitstop.diagnose.timed import estimate_band, how_timed, noisy, spread_evidence
@@ -146,6 +146,7 @@ def _described(base: QuantizedBase) -> str:
         "worth it only where the memory is needed"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "the probe found quantized linears in the model (bitsandbytes Linear4bit / Linear8bitLt, a torchao "
         "quantized weight); at confidence {CONFIG_CONFIDENCE:.2f} a config's quantization_config or "

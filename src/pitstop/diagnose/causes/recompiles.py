@@ -31,7 +31,7 @@ import statistics
 
 from pitstop.core.findings import Finding, Use, use
 from pitstop.core.profile import CompileStats, RankProfile
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity, Source
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity, Source
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -89,6 +89,7 @@ def _fix_uses(stats: CompileStats, dynamic: bool | None) -> list[Use]:
         "length compiles again, and a frame that reaches the recompile limit runs eagerly from then on"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "the probe saw ≥ {MIN_RECOMPILES} recompiles in the measured window taking ≥ {MIN_COMPILE_SHARE:.0%} of "
         "its wall time, or a frame reached torch's recompile limit (live, or dynamo's warning in a log); a "

@@ -26,7 +26,7 @@ import statistics
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import CollectiveRecord, RankProfile
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity, Sharding
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity, Sharding
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -70,6 +70,7 @@ def _needless(ctx: RuleContext) -> bool:
         "backward; the non-reentrant variant recomputes under the one gather"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "the probe saw reentrant checkpointed calls whose recompute re-gathers FSDP parameters (an FSDP1 unit "
         "inside the checkpoint, or an FSDP2 unit's forward prefetches) and those repeats cost ≥ "

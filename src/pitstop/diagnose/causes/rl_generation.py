@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pitstop.core.findings import Finding, Use, use
 from pitstop.core.profile import GenerationStats, RlSettings
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.remedies import advise
@@ -86,6 +86,7 @@ def _settings(rl: RlSettings | None) -> dict[str, object]:
         "small part of it"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "the probe timed the generation calls inside the measured steps (generate(), vLLM) at ≥ {SHARE_MIN:.0%} "
         "of step time (high from {SHARE_HIGH:.0%}); confidence {TRAINER_CONFIDENCE:.2f} in a recognised online "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import RankProfile, ShardingStats
-from pitstop.core.vocabulary import CauseId, Device, RemedyId, Sharding
+from pitstop.core.vocabulary import CauseId, Device, Evidence, RemedyId, Sharding
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.causes.oversharded import FIT_SHARE, STATES_SHARE, planned_peak
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
@@ -179,6 +179,7 @@ def ddp_buckets(grad_bytes: float) -> int:
         "model of many small tensors that per-call work costs more than DDP's few bucketed all-reduces"
     ),
     needs_gpu=False,
+    needs=((Evidence.PROCESS, Evidence.SETTINGS),),
     fires_when=(
         "ZeRO-1/2/3 or FSDP (any strategy) on ≥ 2 ranks, the planner puts DDP's whole step under "
         "{FIT_SHARE:.0%} of the device's memory (model states under {STATES_SHARE:.0%} when the shape is "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from pitstop.core.findings import Finding, use
-from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Device, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.timed import estimate_band, how_timed, noisy, spread_evidence
@@ -31,6 +31,7 @@ in the job, the same CPU gave 1.0× at 128-token rows and 1.6× at 384 (the cali
     title="Eager (unfused) attention",
     because="attention runs the eager (unfused) path instead of FlashAttention / SDPA",
     needs_gpu=False,
+    needs=((Evidence.TRACE_KERNELS, Evidence.SETTINGS),),
     fires_when="the config says `eager` (or no SDPA call was seen)",
     estimate=(
         "under `doctor` and `tune`: one layer's eager and fused (SDPA) attention timed in the job after "

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from pitstop.core.findings import Finding, Use, use
 from pitstop.core.profile import Topology
-from pitstop.core.vocabulary import CauseId, Device, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Device, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, amdahl, severity_for
 from pitstop.diagnose.ranks import bus_factor
@@ -173,6 +173,7 @@ def link_limit(ctx: RuleContext) -> LinkLimit | None:
         "the interconnect, not a setting, limits what more GPUs give"
     ),
     needs_gpu=True,
+    needs=(Evidence.COLLECTIVES,),
     fires_when=(
         "links read (NVML, nvidia-smi topo -m / nvlink -s, NCCL's init log) show a fault: NET/Socket between "
         "nodes, SHM where P2P works, inactive NVLinks, a PCIe width below its maximum, or a generation below it "

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pitstop.core.findings import Finding, use
 from pitstop.core.profile import RankProfile, TraceStats
-from pitstop.core.vocabulary import CauseId, RemedyId, Severity
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, Severity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.causes.gpu_throttled import per_gpu_clocks
 from pitstop.diagnose.causes.mixed_gpus import slow_card_ranks
@@ -113,6 +113,7 @@ def _why_late(slow: _Traced, others: list[_Traced], peer: str) -> tuple[str, str
     title="One rank holds the others back",
     because="multi-GPU: one rank is slower and everyone waits for it",
     needs_gpu=False,
+    needs=(Evidence.STEPS, Evidence.ALL_RANKS),
     fires_when=(
         "the other ranks wait ≥ 5% of a step at collectives for the last rank to arrive (timed collectives "
         "live, or aligned traces); without them, one rank's data wait exceeds the median rank's by ≥ 5% of "

@@ -13,6 +13,7 @@ from pitstop.core.findings import Fix
 from pitstop.core.profile import RankProfile, TraceStats
 from pitstop.core.vocabulary import Phase
 from pitstop.diagnose import Diagnosis, failure_line
+from pitstop.diagnose.coverage import checked_line, no_finding_line, not_checked_line
 from pitstop.diagnose.gpu_models import gpu_models_line, mixed_models_words
 from pitstop.report.energy import cost_line, energy_line
 from pitstop.report.html import svg
@@ -68,11 +69,18 @@ def verdict(d: Diagnosis) -> str:
     saving = first_saving(d.findings)
     if saving is not None:
         body += f'<p class="meta">{escape(context_line(saving))}</p>'
+    coverage = d.coverage  # what was checked and on what, as the terminal says it
     body += (
         f"<h3 style='margin-top:14px'>Top findings</h3><ol>{lines}</ol>"
         if top
-        else "<p>No finding: this run looks well tuned.</p>"
+        else '<p data-figure="no-finding"'
+        + ("" if coverage.clean else ' style="color:#8a5a00"')
+        + f">{escape(no_finding_line(coverage))}</p>"
     )
+    body += f'<p class="meta" data-figure="checked"><b>Checked:</b> {escape(checked_line(coverage))}</p>'
+    missing = not_checked_line(coverage)
+    if missing is not None:
+        body += f'<p class="meta" data-figure="not-checked"><b>Not checked:</b> {escape(missing)}</p>'
     notes = d.notes + d.profile.notes  # what the terminal prints as notes (idle stretches, skipped rows…)
     if notes:
         body += "<h3>Notes</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
