@@ -48,6 +48,8 @@ lint: setup
 # tests run on WORKERS processes (pytest-xdist; worksteal: an idle worker takes queued tests from a busy one)
 WORKERS ?= 2
 XDIST := -n $(WORKERS) --dist worksteal
+# the slowest tests named at the end of each tier: where CI's minutes go
+DURATIONS := --durations=25 --durations-min=5
 
 # the fast tier: lint, types, every test that starts no process, and one real run per front door (smoke)
 test: lint
@@ -55,7 +57,7 @@ test: lint
 
 # the rest: every test that starts a process or trains, but the smoke runs `make test` already ran
 test-slow: setup
-	$(BIN)/pytest $(XDIST) -m "slow and not smoke"
+	$(BIN)/pytest $(XDIST) $(DURATIONS) -m "slow and not smoke"
 
 # everything, each test once (CI runs this)
 test-all: test test-slow
