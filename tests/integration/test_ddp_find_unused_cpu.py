@@ -44,14 +44,16 @@ def test_a_search_left_on_is_named_with_its_line_and_the_losses_are_unchanged(tm
         assert _ddp(doc, rank)["searches"] == 8
     # the collector hands every DDP call on: each rank computes the same losses as without pitstop
     subprocess.run(
-        [*TORCHRUN, str(SCRIPT), "--steps", "14", "--losses", str(plain)],
+        [*TORCHRUN, str(SCRIPT), "--steps", "40", "--losses", str(plain)],  # past where pitstop stops it
         check=True,
         capture_output=True,
         timeout=300,
     )
     for rank in (0, 1):
         seen = Path(f"{probed}.rank{rank}").read_text().splitlines()
-        assert len(seen) >= 11 and seen == Path(f"{plain}.rank{rank}").read_text().splitlines()[: len(seen)]
+        alone = Path(f"{plain}.rank{rank}").read_text().splitlines()
+        n = min(len(seen), len(alone))  # pitstop stops the job after its window: later on a busy machine
+        assert n >= 11 and seen[:n] == alone[:n]
 
 
 def test_the_search_switched_off_is_not_flagged(tmp_path: Path) -> None:

@@ -115,8 +115,12 @@ def test_tune_keeps_saving_less_often_on_a_trainer_that_saves_every_step(tmp_pat
     assert fix["applied"] == "TrainingArguments(save_steps=100)"
     assert fix["preserves_computation"] and fix["loss_max_rel_diff"] < 1e-3
     # most of the baseline's window is saving, none of the trial's: kept, unless the machine was too noisy to
-    # tell (beside stress-ng the baseline windows once disagreed by 66%, and tune rightly said so)
-    assert fix["kept"] or (fix["status"] == "undecided" and "too noisy" in fix["reason"]), json.dumps(fix)
+    # tell (beside stress-ng the baseline windows once disagreed by 66%, and tune rightly said so; another
+    # time +33% measured against a keep threshold of twice its +29% uncertainty: "within noise")
+    noisy = (fix["status"] == "undecided" and "too noisy" in fix["reason"]) or (
+        fix["status"] == "within noise" and "twice the uncertainty" in fix["reason"] and fix["spread"] > 0.1
+    )
+    assert fix["kept"] or noisy, json.dumps(fix)
     assert fix["speedup"] > 1.0, json.dumps(fix)
     if fix["kept"]:
         change = next(c for c in doc["best"]["changes"] if c["fix"] == "save_less_often")

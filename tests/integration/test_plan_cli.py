@@ -101,7 +101,7 @@ def test_model_folder_and_fake_tensor_cross_check(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--model", "llama-3.1-8b", "--gpu", "H999"], "unknown GPU 'H999'; pitstop knows: A100-40GB"),
-        (["--model", "no-such-model"], "neither a config.json, a model folder, nor a preset (gemma-2b"),
+        (["--model", "no-such-model"], "neither a config.json, a model folder, nor a preset (bloomz-7b1"),
         (["--model", "llama-3.1-8b", "--zero", "2", "--offload", "param"], "offload_param needs ZeRO-3"),
         (["--model", "llama-3.1-8b", "--micro-batch", "many"], "--micro-batch is a number or auto"),
         (["--model", "llama-3.1-8b", "--gpus", "3", "--global-batch", "128"], "does not split evenly over 3"),
