@@ -736,7 +736,8 @@ def deepspeed_config(parts: list[str], report: Report) -> dict[str, Any] | None:
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        # torch's AdamW (torch_adam): DeepSpeed's FusedAdam would first compile its C++ op, minutes on a CI machine
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
     }
     for text in parts:
         fragment = parse_json_fragment(text, report)
