@@ -181,3 +181,22 @@ def test_real_mi250_runtime_calls_are_evidence() -> None:
     assert any(
         c.name == "hipMemcpyWithStream" and c.kind == RuntimeApi.BLOCKING_COPY for c in t.runtime_calls
     )
+
+
+def test_idle_time_the_host_spends_in_hipfree_is_not_called_a_small_batch() -> None:
+    """The GPU idles because the host sits in hipFree with the GPU idle (98.6% of the step): allocator_thrash
+    names it; small_batch does not claim the same idle time."""
+    from pitstop.diagnose.causes.small_batch import BLOCKED_EXPLAINS, host_blocked_while_idle
+
+    rank = load_trace(FIXTURE)
+    assert rank.trace is not None and host_blocked_while_idle([rank.trace]) > BLOCKED_EXPLAINS
+    found = _findings(FIXTURE)
+    assert "allocator_thrash" in found and "small_batch" not in found
+
+
+def test_a_blocking_copy_while_the_gpu_works_leaves_small_batch_its_say() -> None:
+    """negative_queue's rank 0 waits in a device-to-host copy while the GPU is busy 40% of that time: the
+    idle is not all the copy's, so small_batch still speaks beside host_sync."""
+    path = require_shared("traces/hta__negative_queue_length_values_check__rank0.json.gz")
+    found = _findings(path)
+    assert {"small_batch", "host_sync"} <= set(found)

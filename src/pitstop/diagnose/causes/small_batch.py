@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pitstop.core.findings import Finding, Use, use
 from pitstop.core.profile import TraceBatch, TraceStats
-from pitstop.core.vocabulary import CauseId, Evidence, RemedyId
+from pitstop.core.vocabulary import CauseId, Evidence, RemedyId, RuntimeApi
 from pitstop.diagnose.activity import Activity, read_activity
 from pitstop.diagnose.causes.base import cause
 from pitstop.diagnose.context import RuleContext, severity_for
@@ -31,6 +31,7 @@ LARGE_BATCH = 1024  # samples per step past which a larger batch is rarely what 
 GPU_SHARE_SMALL = 0.5  # the GPU's share of the per-sample time under which the model is too small for it
 SM_FULL = 0.8  # SM activity a well-filled GPU reaches (est. target for small_batch from the counters)
 OCC_FULL = 0.5  # occupancy both counters agree below, with SM activity under SM_FULL
+BLOCKED_EXPLAINS = 0.5  # share of a traced step the host sat in blocking runtime calls with the GPU idle
 
 
 def _busy_while_computing(ctx: RuleContext) -> tuple[float | None, dict[str, object], str]:
@@ -66,7 +67,9 @@ def _busy_while_computing(ctx: RuleContext) -> tuple[float | None, dict[str, obj
     needs=(Evidence.GPU_UTILIZATION,),
     fires_when=(
         "utilization < 75% while the job computes (per GPU, mean over the GPUs that worked; a trace's "
-        "kernel-busy share without samples), memory headroom, not explained by data wait; or SM activity "
+        "kernel-busy share without samples), memory headroom, not explained by data wait nor by the host "
+        "blocked in allocator / synchronize calls with the GPU idle ({BLOCKED_EXPLAINS:.0%}+ of a traced "
+        "step); or SM activity "
         "under {SM_FULL:.0%} from the activity counters. A batch of {LARGE_BATCH}+ samples whose per-sample "
         "time is under {GPU_SHARE_SMALL:.0%} GPU work reads as a model too small for the GPU"
     ),
@@ -89,6 +92,10 @@ def small_batch(ctx: RuleContext) -> Finding | None:
         return _small_batch_counted(ctx, util, act)
     if (m.data_wait_frac or 0.0) >= 0.15:
         return None  # the idle time is the input pipeline's; dataloader_bound explains it
+    if host_blocked_while_idle(ctx.traces) >= BLOCKED_EXPLAINS:
+        return (
+            None  # the host sits in allocator / sync calls while the GPU idles: allocator_thrash, host_sync
+        )
     mem = m.gpu_mem_used_frac
     if mem is not None and mem > 0.85:
         return None  # no room for a bigger batch
@@ -428,6 +435,17 @@ def planned_micro_batch(ctx: RuleContext) -> int | None:
     if setup is None or not has_shape(setup) or not gpu_bytes:
         return None
     return largest_micro_batch(setup, gpu_bytes)
+
+
+def host_blocked_while_idle(traces: list[TraceStats]) -> float:
+    """The largest share of a traced step the host spent blocked in allocator, synchronize or blocking-copy
+    calls while the GPU had nothing to do: idle time those calls explain, not the batch."""
+    blocking = (RuntimeApi.ALLOC, RuntimeApi.SYNC, RuntimeApi.BLOCKING_COPY)
+    shares = [
+        sum(c.frac_of_step * (1.0 - (c.gpu_busy_frac or 0.0)) for c in t.runtime_calls if c.kind in blocking)
+        for t in traces
+    ]
+    return max(shares, default=0.0)
 
 
 def _for_workload(ctx: RuleContext, fix: Use) -> Use:
