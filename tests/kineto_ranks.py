@@ -87,12 +87,12 @@ def job(
                 add(_op("cpu_op", "aten::empty", step_start + 10, 1.0, 2))
             for host_t, start, dur in launches:
                 corr[r] += 1
-                add(_runtime("cudaLaunchKernel", host_t, 5.0, corr[r]))
-                add(_kernel(GEMM, start, dur, corr[r], 7, {}))
+                add(runtime_event("cudaLaunchKernel", host_t, 5.0, corr[r]))
+                add(kernel_event(GEMM, start, dur, corr[r], 7, {}))
             corr[r] += 1
             external = 900_000 + corr[r]
             add(_op("cpu_op", "nccl:all_reduce", host, 20.0, external))
-            add(_runtime("cudaLaunchKernel", host + 2, 5.0, corr[r]))
+            add(runtime_event("cudaLaunchKernel", host + 2, 5.0, corr[r]))
             comm_args = {
                 "External id": external,
                 "Collective name": "allreduce",
@@ -102,8 +102,8 @@ def job(
                 "dtype": "Float",
                 "Process Group Name": "0",
             }
-            add(_kernel(name, arrive, common_end - arrive, corr[r], 20, comm_args))
-            add(_runtime("cudaStreamSynchronize", host + 30, common_end - host - 30 + 10, -1))
+            add(kernel_event(name, arrive, common_end - arrive, corr[r], 20, comm_args))
+            add(runtime_event("cudaStreamSynchronize", host + 30, common_end - host - 30 + 10, -1))
         step_start = common_end + 50.0
     for r in range(world):
         docs.append(
@@ -130,7 +130,8 @@ def _op(cat: str, name: str, ts: float, dur: float, external: int) -> dict[str, 
     }
 
 
-def _runtime(name: str, ts: float, dur: float, corr: int) -> dict[str, Any]:
+def runtime_event(name: str, ts: float, dur: float, corr: int) -> dict[str, Any]:
+    """A runtime call as Kineto writes it (``cuda_runtime``, its correlation id)."""
     return {
         "ph": "X",
         "cat": "cuda_runtime",
@@ -143,7 +144,7 @@ def _runtime(name: str, ts: float, dur: float, corr: int) -> dict[str, Any]:
     }
 
 
-def _kernel(
+def kernel_event(  # a kernel on ``stream`` of device 0, correlated with the call that launched it
     name: str, ts: float, dur: float, corr: int, stream: int, extra: dict[str, Any]
 ) -> dict[str, Any]:
     return {

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.kineto_ranks import kernel_event, runtime_event
+
 
 @dataclass
 class TraceBuilder:
@@ -23,18 +25,9 @@ class TraceBuilder:
 
     def runtime(self, name: str, ts: float, dur: float) -> int:
         self._corr += 1
-        self.events.append(
-            {
-                "ph": "X",
-                "cat": "cuda_runtime",
-                "name": name,
-                "pid": 1,
-                "tid": 1,
-                "ts": ts,
-                "dur": dur,
-                "args": {"correlation": self._corr, "External id": self._corr},
-            }
-        )
+        event = runtime_event(name, ts, dur, self._corr)
+        event["args"]["External id"] = self._corr
+        self.events.append(event)
         return self._corr
 
     def kernel(
@@ -42,18 +35,7 @@ class TraceBuilder:
     ) -> None:
         """A kernel and the runtime call that launched it (10 µs, at ``launch_ts``)."""
         corr = self.runtime(launch, launch_ts, 10.0)
-        self.events.append(
-            {
-                "ph": "X",
-                "cat": "kernel",
-                "name": name,
-                "pid": 0,
-                "tid": 7,
-                "ts": ts,
-                "dur": dur,
-                "args": {"correlation": corr, "device": 0, "stream": 7, "External id": corr},
-            }
-        )
+        self.events.append(kernel_event(name, ts, dur, corr, 7, {"External id": corr}))
 
     def write(self, path: Path) -> Path:
         doc = {

@@ -91,7 +91,7 @@ def test_a_folder_of_eight_traces_reads_as_eight() -> None:
     d = diagnose(load_run(Inputs(paths=[RANKS], jobs=1)))
     assert d.profile.command == [str(RANKS)]  # one path given
     text = _terminal(d)
-    assert "Read      8 traces (ranks 0–7)" in text and "1 input(s)" not in text
+    assert "Read      8 traces (ranks 0-7)" in text and "1 input(s)" not in text
 
 
 def test_a_real_gpu_log_times_no_steps() -> None:

@@ -31,7 +31,7 @@ def test_all_eight_ranks_name_the_late_rank_and_no_communication() -> None:
     assert CauseId.STRAGGLER in causes and causes[CauseId.STRAGGLER].evidence["slow_rank"] == 7
     assert CauseId.COMMUNICATION_BOUND not in causes  # the waiting is rank 7's, not the link's
     ranks = d.coverage.state(Evidence.ALL_RANKS)
-    assert ranks is not None and ranks.present and ranks.detail == "all 8: ranks 0–7"
+    assert ranks is not None and ranks.present and ranks.detail == "all 8: ranks 0-7"
     assert CauseId.STRAGGLER in d.coverage.checked
 
 

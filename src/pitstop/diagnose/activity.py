@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from pitstop.core.profile import ActivitySample, RunProfile
+from pitstop.core.profile import ActivitySample, RankProfile, RunProfile
 
 BUSY = 0.05  # engine (or SM) activity above which the job computed in a sample
 SM_LOW = 0.5  # SM active under this while utilization reads ≥ 75 %: the SMs are mostly empty
@@ -125,3 +125,8 @@ def read_activity(profile: RunProfile) -> Activity | None:
         means=means,
         unsupported=sorted(unsupported),
     )
+
+
+def recorded_by_dcgm(rank: RankProfile) -> bool:
+    """The rank's GPU samples came from a DCGM recording (its DCGM counters beside them), not nvidia-smi."""
+    return rank.gpu_activity is not None and rank.gpu_activity.source.lower().startswith("dcgm")

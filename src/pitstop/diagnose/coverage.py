@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 from pitstop.core.profile import RankProfile, RunProfile
 from pitstop.core.vocabulary import CauseId, Device, Evidence, Source
+from pitstop.diagnose.activity import recorded_by_dcgm
+from pitstop.diagnose.gpu_models import rank_span
 
 # sources whose ranks were measured by the probe inside the job's own processes
 LIVE_SOURCES = frozenset({Source.DOCTOR, Source.TUNE, Source.WATCH, Source.CALLBACK})
@@ -220,9 +222,7 @@ def _utilization(profile: RunProfile) -> tuple[bool, str]:
     ]
     found = []
     if sampled:
-        dcgm = any(
-            r.gpu_activity is not None and r.gpu_activity.source.lower().startswith("dcgm") for r in sampled
-        )
+        dcgm = any(recorded_by_dcgm(r) for r in sampled)
         log = "sampled by NVML" if _live(profile) else "a DCGM recording" if dcgm else "an nvidia-smi log"
         found.append(f"{log}, {_plural(len(sampled), 'GPU')}")
     if traced:
@@ -311,17 +311,6 @@ def _collectives(profile: RunProfile) -> tuple[bool, str]:
     if _traced(profile):
         return False, "the traces hold no NCCL or RCCL kernels"
     return False, "no trace or timed collectives"
-
-
-def rank_span(ranks: Sequence[int]) -> str:
-    """Ranks in few words: "rank 3", "ranks 0–7", "ranks 0, 2, 5"."""
-    ordered = sorted(set(ranks))
-    if len(ordered) == 1:
-        return f"rank {ordered[0]}"
-    if ordered == list(range(ordered[0], ordered[-1] + 1)):
-        return f"ranks {ordered[0]}–{ordered[-1]}"
-    shown = ", ".join(str(r) for r in ordered[:8])
-    return f"ranks {shown}{', …' if len(ordered) > 8 else ''}"
 
 
 def _all_ranks(profile: RunProfile) -> tuple[bool, str]:
@@ -474,7 +463,7 @@ def no_finding_line(coverage: Coverage) -> str:
 
 
 def inputs_line(profile: RunProfile) -> str | None:
-    """What ``analyze`` read, by kind ("8 traces (ranks 0–7)", "an nvidia-smi log of 2 GPUs · 2 configs");
+    """What ``analyze`` read, by kind ("8 traces (ranks 0-7)", "an nvidia-smi log of 2 GPUs · 2 configs");
     None where the profile does not tell (the caller counts the paths given)."""
     parts = []
     traced = _traced(profile)

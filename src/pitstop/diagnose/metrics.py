@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 
 from pitstop.core.profile import RankProfile, RunProfile, RunTotals
 from pitstop.core.vocabulary import Source
+from pitstop.diagnose.activity import recorded_by_dcgm
 from pitstop.diagnose.energy import energy_of
 from pitstop.diagnose.gpu_windows import GpuWindow, active_frac, active_util, gpu_windows, window_samples
 from pitstop.hardware import GpuSpec, compute_dtype, lookup_gpu
@@ -260,14 +261,6 @@ SAMPLED = (
 )  # utilization sources that are samples over time (not a trace's union)
 
 
-def _recorded_by_dcgm(profile: RunProfile) -> bool:
-    """The GPU samples came from a DCGM recording (its ranks carry DCGM's counters beside them)."""
-    return any(
-        r.gpu_samples and r.gpu_activity is not None and r.gpu_activity.source.lower().startswith("dcgm")
-        for r in profile.ranks
-    )
-
-
 def _utilization(profile: RunProfile) -> _Utilization:
     """GPU busy share and memory over the samples inside each rank's window (the trace's share without)."""
     samples = [s for r in profile.ranks for s in window_samples(r)]
@@ -280,7 +273,7 @@ def _utilization(profile: RunProfile) -> _Utilization:
     if utils:
         util = statistics.fmean(utils) / 100.0
         source = "nvidia-smi" if profile.source in (Source.ANALYZE, Source.CHECK) else "nvml"
-        if source == "nvidia-smi" and _recorded_by_dcgm(profile):
+        if source == "nvidia-smi" and any(r.gpu_samples and recorded_by_dcgm(r) for r in profile.ranks):
             source = "dcgm"
     elif traced:
         util, source = statistics.fmean(traced), "trace"
